@@ -1,0 +1,191 @@
+"""The reference interpreter: runs any graph of a module on torch tensors, op by op.
+
+Symbols are bound from the input shapes, `graph.call` runs the callee, and results named in
+`input_updates` are written back into the corresponding inputs (when asked) instead of being
+returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from ember.ir.expr import Dim, ExprEvalError, evaluate, free_symbol_names
+from ember.ir.graph import Arg, Graph, Module, Node, Ref, Value
+from ember.ir.registry import OpRegistry, default_registry
+from ember.ir.types import ScalarKind, ScalarType, TensorType, Type
+
+
+class InterpretError(RuntimeError):
+    """A graph could not be run: bad inputs, an unknown op, or a result that breaks its type."""
+
+    def __init__(self, message: str, node: Node | None = None):
+        where = ""
+        if node is not None and node.pos is not None:
+            where = f"{node.pos.line}:{node.pos.col}: "
+        super().__init__(where + message)
+        self.node = node
+
+
+@dataclass
+class RunResult:
+    """What a graph call produced: the caller's outputs, and the written-back parameters."""
+
+    outputs: list[Any]
+    updates: dict[int, Any] = field(default_factory=dict)  # parameter index -> new value
+    env: dict[str, int] = field(default_factory=dict)  # symbol bindings
+
+
+def bind_symbols(graph: Graph, inputs: Sequence[Any]) -> dict[str, int]:
+    """Bind the graph's size symbols from the actual input shapes, and check every dim."""
+    if len(inputs) != len(graph.params):
+        raise InterpretError(f"@{graph.name} takes {len(graph.params)} inputs, got {len(inputs)}")
+    env: dict[str, int] = {}
+    pending: list[tuple[Value, int, Dim, int]] = []
+    for p, x in zip(graph.params, inputs, strict=True):
+        _check_input_kind(p, x)
+        if not isinstance(p.type, TensorType):
+            continue
+        for i, (d, n) in enumerate(zip(p.type.shape, x.shape, strict=True)):
+            if isinstance(d, sympy.Symbol):
+                if env.setdefault(d.name, int(n)) != int(n):
+                    raise InterpretError(
+                        f"input %{p.name}: dim {i} is {n} but {d.name} is already {env[d.name]}")
+            elif not isinstance(d, int):
+                pending.append((p, i, d, int(n)))
+    # Dims like `s0 * 2` bind s0 when it appears nowhere bare: solve the linear case.
+    for p, i, d, n in pending:
+        unbound = free_symbol_names(d) - env.keys()
+        if len(unbound) == 1:
+            _solve_linear(d, unbound.pop(), n, env)
+    for p, i, d, n in pending:
+        try:
+            v = evaluate(d, env)
+        except ExprEvalError as e:
+            raise InterpretError(f"input %{p.name}: cannot bind dim {i}: {e}") from None
+        if v != n:
+            raise InterpretError(f"input %{p.name}: dim {i} is {n}, expected {d} = {v}")
+    return env
+
+
+def _solve_linear(d: Dim, name: str, n: int, env: dict[str, int]) -> None:
+    s = next(x for x in d.free_symbols if x.name == name)  # type: ignore[union-attr]
+    e = d.subs({sym: env[sym.name] for sym in d.free_symbols if sym.name in env})  # type: ignore
+    a, b = e.coeff(s, 1), e.coeff(s, 0)
+    if e.is_Add or e.is_Mul:
+        if (a * s + b - e).expand() == 0 and a.is_Integer and b.is_Integer and int(a) != 0:
+            q, r = divmod(n - int(b), int(a))
+            if r == 0:
+                env[name] = q
+
+
+def _check_input_kind(p: Value, x: Any) -> None:
+    t = p.type
+    if isinstance(t, TensorType):
+        if not isinstance(x, torch.Tensor):
+            raise InterpretError(f"input %{p.name} must be a tensor of type {t}, "
+                                 f"got {type(x).__name__}")
+        if x.dtype != t.dtype.torch:
+            raise InterpretError(f"input %{p.name}: dtype {x.dtype} but the graph says {t}")
+        if x.dim() != t.rank:
+            raise InterpretError(f"input %{p.name}: rank {x.dim()} but the graph says {t}")
+    elif isinstance(t, ScalarType):
+        ok = {ScalarKind.i64: int, ScalarKind.f64: (int, float), ScalarKind.bool: bool}[t.kind]
+        if not isinstance(x, ok) or (t.kind is ScalarKind.i64 and isinstance(x, bool)):
+            raise InterpretError(f"input %{p.name} must be a Python {t}, got {type(x).__name__}")
+
+
+class Interpreter:
+    """Runs graphs of one module on torch tensors with each op's reference implementation."""
+
+    def __init__(self, module: Module, registry: OpRegistry | None = None,
+                 check_types: bool = True):
+        self.module = module
+        self.registry = registry or default_registry()
+        self.check_types = check_types
+
+    def run(self, inputs: Sequence[Any], graph: str | None = None, *,
+            apply_updates: bool = False) -> RunResult:
+        """Run a graph. With `apply_updates`, updated inputs are also written in place."""
+        g = self.module.graph(graph)
+        results, env = self._execute(g, inputs)
+        updates = {p: results[r] for p, r in g.input_updates}
+        skip = {r for _, r in g.input_updates}
+        outputs = [x for i, x in enumerate(results) if i not in skip]
+        if apply_updates:
+            for p, new in updates.items():
+                old = inputs[p]
+                if not isinstance(old, torch.Tensor):
+                    raise InterpretError(f"input_updates: parameter {p} is not a tensor")
+                with torch.no_grad():
+                    old.copy_(new)
+        return RunResult(outputs, updates, env)
+
+    def call(self, graph: str, inputs: Sequence[Any]) -> list[Any]:
+        """What `graph.call` sees: every result of the callee in order, updates not applied."""
+        return self._execute(self.module.graph(graph), inputs)[0]
+
+    def _execute(self, g: Graph, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:
+        env = bind_symbols(g, inputs)
+        values: dict[Value, Any] = dict(zip(g.params, inputs, strict=True))
+        for node in g.nodes:
+            self._run_node(node, values, env)
+        return [values[o] for o in g.outputs], env
+
+    def _run_node(self, node: Node, values: dict[Value, Any], env: Mapping[str, int]) -> None:
+        op = self.registry.lookup(node.op)
+        if op is None:
+            raise InterpretError(f"unknown op {node.op} (ember.ir interpreter)", node)
+
+        def bind(a: Arg) -> Any:
+            if isinstance(a, Value):
+                return values[a]
+            if isinstance(a, list):
+                return [bind(x) for x in a]
+            if isinstance(a, sympy.Expr):
+                return evaluate(a, env)
+            return a
+
+        try:
+            args = [bind(a) for a in node.args]
+            kwargs = {k: bind(v) for k, v in node.kwargs.items()}
+            out = op.reference(self, args, kwargs)
+        except InterpretError:
+            raise
+        except Exception as e:
+            raise InterpretError(f"{node.op} failed: {type(e).__name__}: {e}", node) from e
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if len(node.results) == 1 and isinstance(out, (list, tuple)) and len(outs) != 1:
+            outs = [out]  # a single result that is itself a list (not an ir-v1 type; checked below)
+        if len(outs) != len(node.results):
+            raise InterpretError(f"{node.op} returned {len(outs)} results, the node declares "
+                                 f"{len(node.results)}", node)
+        for r, x in zip(node.results, outs, strict=True):
+            if self.check_types:
+                _check_result(node, r.type, x, env)
+            values[r] = x
+
+
+def _check_result(node: Node, t: Type, x: Any, env: Mapping[str, int]) -> None:
+    if isinstance(t, TensorType):
+        if not isinstance(x, torch.Tensor):
+            raise InterpretError(f"{node.op}: result is {type(x).__name__}, declared {t}", node)
+        want = t.concrete_shape(env)
+        if x.dtype != t.dtype.torch or tuple(x.shape) != want:
+            raise InterpretError(f"{node.op}: result is {x.dtype} {tuple(x.shape)}, declared {t} "
+                                 f"= {want}", node)
+    elif isinstance(x, torch.Tensor):
+        raise InterpretError(f"{node.op}: result is a tensor, declared scalar {t}", node)
+
+
+def run_graph(module: Module, inputs: Sequence[Any], graph: str | None = None, *,
+              registry: OpRegistry | None = None) -> list[Any]:
+    """Convenience: the outputs of one graph call (updates not applied)."""
+    return Interpreter(module, registry).run(inputs, graph).outputs
+
+
+__all__ = ["InterpretError", "Interpreter", "RunResult", "bind_symbols", "run_graph", "Ref"]

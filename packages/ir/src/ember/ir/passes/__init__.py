@@ -1,0 +1,35 @@
+"""Passes: named pure functions `Module -> Module`, in a registry, run as pipelines.
+
+A pass is declared with `@register_pass(name, summary)` over a function whose keyword-only
+parameters are its options (their annotations give the option types). Pipelines are strings,
+`dce,cse,fuse{max_nodes=64}`; third-party passes register through the entry point group
+`ember.passes` (each entry point names a `Pass`, or a callable that registers passes).
+"""
+
+from __future__ import annotations
+
+from ember.ir.passes.manager import (
+    Pass,
+    PassRegistry,
+    PipelineError,
+    PipelineStage,
+    default_pass_registry,
+    parse_pipeline,
+    register_pass,
+    run_pipeline,
+)
+
+# Import the built-in passes so they register.
+from ember.ir.passes import cse as _cse  # noqa: E402,F401  isort: skip
+from ember.ir.passes import dce as _dce  # noqa: E402,F401  isort: skip
+
+__all__ = [
+    "Pass",
+    "PassRegistry",
+    "PipelineError",
+    "PipelineStage",
+    "default_pass_registry",
+    "parse_pipeline",
+    "register_pass",
+    "run_pipeline",
+]

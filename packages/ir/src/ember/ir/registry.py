@@ -1,0 +1,111 @@
+"""The op registry: one record per op (name, type rule, reference, summary, flags).
+
+ember's own dialects (`prims.*`, `graph.*`, `kernels.*`, loop-level ops) register records here; a
+duplicate registration is an error. Every torch operator (`aten.*` and any other namespace,
+custom `torch.library` ops included) resolves on demand to a record built from the operator
+itself: types from its meta kernel, reference from calling it (see `torch_ops.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ember.ir.graph import Arg, Module
+from ember.ir.types import Type
+
+if TYPE_CHECKING:
+    from ember.ir.interpreter import Interpreter
+
+# Dialects that belong to ember and never resolve to torch operators.
+EMBER_DIALECTS = frozenset({"prims", "graph", "kernels", "loop"})
+
+
+class OpTypeError(ValueError):
+    """An op's arguments do not fit its type rule."""
+
+
+@dataclass
+class InferContext:
+    """What a type rule may consult: the module (for `@` references) and symbol hints."""
+
+    module: Module | None = None
+    hints: Mapping[str, int] = field(default_factory=dict)
+    registry: OpRegistry | None = None
+
+
+# type rule: (ctx, args, kwargs) -> result types, raising OpTypeError on misuse
+TypeRule = Callable[[InferContext, Sequence[Arg], Mapping[str, Arg]], list[Type]]
+# reference: (interpreter, args, kwargs) with values already bound -> one result or a tuple/list
+Reference = Callable[["Interpreter", list[Any], dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything about one op, found from one place."""
+
+    name: str
+    summary: str
+    infer: TypeRule
+    reference: Reference
+    has_side_effects: bool = False  # never removed or merged by dce/cse
+    nondeterministic: bool = False  # random: never merged by cse
+    torch_op: Any = None  # the torch OpOverload, for torch-namespace ops
+
+    @property
+    def dialect(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+class OpRegistry:
+    """Registered ops plus on-demand torch operators. Lookup is by dialect-qualified name."""
+
+    def __init__(self) -> None:
+        self._ops: dict[str, OpDef] = {}
+        self._torch_cache: dict[str, OpDef | None] = {}
+
+    def register(self, op: OpDef) -> OpDef:
+        if "." not in op.name:
+            raise ValueError(f"op name {op.name!r} must be dialect-qualified (dialect.op)")
+        if op.name in self._ops:
+            raise ValueError(f"op {op.name} is already registered")
+        self._ops[op.name] = op
+        return op
+
+    def unregister(self, name: str) -> None:
+        self._ops.pop(name, None)
+
+    def lookup(self, name: str) -> OpDef | None:
+        op = self._ops.get(name)
+        if op is not None:
+            return op
+        if name.split(".", 1)[0] in EMBER_DIALECTS:
+            return None
+        if name not in self._torch_cache:
+            from ember.ir.torch_ops import torch_opdef
+
+            self._torch_cache[name] = torch_opdef(name)
+        return self._torch_cache[name]
+
+    def registered(self) -> dict[str, OpDef]:
+        """The explicitly registered ops (torch operators resolve on demand and are not listed)."""
+        return dict(self._ops)
+
+    def __contains__(self, name: str) -> bool:
+        return self.lookup(name) is not None
+
+
+_DEFAULT = OpRegistry()
+
+
+def default_registry() -> OpRegistry:
+    """The process-wide registry that packages register their dialects into at import."""
+    return _DEFAULT
+
+
+def register_op(name: str, summary: str, infer: TypeRule, reference: Reference, *,
+                has_side_effects: bool = False, nondeterministic: bool = False,
+                registry: OpRegistry | None = None) -> OpDef:
+    return (registry or _DEFAULT).register(
+        OpDef(name, summary, infer, reference, has_side_effects, nondeterministic))

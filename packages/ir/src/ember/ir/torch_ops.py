@@ -1,0 +1,164 @@
+"""torch operators as IR ops: `aten.add.Tensor`, `mylib.foo.default`, ...
+
+Types come from the operator's meta kernel at concrete sizes (symbols at their hints); the
+reference calls the operator itself. Arguments are converted by the operator's schema: a DType
+literal becomes a torch dtype, and a string becomes a device, layout or memory format where the
+schema asks for one (`device="cuda:0"`, `layout="strided"`, `memory_format="channels_last"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ember.ir.dtypes import DType
+from ember.ir.expr import ExprEvalError, evaluate
+from ember.ir.graph import Arg, Ref, Value
+from ember.ir.registry import InferContext, OpDef, OpTypeError
+from ember.ir.types import BOOL, F64, I64, ScalarKind, TensorType, Type
+
+
+def resolve(name: str) -> torch._ops.OpOverload | None:
+    """The torch OpOverload called `ns.op.overload`, or None."""
+    parts = name.split(".")
+    if len(parts) != 3:
+        return None
+    ns, op, overload = parts
+    try:
+        packet = getattr(getattr(torch.ops, ns), op)
+        ov = getattr(packet, overload)
+    except Exception:  # torch raises AttributeError or RuntimeError for unknown names
+        return None
+    return ov if isinstance(ov, torch._ops.OpOverload) else None
+
+
+def torch_opdef(name: str) -> OpDef | None:
+    op = resolve(name)
+    if op is None:
+        return None
+    schema = str(op._schema)
+    return OpDef(
+        name=name,
+        summary=schema,
+        infer=lambda ctx, args, kwargs: infer_torch(op, ctx, args, kwargs),
+        reference=lambda interp, args, kwargs: call_torch(op, args, kwargs),
+        has_side_effects=bool(op._schema.is_mutable),
+        nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
+        torch_op=op,
+    )
+
+
+def _schema_kinds(op: torch._ops.OpOverload) -> tuple[list[str], dict[str, str]]:
+    pos: list[str] = []
+    kw: dict[str, str] = {}
+    for a in op._schema.arguments:
+        kind = str(a.real_type)
+        kw[a.name] = kind
+        if not a.kwarg_only:
+            pos.append(kind)
+    return pos, kw
+
+
+def _convert(v: Any, kind: str) -> Any:
+    if isinstance(v, list):
+        return [_convert(x, kind) for x in v]
+    if isinstance(v, DType):
+        return v.torch
+    if isinstance(v, str):
+        if "Device" in kind:
+            return torch.device(v)
+        if "Layout" in kind or "MemoryFormat" in kind:
+            attr = getattr(torch, v, None)
+            if not isinstance(attr, (torch.layout, torch.memory_format)):
+                raise OpTypeError(f"{v!r} is not a torch layout or memory format")
+            return attr
+    return v
+
+
+def convert_args(op: torch._ops.OpOverload, args: Sequence[Any],
+                 kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """Turn IR literals into what the torch operator's schema expects."""
+    pos, kw = _schema_kinds(op)
+    cargs = [_convert(a, pos[i] if i < len(pos) else "") for i, a in enumerate(args)]
+    ckw = {k: _convert(v, kw.get(k, "")) for k, v in kwargs.items()}
+    return cargs, ckw
+
+
+def call_torch(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    cargs, ckw = convert_args(op, args, kwargs)
+    return op(*cargs, **ckw)
+
+
+def meta_tensor(t: TensorType, hints: Mapping[str, int]) -> torch.Tensor:
+    shape = t.concrete_shape(hints)
+    if t.strides is not None:
+        strides = tuple(evaluate(s, hints) for s in t.strides)
+        return torch.empty_strided(shape, strides, dtype=t.dtype.torch, device="meta")
+    return torch.empty(shape, dtype=t.dtype.torch, device="meta")
+
+
+# Scalar inputs have no value at type-inference time; the verifier checks only dtype and
+# rank of results of ops that take scalar values, since their shapes may depend on them.
+_DUMMY = {ScalarKind.i64: 1, ScalarKind.f64: 1.0, ScalarKind.bool: True}
+
+
+def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg],
+                kwargs: Mapping[str, Arg]) -> list[Type]:
+    """Result types from the meta kernel, at the symbols' hints, on the first tensor's device."""
+    devices: list[str] = []
+
+    def bind(a: Arg) -> Any:
+        if isinstance(a, Value):
+            if isinstance(a.type, TensorType):
+                devices.append(a.type.device)
+                return meta_tensor(a.type, ctx.hints)
+            return _DUMMY[a.type.kind]
+        if isinstance(a, list):
+            return [bind(x) for x in a]
+        if isinstance(a, Ref):
+            raise OpTypeError(f"@{a.name} cannot be an argument of a torch operator")
+        if isinstance(a, sympy.Expr):
+            return evaluate(a, ctx.hints)
+        return a
+
+    try:
+        margs = [bind(a) for a in args]
+        mkwargs = {k: bind(v) for k, v in kwargs.items()}
+        out = call_torch(op, margs, mkwargs)
+    except OpTypeError:
+        raise
+    except ExprEvalError as e:
+        raise OpTypeError(f"{op.name()}: {e} (declare a hint for it)") from None
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OpTypeError(f"{_ir_name(op)}: its meta kernel rejected the arguments: {msg}") \
+            from None
+    device = kwargs.get("device")
+    dev = device if isinstance(device, str) else (devices[0] if devices else "cpu")
+    return _flatten_result(out, dev, _ir_name(op))
+
+
+def _ir_name(op: torch._ops.OpOverload) -> str:
+    return op.name().replace("::", ".") + "." + op._overloadname
+
+
+def _flatten_result(out: Any, device: str, name: str) -> list[Type]:
+    if isinstance(out, torch.Tensor):
+        return [TensorType(DType.from_torch(out.dtype), tuple(out.shape), None, device)]
+    if isinstance(out, (list, tuple)):
+        res: list[Type] = []
+        for o in out:
+            res += _flatten_result(o, device, name)
+        return res
+    if out is None:
+        return []
+    if isinstance(out, bool):
+        return [BOOL]
+    if isinstance(out, int):
+        return [I64]
+    if isinstance(out, float):
+        return [F64]
+    raise OpTypeError(f"{name}: result of kind {type(out).__name__} has no ir-v1 type")
