@@ -8,7 +8,19 @@ from ember.ir.builder import Builder, BuildError, GraphBuilder
 from ember.ir.builtin_ops import register_builtin_ops
 from ember.ir.dtypes import DType
 from ember.ir.expr import Dim, FloorDiv, PyMod, evaluate, symbol, to_text
-from ember.ir.graph import IR_VERSION, Arg, Graph, Kernel, Loc, Module, Node, Pos, Ref, Symbol, Value
+from ember.ir.graph import (
+    IR_VERSION,
+    Arg,
+    Graph,
+    Kernel,
+    Loc,
+    Module,
+    Node,
+    Pos,
+    Ref,
+    Symbol,
+    Value,
+)
 from ember.ir.interpreter import Interpreter, InterpretError, RunResult, run_graph
 from ember.ir.lexer import IRParseError
 from ember.ir.parser import parse

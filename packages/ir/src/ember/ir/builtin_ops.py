@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ember.ir.graph import Arg, Graph, Ref
+import sympy
+
+from ember.ir.expr import as_sympy, simplify_dim
+from ember.ir.graph import Arg, Graph, Ref, Value
+from ember.ir.printer import print_arg
 from ember.ir.registry import InferContext, OpDef, OpRegistry, OpTypeError
-from ember.ir.types import Type
+from ember.ir.types import F64, I64, ScalarType, TensorType, Type, scalar_type_of
 
 if TYPE_CHECKING:
     from ember.ir.interpreter import Interpreter
@@ -31,7 +35,50 @@ def _call_infer(ctx: InferContext, args: Sequence[Arg], kwargs: Mapping[str, Arg
     if len(args) - 1 != len(g.params):
         raise OpTypeError(f"graph.call: @{g.name} takes {len(g.params)} arguments, "
                           f"got {len(args) - 1}")
-    return list(g.result_types)
+    # The callee's symbols are its own: bind each bare symbol of its parameter types to the
+    # caller's dim, check the arguments against the parameters, and state the results in the
+    # caller's terms.
+    subst: dict[sympy.Expr, sympy.Expr] = {}
+    for a, p in zip(args[1:], g.params, strict=True):
+        if isinstance(a, Value) and isinstance(a.type, TensorType) \
+                and isinstance(p.type, TensorType) and a.type.rank == p.type.rank:
+            for d, e in zip(p.type.shape, a.type.shape, strict=True):
+                if isinstance(d, sympy.Symbol) and d not in subst:
+                    subst[d] = as_sympy(e)
+    for i, (a, p) in enumerate(zip(args[1:], g.params, strict=True)):
+        _check_call_arg(g, i, a, p, subst)
+    return [_substitute(t, subst) for t in g.result_types]
+
+
+def _check_call_arg(g: Graph, i: int, a: Arg, p: Value, subst: dict[sympy.Expr, sympy.Expr]
+                    ) -> None:
+    what = f"graph.call: argument {i + 1} of @{g.name} (parameter %{p.name}: {p.type})"
+    if not isinstance(a, Value):  # a literal passes for a scalar parameter of its kind
+        if isinstance(a, (bool, int, float)) and isinstance(p.type, ScalarType) and (
+                scalar_type_of(a) == p.type or (p.type == F64 and scalar_type_of(a) == I64)):
+            return
+        raise OpTypeError(f"{what} cannot be {print_arg(a)}")
+    have, want = a.type, p.type
+    if isinstance(have, ScalarType) or isinstance(want, ScalarType):
+        if have != want:
+            raise OpTypeError(f"{what} cannot be %{a.name}: {have}")
+        return
+    if have.dtype != want.dtype or have.device != want.device or have.rank != want.rank:
+        raise OpTypeError(f"{what} cannot be %{a.name}: {have}")
+    for d, e in zip(want.shape, have.shape, strict=True):
+        if as_sympy(d).free_symbols - subst.keys():
+            continue  # a callee symbol that no bare dim binds: known only when it runs
+        if sympy.expand(as_sympy(d).xreplace(subst) - as_sympy(e)) != 0:
+            raise OpTypeError(f"{what} cannot be %{a.name}: {have}")
+
+
+def _substitute(t: Type, subst: dict[sympy.Expr, sympy.Expr]) -> Type:
+    if isinstance(t, ScalarType) or not subst:
+        return t
+    shape = tuple(simplify_dim(as_sympy(d).xreplace(subst)) for d in t.shape)
+    strides = None if t.strides is None else tuple(
+        simplify_dim(as_sympy(d).xreplace(subst)) for d in t.strides)
+    return TensorType(t.dtype, shape, strides, t.device)
 
 
 def _call_run(interp: Interpreter, args: list[Any], kwargs: dict[str, Any]) -> Any:

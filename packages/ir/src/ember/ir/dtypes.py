@@ -9,6 +9,8 @@ import enum
 
 import torch
 
+_TorchDType = torch.dtype  # `torch` is also a property name inside DType
+
 
 class DType(enum.Enum):
     """An ir-v1 element type. `DType.f32.name == "f32"`; `.torch` is the torch dtype."""
@@ -38,7 +40,7 @@ class DType(enum.Enum):
         return f"DType.{self.name}"
 
     @property
-    def torch(self) -> torch.dtype:
+    def torch(self) -> _TorchDType:
         return _TO_TORCH[self]
 
     @property
@@ -58,7 +60,7 @@ class DType(enum.Enum):
         return self.torch.itemsize
 
     @staticmethod
-    def from_torch(dt: torch.dtype) -> DType:
+    def from_torch(dt: _TorchDType) -> DType:
         try:
             return _FROM_TORCH[dt]
         except KeyError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TypeAlias
 
 import sympy
 
@@ -60,7 +60,7 @@ class Value:
 
 
 # An argument: a value, a reference, a literal, or a (nested) list of those.
-Arg = Union[Value, Ref, int, float, bool, None, str, DType, sympy.Expr, list["Arg"]]
+Arg: TypeAlias = Value | Ref | int | float | bool | None | str | DType | sympy.Expr | list["Arg"]
 
 
 @dataclass(eq=False)

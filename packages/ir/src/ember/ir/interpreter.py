@@ -14,7 +14,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir.expr import Dim, ExprEvalError, evaluate, free_symbol_names
+from ember.ir.expr import Dim, ExprEvalError, evaluate, free_symbol_names, to_text
 from ember.ir.graph import Arg, Graph, Module, Node, Ref, Value
 from ember.ir.registry import OpRegistry, default_registry
 from ember.ir.types import ScalarKind, ScalarType, TensorType, Type
@@ -55,10 +55,13 @@ def bind_symbols(graph: Graph, inputs: Sequence[Any]) -> dict[str, int]:
                 if env.setdefault(d.name, int(n)) != int(n):
                     raise InterpretError(
                         f"input %{p.name}: dim {i} is {n} but {d.name} is already {env[d.name]}")
-            elif not isinstance(d, int):
+            elif isinstance(d, int):
+                if d != int(n):
+                    raise InterpretError(f"input %{p.name}: dim {i} is {n}, expected {d}")
+            else:
                 pending.append((p, i, d, int(n)))
     # Dims like `s0 * 2` bind s0 when it appears nowhere bare: solve the linear case.
-    for p, i, d, n in pending:
+    for _p, _i, d, n in pending:
         unbound = free_symbol_names(d) - env.keys()
         if len(unbound) == 1:
             _solve_linear(d, unbound.pop(), n, env)
@@ -66,7 +69,9 @@ def bind_symbols(graph: Graph, inputs: Sequence[Any]) -> dict[str, int]:
         try:
             v = evaluate(d, env)
         except ExprEvalError as e:
-            raise InterpretError(f"input %{p.name}: cannot bind dim {i}: {e}") from None
+            raise InterpretError(f"input %{p.name}: dim {i} is {n}, and no binding of "
+                                 f"{', '.join(sorted(free_symbol_names(d) - env.keys()))} "
+                                 f"makes {to_text(d)} equal to it ({e})") from None
         if v != n:
             raise InterpretError(f"input %{p.name}: dim {i} is {n}, expected {d} = {v}")
     return env
@@ -94,9 +99,16 @@ def _check_input_kind(p: Value, x: Any) -> None:
         if x.dim() != t.rank:
             raise InterpretError(f"input %{p.name}: rank {x.dim()} but the graph says {t}")
     elif isinstance(t, ScalarType):
-        ok = {ScalarKind.i64: int, ScalarKind.f64: (int, float), ScalarKind.bool: bool}[t.kind]
-        if not isinstance(x, ok) or (t.kind is ScalarKind.i64 and isinstance(x, bool)):
+        if not _scalar_fits(t.kind, x):
             raise InterpretError(f"input %{p.name} must be a Python {t}, got {type(x).__name__}")
+
+
+def _scalar_fits(kind: ScalarKind, x: Any) -> bool:
+    """i64 takes an int, f64 an int or float, bool a bool (a bool is not a number here)."""
+    if kind is ScalarKind.bool:
+        return isinstance(x, bool)
+    ok: tuple[type, ...] = (int,) if kind is ScalarKind.i64 else (int, float)
+    return isinstance(x, ok) and not isinstance(x, bool)
 
 
 class Interpreter:
@@ -174,12 +186,19 @@ def _check_result(node: Node, t: Type, x: Any, env: Mapping[str, int]) -> None:
     if isinstance(t, TensorType):
         if not isinstance(x, torch.Tensor):
             raise InterpretError(f"{node.op}: result is {type(x).__name__}, declared {t}", node)
-        want = t.concrete_shape(env)
+        try:
+            want = t.concrete_shape(env)
+        except ExprEvalError as e:
+            raise InterpretError(f"{node.op}: cannot check the result against {t}: {e}",
+                                 node) from None
         if x.dtype != t.dtype.torch or tuple(x.shape) != want:
             raise InterpretError(f"{node.op}: result is {x.dtype} {tuple(x.shape)}, declared {t} "
                                  f"= {want}", node)
     elif isinstance(x, torch.Tensor):
         raise InterpretError(f"{node.op}: result is a tensor, declared scalar {t}", node)
+    elif not _scalar_fits(t.kind, x):
+        raise InterpretError(f"{node.op}: result is {type(x).__name__} {x!r}, declared scalar "
+                             f"{t}", node)
 
 
 def run_graph(module: Module, inputs: Sequence[Any], graph: str | None = None, *,

@@ -131,7 +131,8 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
     except OpTypeError:
         raise
     except ExprEvalError as e:
-        raise OpTypeError(f"{op.name()}: {e} (declare a hint for it)") from None
+        hint = " (declare a hint for it)" if "is not bound" in str(e) else ""
+        raise OpTypeError(f"{_ir_name(op)}: {e}{hint}") from None
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OpTypeError(f"{_ir_name(op)}: its meta kernel rejected the arguments: {msg}") \
@@ -142,7 +143,7 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
 
 
 def _ir_name(op: torch._ops.OpOverload) -> str:
-    return op.name().replace("::", ".") + "." + op._overloadname
+    return str(op.name()).replace("::", ".") + "." + str(op._overloadname)
 
 
 def _flatten_result(out: Any, device: str, name: str) -> list[Type]:

@@ -8,6 +8,7 @@ Errors carry the node's position in the text it was read from.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -85,7 +86,8 @@ class _Checker:
         for s in self.m.symbols.values():
             lo = s.min if s.min is not None else 0
             if s.hint is not None and (s.hint < lo or (s.max is not None and s.hint > s.max)):
-                self.err(f"symbol {s.name}: hint {s.hint} lies outside [{lo}, {s.max}]", None)
+                hi = "inf" if s.max is None or s.max == math.inf else s.max
+                self.err(f"symbol {s.name}: hint {s.hint} lies outside [{lo}, {hi}]", None)
         for g in self.m.graphs.values():
             self.graph(g)
         return self.errors
@@ -131,6 +133,7 @@ class _Checker:
             self.type_(t, g.pos, f"{where} result type")
         self.args(list(g.attrs.values()), g.pos, f"{where} attrs")
         for n in g.nodes:
+            before = len(self.errors)
             for v in n.operands():
                 if v not in defined:
                     self.err(f"{n.op}: operand %{v.name} is not defined before its use", n.pos)
@@ -140,7 +143,8 @@ class _Checker:
                 define(r, n.pos)
                 self.type_(r.type, n.pos, f"{n.op} result %{r.name}")
             self.args(n.args + list(n.kwargs.values()), n.pos, n.op)
-            self.node(n)
+            if len(self.errors) == before:  # the type rule would only repeat what is reported
+                self.node(n)
         for o in g.outputs:
             if o not in defined:
                 self.err(f"{where}: returned value %{o.name} is not defined", g.pos)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import sympy
 
@@ -27,25 +27,27 @@ def arg_key(a: Arg) -> Hashable:
     return (type(a).__name__, a)
 
 
+def _substitution(mapping: dict[Value, Value]) -> Callable[[Value], Value]:
+    return lambda v: mapping.get(v, v)
+
+
 @register_pass("cse", "merge nodes with the same op, arguments and result types")
 def cse(module: Module, *, registry: OpRegistry) -> Module:
     out = module.clone()
     for g in out.graphs.values():
         seen: dict[Hashable, list[Value]] = {}
         mapping: dict[Value, Value] = {}  # merged result -> the earlier, equal result
-
-        def sub(v: Value) -> Value:
-            return mapping.get(v, v)
+        sub = _substitution(mapping)
 
         kept = []
         for n in g.nodes:
             n.args = [map_args(a, sub) for a in n.args]
             n.kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
-            if not is_mergeable(n, registry):
+            if not is_mergeable(n, registry, out):
                 kept.append(n)
                 continue
             key = (n.op, tuple(arg_key(a) for a in n.args),
-                   tuple((k, arg_key(a)) for k, a in n.kwargs.items()),
+                   tuple(sorted((k, arg_key(a)) for k, a in n.kwargs.items())),  # any order
                    tuple(str(r.type) for r in n.results))
             prev = seen.get(key)
             if prev is None:

@@ -12,6 +12,6 @@ from ember.ir.registry import OpRegistry
 def dce(module: Module, *, registry: OpRegistry) -> Module:
     out = module.clone()
     for g in out.graphs.values():
-        live = live_values(g, registry)
+        live = live_values(g, registry, out)
         g.nodes = [n for n in g.nodes if any(r in live for r in n.results)]
     return out

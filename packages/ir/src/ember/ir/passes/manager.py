@@ -174,7 +174,10 @@ def parse_pipeline(text: str, registry: PassRegistry | None = None) -> list[Pipe
 
     while k < len(toks):
         _, name, col = want("name", "a pass name")
-        p = reg.get(name)
+        try:
+            p = reg.get(name)
+        except PipelineError as e:
+            raise PipelineError(str(e), col) from None
         opts: dict[str, OptionValue] = {}
         if k < len(toks) and toks[k][1] == "{":
             k += 1

@@ -1,0 +1,28 @@
+"""Repository-wide pytest setup: the hypothesis profiles.
+
+Pick one with HYPOTHESIS_PROFILE (default `dev`; `python3 dev.py test` uses `ci`, `python3 dev.py
+fuzz` uses `fuzz`). Deadlines are off everywhere: a torch op's first call (kernel selection,
+lazy init) is slow enough to trip them at random. A failure prints its reproducer blob.
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    max_examples=50,
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=200, deadline=None, print_blob=True)
+settings.register_profile(
+    "fuzz",
+    max_examples=100_000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))

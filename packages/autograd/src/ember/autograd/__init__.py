@@ -1,0 +1,4 @@
+"""ember.autograd: joint forward/backward graphs and partitioning (AOTAutograd's job).
+
+Skeleton: not built yet, see issues.
+"""

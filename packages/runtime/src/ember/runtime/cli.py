@@ -1,0 +1,304 @@
+"""The `ember` command line: opt, run, check, passes.
+
+    ember opt IN.ir [-p PIPELINE] [-o OUT.ir] [--verify-each] [--print-after-all]
+    ember run IN.ir (--inputs IN.safetensors | --random [--seed N]) [--out OUT.safetensors]
+    ember check IN.ir -p PIPELINE [--seed N]
+    ember passes
+
+Errors are one line on stderr (`FILE:LINE:COL: error: ...` for IR errors) with exit status 1,
+2 for usage errors; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn, TextIO
+
+from ember.ir import (
+    Interpreter,
+    InterpretError,
+    IRParseError,
+    Module,
+    PrintError,
+    VerificationError,
+    parse,
+    verify,
+)
+from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
+from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
+
+
+class CLIError(Exception):
+    """A user-facing error: printed as one line, exit status 1."""
+
+    def __init__(self, message: str, file: str | None = None, line: int = 0, col: int = 0):
+        super().__init__(message)
+        self.file, self.line, self.col = file, line, col
+
+    def render(self) -> str:
+        if self.file and self.line:
+            return f"{self.file}:{self.line}:{self.col}: error: {self}"
+        if self.file:
+            return f"{self.file}: error: {self}"
+        return f"ember: error: {self}"
+
+
+def _read(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CLIError("no such file", path) from None
+    except UnicodeDecodeError as e:
+        raise CLIError(f"not UTF-8 text ({e.reason} at byte {e.start})", path) from None
+    except OSError as e:
+        raise CLIError(e.strerror or str(e), path) from None
+
+
+def load_module(path: str, *, verify_it: bool = True, allow_unregistered: bool = False) -> Module:
+    """Read, parse and verify an .ir file, turning errors into CLIError with positions."""
+    text = _read(path)
+    try:
+        m = parse(text)
+    except IRParseError as e:
+        raise CLIError(e.message, path, e.line, e.col) from None
+    if verify_it:
+        _verify(m, path, allow_unregistered)
+    return m
+
+
+def _verify(m: Module, path: str, allow_unregistered: bool) -> None:
+    try:
+        verify(m, allow_unregistered=allow_unregistered)
+    except VerificationError as e:
+        first = e.errors[0]
+        more = f" (and {len(e.errors) - 1} more)" if len(e.errors) > 1 else ""
+        line, col = (first.pos.line, first.pos.col) if first.pos else (0, 0)
+        raise CLIError(first.message + more, path, line, col) from None
+
+
+def _write(text: str, out: str | None, stream: TextIO) -> None:
+    if out is None or out == "-":
+        stream.write(text)
+    else:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def _print_module(m: Module) -> str:
+    try:
+        return str(m)
+    except PrintError as e:
+        raise CLIError(f"cannot print the module: {e}") from None
+
+
+def cmd_opt(a: argparse.Namespace) -> int:
+    m = load_module(a.input, allow_unregistered=a.allow_unregistered)
+
+    def after(stage: str, mod: Module) -> None:
+        if a.print_after_all:
+            sys.stderr.write(f"# ----- IR after {stage}\n{_print_module(mod)}\n")
+
+    try:
+        m = run_pipeline(m, a.pipeline or "", verify_each=a.verify_each, print_after=after,
+                         allow_unregistered=a.allow_unregistered)
+    except PipelineError as e:
+        raise CLIError(f"-p {a.pipeline!r}: {e}") from None
+    except VerificationError as e:
+        raise CLIError(f"after a pass of {a.pipeline!r}: {e}", a.input) from None
+    _write(_print_module(m), a.output, sys.stdout)
+    return 0
+
+
+def _kernel_gate(m: Module, path: str, allowed: bool) -> None:
+    if m.kernels and not allowed:
+        names = ", ".join("@" + k for k in m.kernels)
+        raise CLIError(f"the module holds kernel blocks ({names}); running it compiles and "
+                       f"executes their source: pass --allow-kernels if you trust it", path)
+
+
+def _run(m: Module, path: str, graph: str | None, inputs: list[object]) -> tuple[list, dict]:
+    try:
+        res = Interpreter(m).run(inputs, graph)
+    except InterpretError as e:
+        node = e.node
+        if node is not None and node.pos is not None:
+            raise CLIError(str(e).split(": ", 1)[-1], path, node.pos.line, node.pos.col) \
+                from None
+        raise CLIError(str(e), path) from None
+    return res.outputs, res.updates
+
+
+def _graph(m: Module, name: str | None, path: str):  # type: ignore[no-untyped-def]
+    try:
+        return m.graph(name)
+    except KeyError as e:
+        raise CLIError(str(e.args[0]), path) from None
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    m = load_module(a.input, allow_unregistered=a.allow_unregistered)
+    _kernel_gate(m, a.input, a.allow_kernels)
+    g = _graph(m, a.graph, a.input)
+    try:
+        inputs = load_inputs(a.inputs, g) if a.inputs else random_inputs(m, g, a.seed)
+    except InputError as e:
+        raise CLIError(str(e)) from None
+    outputs, updates = _run(m, a.input, a.graph, inputs)
+    named = {f"out{i}": o for i, o in enumerate(outputs)}
+    named.update({g.params[p].name: v for p, v in updates.items()})
+    if a.out:
+        try:
+            save_tensors(a.out, named)
+        except Exception as e:
+            raise CLIError(f"cannot write {a.out}: {e}") from None
+    if a.save_inputs:
+        save_tensors(a.save_inputs, {p.name: x for p, x in zip(g.params, inputs, strict=True)})
+    for k, v in named.items():
+        print(f"{k}: {_describe(v)}")
+    return 0
+
+
+def _describe(v: object) -> str:
+    import torch
+
+    if isinstance(v, torch.Tensor):
+        flat = v.detach().reshape(-1)[:6].tolist()
+        more = ", ..." if v.numel() > 6 else ""
+        return f"{str(v.dtype).replace('torch.', '')}{list(v.shape)} [{', '.join(map(str, flat))}{more}]"
+    return repr(v)
+
+
+def cmd_check(a: argparse.Namespace) -> int:
+    before = load_module(a.input, allow_unregistered=a.allow_unregistered)
+    _kernel_gate(before, a.input, a.allow_kernels)
+    try:
+        after = run_pipeline(before, a.pipeline, verify_each=True,
+                             allow_unregistered=a.allow_unregistered)
+    except PipelineError as e:
+        raise CLIError(f"-p {a.pipeline!r}: {e}") from None
+    except VerificationError as e:
+        raise CLIError(f"after a pass of {a.pipeline!r}: {e}", a.input) from None
+    names = [a.graph] if a.graph else list(before.graphs)
+    worst_all, checked = 0.0, 0
+    for name in names:
+        g = _graph(before, name, a.input)
+        if name not in after.graphs:
+            raise CLIError(f"@{name} disappeared under {a.pipeline!r}", a.input)
+        try:
+            inputs = random_inputs(before, g, a.seed)
+        except InputError as e:
+            raise CLIError(str(e), a.input) from None
+        ref_out, ref_upd = _run(before, a.input, name, [_clone(x) for x in inputs])
+        new_out, new_upd = _run(after, a.input, name, [_clone(x) for x in inputs])
+        labels = [f"@{name} out{i}" for i in range(len(ref_out))]
+        labels += [f"@{name} update of %{g.params[p].name}" for p in ref_upd]
+        if len(new_out) != len(ref_out) or set(new_upd) != set(ref_upd):
+            raise CLIError(f"@{name}: the passes changed the number of results", a.input)
+        bad, worst = compare(ref_out + list(ref_upd.values()),
+                             new_out + [new_upd[p] for p in ref_upd], labels)
+        worst_all = max(worst_all, worst)
+        checked += len(labels)
+        if bad:
+            w = max(bad, key=lambda b: b.max_abs)
+            raise CLIError(f"mismatch after {a.pipeline!r}: {w.where}: {w.detail}", a.input)
+    print(f"ok: {checked} result(s) of {len(names)} graph(s) match after {a.pipeline!r} "
+          f"(worst abs error {worst_all:.3g})")
+    return 0
+
+
+def _clone(x: object) -> object:
+    import torch
+
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
+def cmd_passes(a: argparse.Namespace) -> int:
+    for p in default_pass_registry().all().values():
+        opts = ""
+        if p.options:
+            opts = " {" + ", ".join(f"{o.name}: {o.type.__name__} = {o.default}"
+                                    for o in p.options.values()) + "}"
+        print(f"{p.name:<16}{p.summary}{opts}")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"ember: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ember", description="ember: dump, edit, optimize and replay ir-v1 modules")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("input", help="an ir-v1 file ('-' for stdin)")
+        sp.add_argument("--allow-unregistered", action="store_true",
+                        help="let the verifier accept ops it does not know")
+        sp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    o = sub.add_parser("opt", help="run a pass pipeline over a module (like mlir-opt)")
+    common(o)
+    o.add_argument("-p", "--pipeline", default="", help="e.g. 'dce,cse' or 'fuse{max_nodes=64}'")
+    o.add_argument("-o", "--output", help="write the result here (default: stdout)")
+    o.add_argument("--verify-each", action="store_true", help="verify after every pass")
+    o.add_argument("--print-after-all", action="store_true",
+                   help="print the IR after every pass to stderr")
+    o.set_defaults(fn=cmd_opt)
+
+    r = sub.add_parser("run", help="run a graph on inputs and write its outputs")
+    common(r)
+    src = r.add_mutually_exclusive_group(required=True)
+    src.add_argument("--inputs", help="safetensors file keyed by parameter name (without %%)")
+    src.add_argument("--random", action="store_true",
+                     help="random inputs at the symbols' hints (integers in [0, 2))")
+    r.add_argument("--seed", type=int, default=0, help="seed for --random")
+    r.add_argument("--out", help="write outputs (out0, out1, ..., updated parameters by name)")
+    r.add_argument("--save-inputs", help="also write the inputs used (with --random)")
+    r.add_argument("--graph", help="the graph to run (default: the first)")
+    r.add_argument("--allow-kernels", action="store_true",
+                   help="allow running a module that holds kernel blocks")
+    r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("check", help="compare a graph before and after passes on random inputs")
+    common(c)
+    c.add_argument("-p", "--pipeline", required=True)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--graph", help="check only this graph (default: all)")
+    c.add_argument("--allow-kernels", action="store_true")
+    c.set_defaults(fn=cmd_check)
+
+    ps = sub.add_parser("passes", help="list the registered passes")
+    ps.set_defaults(fn=cmd_passes)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except CLIError as e:
+        if args.debug:
+            raise
+        sys.stderr.write(e.render() + "\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # unexpected: one line unless --debug
+        if args.debug:
+            raise
+        sys.stderr.write(f"ember: internal error: {type(e).__name__}: {e} "
+                         f"(run with --debug for the traceback)\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

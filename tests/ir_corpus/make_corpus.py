@@ -1,0 +1,130 @@
+"""Regenerate the corpus's inputs and expected outputs: `python tests/ir_corpus/make_corpus.py`.
+
+Expected outputs come from calling the ATen ops directly in Python (the functions below), not
+from ember's interpreter, so the corpus checks replay against eager. Files per graph:
+`<file>.<graph>.in.safetensors` (keyed by parameter name) and `<file>.<graph>.out.safetensors`
+(`out0`, `out1`, ... and each parameter updated through `input_updates`, by name), the layout
+`ember run --out` writes. Only regenerate on purpose: the corpus is a compatibility promise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+aten = torch.ops.aten
+HERE = Path(__file__).parent
+Eager = Callable[..., dict[str, Any]]
+
+
+def _outs(*xs: Any, **updates: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {f"out{i}": x for i, x in enumerate(xs)}
+    d.update(updates)
+    return d
+
+
+def ex_forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
+    y = aten.addmm.default(b, x, aten.t.default(w))
+    m, _ = aten.max.dim(aten.relu.default(y), 1, False)
+    return _outs(y, m)
+
+
+def ex_step(p: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
+    p1 = aten.add.Tensor(p, g, alpha=-0.1)
+    return _outs(aten.sum.default(p1), p=p1)
+
+
+def norm_rows(x: torch.Tensor) -> torch.Tensor:
+    c = aten.sub.Tensor(x, aten.mean.dim(x, [1], True))
+    v = aten.var.correction(x, [1], correction=0, keepdim=True)
+    return aten.mul.Tensor(c, aten.rsqrt.default(aten.add.Scalar(v, 1e-05)))
+
+
+def sym_main(a: torch.Tensor, b: torch.Tensor, k: torch.Tensor) -> dict[str, Any]:
+    s0 = a.shape[0]
+    lo, hi = aten.split.Tensor(b, s0)
+    vals, idx = aten.sort.default(lo, 1, True)
+    kf = aten._to_copy.default(k, dtype=torch.float32)
+    mask = aten.gt.Scalar(kf, 0.5)
+    w = aten.where.ScalarOther(mask, kf, float("-inf"))
+    cl = aten.clamp.default(vals, min=-0.5, max=0.5)
+    return _outs(norm_rows(a), aten.gather.default(hi, 1, idx), cl,
+                 torch.tensor(b.shape[0]), w, mask, vals)
+
+
+def bn_stats(x: torch.Tensor, running_mean: torch.Tensor, running_var: torch.Tensor
+             ) -> dict[str, Any]:
+    m = aten.mean.dim(x, [0])
+    v = aten.var.correction(x, [0], correction=1)
+    rm = aten.add.Tensor(aten.mul.Tensor(running_mean, 0.9), aten.mul.Tensor(m, 0.1))
+    rv = aten.lerp.Scalar(running_var, v, 0.1)
+    return _outs(aten.sub.Tensor(x, m), running_mean=rm, running_var=rv)
+
+
+def momentum(p: torch.Tensor, buf: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
+    b2 = aten.add.Tensor(aten.mul.Scalar(buf, 0.9), g)
+    p1 = aten.add.Tensor(p, b2, alpha=-0.01)
+    return _outs(aten.linalg_vector_norm.default(p1), buf=b2, p=p1)
+
+
+def literals(x: torch.Tensor, i: torch.Tensor) -> dict[str, Any]:
+    s0 = x.shape[0]
+    r = aten.reshape.default(x, [s0, 2, 4])
+    return _outs(
+        aten.view.default(x, [-1]),
+        aten.nan_to_num.default(x, 0.0, float("inf"), float("-inf")),
+        aten._to_copy.default(x, dtype=torch.float16),
+        aten.gelu.default(x, approximate="none"),
+        aten.permute.default(r, [1, 0, 2]),
+        aten.bitwise_and.Scalar(i, -2),
+        aten.constant_pad_nd.default(x, [0, 0, -1, 1], 2.5e-16),
+    )
+
+
+def _inputs(seed: int, **specs: tuple[tuple[int, ...], torch.dtype]) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (shape, dt) in specs.items():
+        if dt.is_floating_point:
+            t = torch.randn(shape, generator=g, dtype=torch.float64).to(dt)
+        else:
+            t = torch.randint(0, 5, shape, generator=g).to(dt)
+        out[name] = t
+    return out
+
+
+f32, f64, i32, i64 = torch.float32, torch.float64, torch.int32, torch.int64
+x_nan = _inputs(7, x=((5, 8), f32))["x"]
+x_nan[0, 0], x_nan[1, 1], x_nan[2, 2] = float("nan"), float("inf"), float("-inf")
+
+# (file, graph, eager function, inputs); sizes deliberately differ from the symbols' hints.
+CASES: list[tuple[str, str, Eager, dict[str, torch.Tensor]]] = [
+    ("ir_v1_example", "forward", ex_forward,
+     _inputs(1, x=((5, 64), f32), w=((128, 64), f32), b=((128,), f32))),
+    ("ir_v1_example", "step", ex_step, _inputs(2, p=((4,), f32), g=((4,), f32))),
+    ("symbolic_multi", "norm_rows", lambda x: _outs(norm_rows(x)), _inputs(3, x=((7, 5), f32))),
+    ("symbolic_multi", "main", sym_main,
+     _inputs(4, a=((4, 3), f32), b=((8, 3), f32), k=((4,), i64))),
+    ("mutation", "bn_stats", bn_stats,
+     _inputs(5, x=((16, 4), f32), running_mean=((4,), f32), running_var=((4,), f32))),
+    ("mutation", "momentum", momentum,
+     _inputs(6, p=((3, 3), f64), buf=((3, 3), f64), g=((3, 3), f64))),
+    ("literals", "f", literals, {"x": x_nan, "i": _inputs(8, i=((5, 8), i32))["i"]}),
+]
+
+
+def main() -> None:
+    for file, graph, fn, inputs in CASES:
+        expected = fn(**{k: v.clone() for k, v in inputs.items()})
+        stem = HERE / f"{file}.{graph}"
+        save_file({k: v.contiguous() for k, v in inputs.items()}, f"{stem}.in.safetensors")
+        save_file({k: v.contiguous() for k, v in expected.items()}, f"{stem}.out.safetensors")
+        print(f"wrote {stem.name}.{{in,out}}.safetensors")
+
+
+if __name__ == "__main__":
+    main()
