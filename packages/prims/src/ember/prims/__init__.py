@@ -10,4 +10,7 @@ from ember.prims.ops import PRIMS, PRIMS_BY_OP, Prim, register_prims
 if default_registry().lookup("prims.add") is None:
     register_prims(default_registry())
 
+# The decompositions and the `decompose` pass (registered on import).
+from ember.prims import decomp  # noqa: E402,F401  isort: skip
+
 __all__ = ["PRIMS", "PRIMS_BY_OP", "Prim", "register_prims"]

@@ -89,10 +89,14 @@ def _ew_dtype(arity: int, kinds: str, out: DType | None = None) -> DTypeRule:
             raise OpTypeError(f"{op} takes {' or '.join(want[k] for k in kinds)} operands, "
                               f"not {dt.name}")
         return [out or dt]
+    want = {"f": "float", "i": "integer", "b": "b8"}
+    rule.__doc__ = (f"operands of one {'/'.join(want[k] for k in kinds)} dtype; result "
+                    f"{out.name if out else 'that dtype'}")
     return rule
 
 
 def _where_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """`cond` b8; the branches' common dtype"""
     elementwise_operands(op, args, 3)
     if tensor(args[0], f"{op} condition").dtype != DType.b8:
         raise OpTypeError(f"{op}: the condition must be b8")
@@ -103,10 +107,12 @@ def _where_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _first_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """the operand dtype"""
     return [tensor(args[0], f"{op} operand").dtype]
 
 
 def _attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """`dtype`"""
     dt = attr(kw, "dtype", op)
     if not isinstance(dt, DType):
         raise OpTypeError(f"{op}: dtype= must be a dtype literal, got {dt!r}")
@@ -114,15 +120,18 @@ def _attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _convert_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """`dtype`"""
     tensor(args[0], f"{op} operand")
     return _attr_dtype(op, args, kw)
 
 
 def _i64(op: str, args: Args, kw: Kw) -> list[DType]:
+    """i64"""
     return [DType.i64]
 
 
 def _float_attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """`dtype`, one of f16, bf16, f32, f64"""
     dt = _attr_dtype(op, args, kw)[0]
     if not dt.is_floating or dt.torch not in philox.SIGNIFICAND_BITS:
         raise OpTypeError(f"{op}: dtype must be f16, bf16, f32 or f64, got {dt.name}")
@@ -130,6 +139,7 @@ def _float_attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _int_attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """`dtype`, an integer type"""
     dt = _attr_dtype(op, args, kw)[0]
     if not dt.is_integer:
         raise OpTypeError(f"{op}: dtype must be an integer type, got {dt.name}")
@@ -137,6 +147,7 @@ def _int_attr_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _concat_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """the operands' common dtype"""
     dts = {tensor(a, f"{op} operand").dtype for a in args[0]}
     if len(dts) != 1:
         raise OpTypeError(f"{op}: operands have different dtypes {sorted(d.name for d in dts)}")
@@ -144,6 +155,7 @@ def _concat_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _matmul_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """the operands' common dtype"""
     a, b = tensor(args[0], f"{op} lhs"), tensor(args[1], f"{op} rhs")
     if a.dtype != b.dtype:
         raise OpTypeError(f"{op}: operand dtypes differ ({a.dtype.name}, {b.dtype.name})")
@@ -151,14 +163,19 @@ def _matmul_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
 
 
 def _pair(dtype_rule: DTypeRule, second: DType) -> DTypeRule:
-    return lambda op, args, kw: [dtype_rule(op, args, kw)[0], second]
+    def rule(op: str, args: Args, kw: Kw) -> list[DType]:
+        return [dtype_rule(op, args, kw)[0], second]
+    rule.__doc__ = f"({dtype_rule.__doc__}, {second.name})"
+    return rule
 
 
 def _gather_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """the operand dtype"""
     return [tensor(args[0], f"{op} operand").dtype]
 
 
 def _scatter_dtype(op: str, args: Args, kw: Kw) -> list[DType]:
+    """the operand dtype (src the same)"""
     x, src = tensor(args[0], f"{op} operand"), tensor(args[2], f"{op} src")
     if x.dtype != src.dtype:
         raise OpTypeError(f"{op}: src dtype {src.dtype.name} differs from {x.dtype.name}")

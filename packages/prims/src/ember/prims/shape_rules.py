@@ -29,10 +29,12 @@ ShapeRule = Callable[[str, Args, Kw], list[Shape]]
 def ew_shape(arity: int) -> ShapeRule:
     def rule(op: str, args: Args, kw: Kw) -> list[Shape]:
         return [elementwise_operands(op, args, arity)[0].shape]
+    rule.__doc__ = "the common shape of the tensor operands (numbers take any shape)"
     return rule
 
 
 def reduce_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the operand shape without the dims in `dims`"""
     t = tensor(args[0], f"{op} operand")
     dims = int_list(attr(kw, "dims", op), f"{op} dims")
     check_dims(dims, t.rank, op)
@@ -40,6 +42,7 @@ def reduce_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def argreduce_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the operand shape without `dim`"""
     t = tensor(args[0], f"{op} operand")
     dim = attr(kw, "dim", op)
     check_dims([dim], t.rank, op)
@@ -47,6 +50,7 @@ def argreduce_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def same_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the operand shape"""
     t = tensor(args[0], f"{op} operand")
     if "dim" in kw:
         check_dims([kw["dim"]], t.rank, op)
@@ -56,6 +60,7 @@ def same_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def broadcast_in_dim_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`shape`; operand dim i must equal `shape[broadcast_dims[i]]` or be 1"""
     t = tensor(args[0], f"{op} operand")
     shape = dim_list(attr(kw, "shape", op), f"{op} shape")
     bdims = int_list(attr(kw, "broadcast_dims", op), f"{op} broadcast_dims")
@@ -72,6 +77,7 @@ def broadcast_in_dim_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def reshape_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`shape`; the number of elements must not change"""
     t = tensor(args[0], f"{op} operand")
     shape = dim_list(attr(kw, "shape", op), f"{op} shape")
     if not dims_equal(_numel(t.shape), _numel(shape)):
@@ -87,6 +93,7 @@ def _numel(shape: Sequence[Dim]) -> Dim:
 
 
 def permute_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """operand dims reordered: dim i is operand dim `dims[i]`"""
     t = tensor(args[0], f"{op} operand")
     dims = int_list(attr(kw, "dims", op), f"{op} dims")
     if sorted(dims) != list(range(t.rank)):
@@ -95,6 +102,7 @@ def permute_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def slice_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`ceil((limit - start) / step)` per dim"""
     t = tensor(args[0], f"{op} operand")
     start = dim_list(attr(kw, "start", op), f"{op} start")
     limit = dim_list(attr(kw, "limit", op), f"{op} limit")
@@ -113,6 +121,7 @@ def slice_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def pad_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`lo + hi + n + (n - 1) * interior` per dim"""
     t = tensor(args[0], f"{op} operand")
     if len(args) != 2 or not is_number(args[1]):
         raise OpTypeError(f"{op} takes (tensor, padding value)")
@@ -132,6 +141,7 @@ def pad_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def concatenate_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """operand shapes, summed along `dim`; equal elsewhere"""
     if len(args) != 1 or not isinstance(args[0], list) or not args[0]:
         raise OpTypeError(f"{op} takes one non-empty list of tensors")
     ts = [tensor(a, f"{op} operand") for a in args[0]]
@@ -147,6 +157,7 @@ def concatenate_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def squeeze_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the operand shape without `dims` (each of size 1)"""
     t = tensor(args[0], f"{op} operand")
     dims = int_list(attr(kw, "dims", op), f"{op} dims")
     check_dims(dims, t.rank, op)
@@ -157,6 +168,7 @@ def squeeze_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def unsqueeze_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """size-1 dims inserted at output positions `dims`"""
     t = tensor(args[0], f"{op} operand")
     dims = int_list(attr(kw, "dims", op), f"{op} dims")
     rank = t.rank + len(dims)
@@ -166,24 +178,28 @@ def unsqueeze_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def iota_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`[length]`"""
     if args:
         raise OpTypeError(f"{op} takes only attributes")
     return [(dim_list([attr(kw, "length", op)], f"{op} length")[0],)]
 
 
 def full_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`shape`"""
     if args:
         raise OpTypeError(f"{op} takes only attributes")
     return [tuple(dim_list(attr(kw, "shape", op), f"{op} shape"))]
 
 
 def philox_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`shape`"""
     if len(args) != 2 or not all(is_number(a) for a in args):
         raise OpTypeError(f"{op} takes (seed, offset) integers")
     return [tuple(dim_list(attr(kw, "shape", op), f"{op} shape"))]
 
 
 def gather_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the index shape (index: i64, same rank)"""
     x, idx = tensor(args[0], f"{op} operand"), tensor(args[1], f"{op} index")
     dim = attr(kw, "dim", op)
     if x.rank != idx.rank or idx.dtype != DType.i64:
@@ -193,6 +209,7 @@ def gather_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def scatter_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """the operand shape (index i64 and src of the same rank)"""
     x, idx, src = (tensor(a, f"{op} operand") for a in args)
     dim = attr(kw, "dim", op)
     if not (x.rank == idx.rank == src.rank) or idx.dtype != DType.i64:
@@ -202,6 +219,7 @@ def scatter_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def matmul_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`[*B, M, K] x [*B, K, N] -> [*B, M, N]`, batch dims equal"""
     a, b = tensor(args[0], f"{op} lhs"), tensor(args[1], f"{op} rhs")
     if a.rank < 2 or a.rank != b.rank:
         raise OpTypeError(f"{op}: operands need the same rank >= 2, got {a} and {b}")
@@ -213,6 +231,7 @@ def matmul_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
 
 
 def conv_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """`[N, O, *((in + 2p - d(k - 1) - 1) // s + 1)]`"""
     x, w = tensor(args[0], f"{op} input"), tensor(args[1], f"{op} weight")
     n = x.rank - 2
     if n < 1 or w.rank != x.rank:
@@ -236,12 +255,14 @@ def _conv_out(size: Dim, k: Dim, s: int, p: int, d: int) -> Dim:
 
 
 def sort_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """two results of the operand shape"""
     t = tensor(args[0], f"{op} operand")
     check_dims([attr(kw, "dim", op)], t.rank, op)
     return [t.shape, t.shape]
 
 
 def topk_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
+    """two results of the operand shape with `dim` of size k"""
     t = tensor(args[0], f"{op} operand")
     dim, k = attr(kw, "dim", op), attr(kw, "k", op)
     check_dims([dim], t.rank, op)

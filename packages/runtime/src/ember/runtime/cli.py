@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn, TextIO
 
+import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
 from ember.ir import (
     Interpreter,
     InterpretError,

@@ -1,0 +1,28 @@
+"""Decompositions aten -> prims: the table, the context they build with, and the pass.
+
+Importing this package imports every decomposition module, which register themselves.
+"""
+
+from ember.prims.decomp.context import DecompContext, DecompositionError, promote
+from ember.prims.decomp.table import (
+    DECOMPOSITIONS,
+    DecompositionTable,
+    bind_schema,
+    register_decomposition,
+)
+
+# The decomposition families; each registers into DECOMPOSITIONS on import.
+from ember.prims.decomp import pointwise as _pointwise  # noqa: E402,F401  isort: skip
+from ember.prims.decomp.passes import decompose, decompose_module  # noqa: E402  isort: skip
+
+__all__ = [
+    "DECOMPOSITIONS",
+    "DecompContext",
+    "DecompositionError",
+    "DecompositionTable",
+    "bind_schema",
+    "decompose",
+    "decompose_module",
+    "promote",
+    "register_decomposition",
+]

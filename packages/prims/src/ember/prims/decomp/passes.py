@@ -1,0 +1,84 @@
+"""The `decompose` pass: aten ops -> prims, by the decomposition table."""
+
+from __future__ import annotations
+
+from ember.ir import Builder, Graph, Module, Node, TensorType, Value
+from ember.ir.expr import evaluate
+from ember.ir.graph import map_args
+from ember.ir.passes import register_pass
+from ember.ir.registry import EMBER_DIALECTS, OpRegistry
+from ember.ir.types import Type
+from ember.ir.verifier import types_equal
+from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable, values_of
+
+
+@register_pass("decompose", "lower aten (and other torch) ops to ember's prims")
+def decompose(module: Module, *, keep_unsupported: bool = False,
+              registry: OpRegistry) -> Module:
+    return decompose_module(module, DECOMPOSITIONS, keep_unsupported=keep_unsupported)
+
+
+def decompose_module(module: Module, table: DecompositionTable, *,
+                     keep_unsupported: bool = False) -> Module:
+    out = module.clone()
+    for g in out.graphs.values():
+        _decompose_graph(out, g, table, keep_unsupported)
+    return out
+
+
+def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
+                     keep_unsupported: bool) -> None:
+    vmap: dict[Value, Value] = {}
+
+    def sub(v: Value) -> Value:
+        return vmap.get(v, v)
+
+    hints = module.hints()
+    b = Builder(module, taken=(v.name for v in g.values()))
+    for n in g.nodes:
+        args = [map_args(a, sub) for a in n.args]
+        kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
+        if n.op.split(".", 1)[0] in EMBER_DIALECTS or (keep_unsupported and n.op not in table):
+            n.args, n.kwargs = args, kwargs  # the module is a clone: editing in place is fine
+            b.nodes.append(n)
+            continue
+        if n.op not in table:
+            where = f" (line {n.pos.line})" if n.pos else ""
+            raise DecompositionError(
+                f"ember.prims: no decomposition for {n.op}{where}; keep such ops with "
+                f"decompose{{keep_unsupported=true}}")
+        b.loc = n.loc  # provenance: every emitted prim points at the source of its aten op
+        results = values_of(table.apply(DecompContext(b, n, table), n.op, args, kwargs))
+        _check_results(n, results, hints)
+        vmap.update(zip(n.results, results, strict=True))
+    g.nodes = b.nodes
+    g.outputs = [sub(o) for o in g.outputs]
+    g.result_types = [t if types_equal(t, o.type) else o.type
+                      for t, o in zip(g.result_types, g.outputs, strict=True)]
+
+
+def _check_results(n: Node, results: list[Value], hints: dict[str, int]) -> None:
+    """A decomposition must produce exactly the node's declared types (at the symbols' hints
+    where either side is symbolic): a mismatch is a bug in the decomposition."""
+    if len(results) != len(n.results):
+        raise DecompositionError(f"decomposition of {n.op} gave {len(results)} results, the "
+                                 f"node has {len(n.results)}")
+    for i, (want, got) in enumerate(zip(n.results, results, strict=True)):
+        if not _same_at_hints(want.type, got.type, hints):
+            raise DecompositionError(f"decomposition of {n.op}: result {i} is {got.type}, the "
+                                     f"node declares {want.type}")
+
+
+def _same_at_hints(a: Type, b: Type, hints: dict[str, int]) -> bool:
+    if types_equal(a, b):
+        return True
+    if not (isinstance(a, TensorType) and isinstance(b, TensorType)):
+        return False
+    if (a.dtype, a.rank, a.device) != (b.dtype, b.rank, b.device):
+        return False
+    try:
+        return all(evaluate(x, hints) == evaluate(y, hints)
+                   for x, y in zip(a.shape, b.shape, strict=True))
+    except Exception:
+        return False

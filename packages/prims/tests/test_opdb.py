@@ -1,0 +1,35 @@
+"""Generic checks over the op database: every decomposition against eager, eagerly sized and
+with symbolic sizes."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from ember.prims.testing.harness import check_decomposition
+from ember.prims.testing.opdb import OpEntry, load_all
+
+OPDB = load_all()
+ENTRIES = OPDB.entries()
+_SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                            HealthCheck.filter_too_much])
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.op)
+def test_decomposition_matches_eager(entry: OpEntry) -> None:
+    @_SETTINGS
+    @given(entry.samples())
+    def run(sample) -> None:  # type: ignore[no-untyped-def]
+        check_decomposition(entry, sample)
+
+    run()
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.symbolic], ids=lambda e: e.op)
+def test_decomposition_with_symbolic_sizes(entry: OpEntry) -> None:
+    @_SETTINGS
+    @given(entry.samples())
+    def run(sample) -> None:  # type: ignore[no-untyped-def]
+        check_decomposition(entry, sample, symbolic=True)
+
+    run()
