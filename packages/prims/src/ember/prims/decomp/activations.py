@@ -1,0 +1,3 @@
+"""Decompositions: activations (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Decompositions: norms (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Decompositions: reductions (being written)."""
+
+from __future__ import annotations

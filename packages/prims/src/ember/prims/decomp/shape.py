@@ -1,0 +1,3 @@
+"""Decompositions: shape (being written)."""
+
+from __future__ import annotations
