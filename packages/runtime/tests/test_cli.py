@@ -203,3 +203,34 @@ def test_console_script_entry_point(mlp: Path) -> None:
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "ember.runtime.cli"]
     proc = subprocess.run(cmd + ["passes"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "dce" in proc.stdout
+
+
+PRIMS_OK = """ember.ir 1.0
+
+graph @g(%x: f32[3, 4], %y: f32[4]) -> (f32[3, 4]) {
+  %e = aten.exp.default(%x) : f32[3, 4]
+  %z = aten.add.Tensor(%e, %y, alpha=2) : f32[3, 4]
+  return (%z)
+}
+"""
+
+
+def test_backends_listed_and_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run_cli(["backends"], capsys)
+    assert rc == 0 and {"reference", "prims"} <= {ln.split()[0] for ln in out.splitlines()}
+    f = tmp_path / "p.ir"
+    f.write_text(PRIMS_OK)
+    ref, pr = tmp_path / "ref.safetensors", tmp_path / "prims.safetensors"
+    assert run_cli(["run", str(f), "--random", "--out", str(ref)], capsys)[0] == 0
+    assert run_cli(["run", str(f), "--random", "--backend", "prims", "--out", str(pr)],
+                   capsys)[0] == 0
+    torch.testing.assert_close(load_file(str(pr))["out0"], load_file(str(ref))["out0"])
+    rc, out, _ = run_cli(["check", str(f), "--backend", "prims"], capsys)
+    assert rc == 0 and "backend prims" in out
+
+
+def test_unknown_backend_and_empty_check(mlp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_cli(["run", str(mlp), "--random", "--backend", "nope"], capsys)
+    assert rc == 1 and "unknown backend 'nope'" in err
+    rc, _, err = run_cli(["check", str(mlp)], capsys)
+    assert rc == 1 and "nothing to check" in err

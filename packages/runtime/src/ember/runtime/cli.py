@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
 from ember.ir import (
-    Interpreter,
     InterpretError,
     IRParseError,
     Module,
@@ -27,6 +26,7 @@ from ember.ir import (
     parse,
     verify,
 )
+from ember.ir.backends import Runner, default_backends
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
 from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
 
@@ -122,9 +122,21 @@ def _kernel_gate(m: Module, path: str, allowed: bool) -> None:
                        f"executes their source: pass --allow-kernels if you trust it", path)
 
 
-def _run(m: Module, path: str, graph: str | None, inputs: list[object]) -> tuple[list, dict]:
+def _runner(m: Module, backend: str) -> Runner:
     try:
-        res = Interpreter(m).run(inputs, graph)
+        b = default_backends().get(backend)
+    except KeyError as e:
+        raise CLIError(str(e.args[0])) from None
+    try:
+        return b.prepare(m)
+    except Exception as e:  # a backend that cannot take the module says why, in one line
+        raise CLIError(f"backend {backend}: {type(e).__name__}: {e}") from None
+
+
+def _run(runner: Runner, path: str, graph: str | None, inputs: list[object]
+         ) -> tuple[list[Any], dict[int, Any]]:
+    try:
+        res = runner(graph, inputs)
     except InterpretError as e:
         node = e.node
         if node is not None and node.pos is not None:
@@ -149,7 +161,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         inputs = load_inputs(a.inputs, g) if a.inputs else random_inputs(m, g, a.seed)
     except InputError as e:
         raise CLIError(str(e)) from None
-    outputs, updates = _run(m, a.input, a.graph, inputs)
+    outputs, updates = _run(_runner(m, a.backend), a.input, a.graph, inputs)
     named = {f"out{i}": o for i, o in enumerate(outputs)}
     named.update({g.params[p].name: v for p, v in updates.items()})
     if a.out:
@@ -177,6 +189,11 @@ def _describe(v: object) -> str:
 def cmd_check(a: argparse.Namespace) -> int:
     before = load_module(a.input, allow_unregistered=a.allow_unregistered)
     _kernel_gate(before, a.input, a.allow_kernels)
+    if not a.pipeline and a.backend == "reference":
+        raise CLIError("nothing to check: give -p PIPELINE and/or --backend B")
+    what = " and ".join(x for x in (repr(a.pipeline) if a.pipeline else "",
+                                    f"backend {a.backend}" if a.backend != "reference" else "")
+                        if x)
     try:
         after = run_pipeline(before, a.pipeline, verify_each=True,
                              allow_unregistered=a.allow_unregistered)
@@ -185,6 +202,7 @@ def cmd_check(a: argparse.Namespace) -> int:
     except VerificationError as e:
         raise CLIError(f"after a pass of {a.pipeline!r}: {e}", a.input) from None
     names = [a.graph] if a.graph else list(before.graphs)
+    ref_runner, new_runner = _runner(before, "reference"), _runner(after, a.backend)
     worst_all, checked = 0.0, 0
     for name in names:
         g = _graph(before, name, a.input)
@@ -194,20 +212,20 @@ def cmd_check(a: argparse.Namespace) -> int:
             inputs = random_inputs(before, g, a.seed)
         except InputError as e:
             raise CLIError(str(e), a.input) from None
-        ref_out, ref_upd = _run(before, a.input, name, [_clone(x) for x in inputs])
-        new_out, new_upd = _run(after, a.input, name, [_clone(x) for x in inputs])
+        ref_out, ref_upd = _run(ref_runner, a.input, name, [_clone(x) for x in inputs])
+        new_out, new_upd = _run(new_runner, a.input, name, [_clone(x) for x in inputs])
         labels = [f"@{name} out{i}" for i in range(len(ref_out))]
         labels += [f"@{name} update of %{g.params[p].name}" for p in ref_upd]
         if len(new_out) != len(ref_out) or set(new_upd) != set(ref_upd):
-            raise CLIError(f"@{name}: the passes changed the number of results", a.input)
+            raise CLIError(f"@{name}: {what} changed the number of results", a.input)
         bad, worst = compare(ref_out + list(ref_upd.values()),
                              new_out + [new_upd[p] for p in ref_upd], labels)
         worst_all = max(worst_all, worst)
         checked += len(labels)
         if bad:
             w = max(bad, key=lambda b: b.max_abs)
-            raise CLIError(f"mismatch after {a.pipeline!r}: {w.where}: {w.detail}", a.input)
-    print(f"ok: {checked} result(s) of {len(names)} graph(s) match after {a.pipeline!r} "
+            raise CLIError(f"mismatch with {what}: {w.where}: {w.detail}", a.input)
+    print(f"ok: {checked} result(s) of {len(names)} graph(s) match with {what} "
           f"(worst abs error {worst_all:.3g})")
     return 0
 
@@ -225,6 +243,12 @@ def cmd_passes(a: argparse.Namespace) -> int:
             opts = " {" + ", ".join(f"{o.name}: {o.type.__name__} = {o.default}"
                                     for o in p.options.values()) + "}"
         print(f"{p.name:<16}{p.summary}{opts}")
+    return 0
+
+
+def cmd_backends(a: argparse.Namespace) -> int:
+    for b in default_backends().all().values():
+        print(f"{b.name:<16}{b.summary}")
     return 0
 
 
@@ -265,13 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="write outputs (out0, out1, ..., updated parameters by name)")
     r.add_argument("--save-inputs", help="also write the inputs used (with --random)")
     r.add_argument("--graph", help="the graph to run (default: the first)")
+    r.add_argument("--backend", default="reference",
+                   help="how to run it (see `ember backends`; default: reference)")
     r.add_argument("--allow-kernels", action="store_true",
                    help="allow running a module that holds kernel blocks")
     r.set_defaults(fn=cmd_run)
 
     c = sub.add_parser("check", help="compare a graph before and after passes on random inputs")
     common(c)
-    c.add_argument("-p", "--pipeline", required=True)
+    c.add_argument("-p", "--pipeline", default="", help="passes to check")
+    c.add_argument("--backend", default="reference",
+                   help="run the transformed module with this backend (vs the reference)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--graph", help="check only this graph (default: all)")
     c.add_argument("--allow-kernels", action="store_true")
@@ -279,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("passes", help="list the registered passes")
     ps.set_defaults(fn=cmd_passes)
+
+    bs = sub.add_parser("backends", help="list the backends `run` and `check` can use")
+    bs.set_defaults(fn=cmd_backends)
     return p
 
 
