@@ -1,0 +1,3 @@
+"""Decompositions: conv (being written)."""
+
+from __future__ import annotations

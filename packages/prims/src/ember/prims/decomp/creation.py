@@ -1,0 +1,3 @@
+"""Decompositions: creation (being written)."""
+
+from __future__ import annotations

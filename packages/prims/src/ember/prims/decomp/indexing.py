@@ -1,0 +1,3 @@
+"""Decompositions: indexing (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Decompositions: linalg (being written)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""Decompositions: random (being written)."""
+
+from __future__ import annotations
