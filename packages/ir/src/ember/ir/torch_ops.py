@@ -18,7 +18,7 @@ from ember.ir.dtypes import DType
 from ember.ir.expr import ExprEvalError, evaluate
 from ember.ir.graph import Arg, Ref, Value
 from ember.ir.registry import InferContext, OpDef, OpTypeError
-from ember.ir.types import BOOL, F64, I64, ScalarKind, TensorType, Type
+from ember.ir.types import BOOL, F64, I64, ScalarKind, TensorType, Type, device_text
 
 
 def resolve(name: str) -> torch._ops.OpOverload | None:
@@ -127,6 +127,11 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
     try:
         margs = [bind(a) for a in args]
         mkwargs = {k: bind(v) for k, v in kwargs.items()}
+        # The meta kernel runs on meta tensors: a device argument must say "meta" too (the
+        # result's device is taken from the argument below).
+        pos, kinds = _schema_kinds(op)
+        margs = [_meta_device(a, pos[i] if i < len(pos) else "") for i, a in enumerate(margs)]
+        mkwargs = {k: _meta_device(v, kinds.get(k, "")) for k, v in mkwargs.items()}
         out = call_torch(op, margs, mkwargs)
     except OpTypeError:
         raise
@@ -137,9 +142,26 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OpTypeError(f"{_ir_name(op)}: its meta kernel rejected the arguments: {msg}") \
             from None
-    device = kwargs.get("device")
-    dev = device if isinstance(device, str) else (devices[0] if devices else "cpu")
+    device = _device_arg(op, args, kwargs)
+    dev = device if device is not None else (devices[0] if devices else "cpu")
     return _flatten_result(out, dev, _ir_name(op))
+
+
+def _meta_device(v: Any, kind: str) -> Any:
+    return "meta" if "Device" in kind and isinstance(v, str) else v
+
+
+def _device_arg(op: torch._ops.OpOverload, args: Sequence[Arg], kwargs: Mapping[str, Arg]
+                ) -> str | None:
+    """The device an op's device argument names (positional or keyword), normalized."""
+    pos, kinds = _schema_kinds(op)
+    for i, a in enumerate(args):
+        if i < len(pos) and "Device" in pos[i] and isinstance(a, str):
+            return device_text(a)
+    for k, v in kwargs.items():
+        if "Device" in kinds.get(k, "") and isinstance(v, str):
+            return device_text(v)
+    return None
 
 
 def _ir_name(op: torch._ops.OpOverload) -> str:
