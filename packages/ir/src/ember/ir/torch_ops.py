@@ -8,6 +8,7 @@ schema asks for one (`device="cuda:0"`, `layout="strided"`, `memory_format="chan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,7 +52,10 @@ def torch_opdef(name: str) -> OpDef | None:
     )
 
 
+@functools.cache
 def _schema_kinds(op: torch._ops.OpOverload) -> tuple[list[str], dict[str, str]]:
+    """Each argument's schema type, positional and by name (cached: the interpreter asks on
+    every call)."""
     pos: list[str] = []
     kw: dict[str, str] = {}
     for a in op._schema.arguments:

@@ -4,6 +4,7 @@
     ember run IN.ir (--inputs IN.safetensors | --random [--seed N]) [--out OUT.safetensors]
     ember check IN.ir -p PIPELINE [--seed N]
     ember passes
+    ember explain SCRIPT.py:NAME [--inputs FN]
 
 Errors are one line on stderr (`FILE:LINE:COL: error: ...` for IR errors) with exit status 1,
 2 for usage errors; `--debug` shows the traceback instead.
@@ -28,6 +29,7 @@ from ember.ir import (
 )
 from ember.ir.backends import Runner, default_backends
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
+from ember.runtime.explain import add_explain_command
 from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
 
 
@@ -310,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bs = sub.add_parser("backends", help="list the backends `run` and `check` can use")
     bs.set_defaults(fn=cmd_backends)
+
+    add_explain_command(sub)
     return p
 
 

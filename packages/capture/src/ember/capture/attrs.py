@@ -1,0 +1,321 @@
+"""Attribute access on symbolic values, following Python's lookup rules.
+
+For objects from outside the frame the lookup is done statically, as `object.__getattribute__`
+would: data descriptors on the type (properties are inlined), then the instance dict, then (for
+nn.Modules) the parameter/buffer/child tables, then the type's attributes (functions become bound
+methods, classmethods bind the class), then a Python `__getattr__`, which is inlined. Every value
+read from an object carries a source, so it is guarded and (for tensors) lifted.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.errors import UserError, unhandled
+from ember.capture.sources import AttrSource, ModuleMemberSource
+from ember.capture.torchcalls import run_real
+from ember.capture.variables import (
+    ConstVar,
+    ContextVar,
+    DictVar,
+    FunctionVar,
+    ListVar,
+    MethodVar,
+    NestedFunctionVar,
+    NewObjectVar,
+    ObjectVar,
+    PartialVar,
+    SetVar,
+    SuperVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from ember.capture.wrap import is_trusted_module
+
+if TYPE_CHECKING:
+    from ember.capture.tracer import Tracer
+
+_MISSING = object()
+# Tensor attributes that are not graph values.
+_TENSOR_REFUSED = {"grad": "reading .grad", "grad_fn": "reading .grad_fn",
+                   "_base": "reading ._base (views come with capture part 2)",
+                   "data_ptr": "data_ptr()", "untyped_storage": "storage access",
+                   "storage": "storage access", "_version": "the version counter",
+                   "requires_grad_": "requires_grad_() (autograd state of a graph value)",
+                   "retain_grad": "retain_grad()", "register_hook": "tensor hooks",
+                   "register_post_accumulate_grad_hook": "tensor hooks",
+                   "backward": "backward() inside a compiled function"}
+
+
+def lookup_type_attr(cls: type, name: str) -> Any:
+    """The raw attribute `name` of a class, found along its MRO without invoking descriptors."""
+    for klass in cls.__mro__:
+        d = klass.__dict__
+        if name in d:
+            return d[name]
+    return None
+
+
+def _lookup(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return _MISSING
+
+
+def getattr_var(tx: Tracer, obj: Var, name: str) -> Var:
+    """`obj.name`."""
+    if isinstance(obj, TensorVar):
+        return _tensor_attr(tx, obj, name)
+    if isinstance(obj, ConstVar):
+        return _const_attr(tx, obj, name)
+    if isinstance(obj, ObjectVar):
+        return _object_attr(tx, obj, name)
+    if isinstance(obj, NewObjectVar):
+        return _new_object_attr(tx, obj, name)
+    if isinstance(obj, TupleVar) and obj.cls is not tuple:
+        fields = getattr(obj.cls, "_fields", None)
+        if fields is not None and name in fields:
+            return obj.items[int(fields.index(name))]
+        if obj.cls.__module__ == "torch.return_types":
+            fake = obj.cls([_unwrap_any(i) for i in obj.items])
+            if hasattr(type(fake), name) and not callable(getattr(fake, name)):
+                idx = [i for i, x in enumerate(fake) if x is getattr(fake, name)]
+                if idx:
+                    return obj.items[idx[0]]
+    if isinstance(obj, TupleVar | ListVar | DictVar | SetVar):
+        cls = obj.python_type()
+        f = _lookup(cls, name)
+        if f is _MISSING:
+            raise UserError(AttributeError(f"'{cls.__name__}' object has no attribute {name!r}"))
+        if isinstance(f, types.FunctionType | classmethod | staticmethod):
+            return _bind_class_attr(tx, obj, cls, name, f)  # a namedtuple's _replace, _make
+        return MethodVar(ConstVar(f), obj)
+    if isinstance(obj, SuperVar):
+        return _super_attr(tx, obj, name)
+    if isinstance(obj, FunctionVar):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__", "__defaults__",
+                    "__kwdefaults__", "__wrapped__", "__code__", "__dict__"):
+            return tx.wrap(getattr(obj.fn, name), None)
+        if name in obj.fn.__dict__:
+            return tx.wrap(obj.fn.__dict__[name], None)
+    if isinstance(obj, NestedFunctionVar) and name in ("__name__", "__qualname__"):
+        return ConstVar(obj.qualname.rsplit(".", 1)[-1] if name == "__name__" else obj.qualname)
+    if isinstance(obj, MethodVar):
+        if name == "__self__":
+            return obj.obj
+        if name == "__func__":
+            return obj.func
+        return getattr_var(tx, obj.func, name)
+    if isinstance(obj, PartialVar):
+        if name == "func":
+            return obj.func
+        if name == "args":
+            return TupleVar(list(obj.args))
+        if name == "keywords":
+            return DictVar(dict(obj.kwargs))
+    if isinstance(obj, ContextVar):
+        f = lookup_type_attr(obj.cls, name)
+        if f is not None:
+            return MethodVar(ConstVar(f), obj)
+    raise unhandled(f"attribute {name!r} of {obj.describe()}")
+
+
+def _unwrap_any(v: Var) -> Any:
+    from ember.capture.torchcalls import unwrap
+
+    return unwrap(v)
+
+
+def _tensor_attr(tx: Tracer, obj: TensorVar, name: str) -> Var:
+    if name in _TENSOR_REFUSED:
+        raise unhandled(f"{_TENSOR_REFUSED[name]} of a tensor")
+    f = _lookup(torch.Tensor, name)
+    if f is _MISSING:
+        raise UserError(AttributeError(f"'Tensor' object has no attribute {name!r}"))
+    if isinstance(f, types.FunctionType | types.MethodDescriptorType |
+                  types.WrapperDescriptorType | types.BuiltinFunctionType | staticmethod |
+                  classmethod):
+        return MethodVar(ConstVar(getattr(torch.Tensor, name)), obj)
+    # properties and getset descriptors (shape, dtype, T, mT, real, data, ...): evaluated on
+    # the fake tensor; views among them are recorded as operators.
+    return run_real(tx, lambda t: getattr(t, name), [obj], {}, what=f"tensor .{name}")
+
+
+def _const_attr(tx: Tracer, obj: ConstVar, name: str) -> Var:
+    v = obj.value
+    try:
+        res = getattr(v, name)
+    except AttributeError as e:
+        raise UserError(e) from None
+    if isinstance(v, types.ModuleType):
+        src = None
+        if obj.source is not None and not is_trusted_module(v.__name__):
+            src = AttrSource(obj.source, name)
+        return tx.wrap(res, src)
+    if isinstance(v, type):
+        raw = _lookup(v, name)
+        if isinstance(raw, types.FunctionType):  # an unbound function of a class
+            return FunctionVar(raw)
+        if isinstance(raw, classmethod):
+            return MethodVar(_fn_var(tx, raw.__func__), obj)
+        if isinstance(raw, staticmethod):
+            return _fn_var(tx, raw.__func__)
+        if isinstance(raw, property):
+            return ConstVar(raw)
+        src = None
+        if obj.source is not None and not is_trusted_module(v.__module__):
+            src = AttrSource(obj.source, name)
+        return tx.wrap(res, src)
+    return tx.wrap(res, None)
+
+
+def _fn_var(tx: Tracer, f: Any) -> Var:
+    if isinstance(f, types.FunctionType):
+        return FunctionVar(f)
+    return tx.wrap(f, None)
+
+
+def _object_attr(tx: Tracer, obj: ObjectVar, name: str) -> Var:
+    value = obj.value
+    cls = type(value)
+    src = obj.source
+    cls_attr = _lookup(cls, name)
+    if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
+        if isinstance(cls_attr, property):
+            if cls_attr.fget is None:
+                raise UserError(AttributeError(f"unreadable attribute {name!r}"))
+            return tx.call(_fn_var(tx, cls_attr.fget), [obj])
+        return tx.wrap(_real_getattr(value, name), AttrSource(src, name) if src else None)
+    d = getattr(value, "__dict__", None)
+    if isinstance(d, dict) and name in d:
+        return tx.wrap(d[name], AttrSource(src, name) if src else None)
+    if isinstance(value, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            t = value.__dict__.get(table)
+            if t is not None and name in t:
+                return tx.wrap(t[name], ModuleMemberSource(src, table, name) if src else None)
+    if cls_attr is not _MISSING:
+        return _bind_class_attr(tx, obj, cls, name, cls_attr)
+    getattr_fn = lookup_type_attr(cls, "__getattr__")
+    if isinstance(getattr_fn, types.FunctionType) and getattr_fn is not getattr(
+            torch.nn.Module, "__getattr__", None):
+        return tx.call(FunctionVar(getattr_fn), [obj, ConstVar(name)])
+    raise UserError(AttributeError(f"'{cls.__name__}' object has no attribute {name!r}"))
+
+
+def _bind_class_attr(tx: Tracer, obj: Var, cls: type, name: str, cls_attr: Any) -> Var:
+    if isinstance(cls_attr, staticmethod):
+        return _fn_var(tx, cls_attr.__func__)
+    if isinstance(cls_attr, classmethod):
+        return MethodVar(_fn_var(tx, cls_attr.__func__), ConstVar(cls))
+    if isinstance(cls_attr, types.FunctionType):
+        return MethodVar(FunctionVar(cls_attr), obj)
+    if isinstance(cls_attr, types.MethodDescriptorType | types.WrapperDescriptorType):
+        return MethodVar(ConstVar(cls_attr), obj)
+    if hasattr(type(cls_attr), "__get__") and not isinstance(cls_attr, type):
+        raise unhandled(f"descriptor {type(cls_attr).__name__} {name!r} of "
+                        f"{cls.__qualname__}")
+    src = obj.source
+    if src is not None and not is_trusted_module(cls.__module__):
+        return tx.wrap(cls_attr, AttrSource(src, name))
+    return tx.wrap(cls_attr, None)
+
+
+def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str) -> Var:
+    cls_attr = _lookup(obj.cls, name)
+    if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
+        if isinstance(cls_attr, property) and cls_attr.fget is not None:
+            return tx.call(_fn_var(tx, cls_attr.fget), [obj])
+        raise unhandled(f"descriptor {name!r} of a new {obj.cls.__qualname__}")
+    if name in obj.attrs:
+        return obj.attrs[name]
+    if name == "__class__":
+        return ConstVar(obj.cls)
+    if name == "__dict__":
+        return DictVar(dict(obj.attrs))
+    if cls_attr is not _MISSING:
+        return _bind_class_attr(tx, obj, obj.cls, name, cls_attr)
+    getattr_fn = lookup_type_attr(obj.cls, "__getattr__")
+    if isinstance(getattr_fn, types.FunctionType):
+        return tx.call(FunctionVar(getattr_fn), [obj, ConstVar(name)])
+    raise UserError(AttributeError(f"'{obj.cls.__name__}' object has no attribute {name!r}"))
+
+
+def _super_attr(tx: Tracer, sup: SuperVar, name: str) -> Var:
+    target = sup.obj.python_type() if not (isinstance(sup.obj, ConstVar) and isinstance(
+        sup.obj.value, type)) else sup.obj.value
+    mro = target.__mro__
+    try:
+        start = mro.index(sup.cls) + 1
+    except ValueError:
+        raise UserError(TypeError("super(type, obj): obj must be an instance or subtype of "
+                                  "type")) from None
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            raw = klass.__dict__[name]
+            if isinstance(raw, staticmethod):
+                return _fn_var(tx, raw.__func__)
+            if isinstance(raw, classmethod):
+                return MethodVar(_fn_var(tx, raw.__func__), ConstVar(target))
+            if isinstance(raw, property) and raw.fget is not None:
+                return tx.call(_fn_var(tx, raw.fget), [sup.obj])
+            if isinstance(raw, types.FunctionType):
+                return MethodVar(FunctionVar(raw), sup.obj)
+            if isinstance(raw, types.MethodDescriptorType | types.WrapperDescriptorType):
+                return MethodVar(ConstVar(raw), sup.obj)
+            return tx.wrap(raw, None)
+    raise UserError(AttributeError(f"'super' object has no attribute {name!r}"))
+
+
+def _is_data_descriptor(a: Any) -> bool:
+    t = type(a)
+    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
+
+
+def _real_getattr(value: Any, name: str) -> Any:
+    try:
+        return getattr(value, name)
+    except AttributeError as e:
+        raise UserError(e) from None
+
+
+def hasattr_var(tx: Tracer, obj: Var, name: str) -> bool:
+    try:
+        getattr_var(tx, obj, name)
+        return True
+    except UserError as e:
+        if not isinstance(e.exc, AttributeError):
+            raise
+        if obj.source is not None:
+            from ember.capture.guards import Guard, GuardKind
+
+            tx.guard(Guard(GuardKind.ATTR_ABSENT, obj.source, name))
+        return False
+
+
+def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
+    """`obj.name = value`: only objects made during capture can be written."""
+    if isinstance(obj, NewObjectVar):
+        cls_attr = _lookup(obj.cls, name)
+        if isinstance(cls_attr, property):
+            if cls_attr.fset is None:
+                raise UserError(AttributeError(f"can't set attribute {name!r}"))
+            tx.call(_fn_var(tx, cls_attr.fset), [obj, value])
+            return
+        custom = lookup_type_attr(obj.cls, "__setattr__")
+        if custom is not None and custom is not object.__setattr__:
+            if isinstance(custom, types.FunctionType):
+                tx.call(FunctionVar(custom), [obj, ConstVar(name), value])
+                return
+            raise unhandled(f"__setattr__ of {obj.cls.__qualname__}")
+        obj.attrs[name] = value
+        return
+    if isinstance(obj, TensorVar):
+        raise unhandled(f"setting tensor attribute .{name}")
+    raise unhandled(f"setting attribute {name!r} of {obj.describe()} (side effects on objects "
+                    f"from outside the frame come with graph breaks, capture part 3)")

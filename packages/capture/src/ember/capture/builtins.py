@@ -1,0 +1,520 @@
+"""Python builtins, `math`, `operator` and a few torch queries, on symbolic values.
+
+One handler per callable, registered in one table keyed by the callable itself. Handlers follow
+Python's semantics over symbolic values; on constants most of them just run the real builtin.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections
+import functools
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture import pyops
+from ember.capture.errors import UserError, unhandled
+from ember.capture.torchcalls import has_tensor, run_real, unwrap
+from ember.capture.variables import (
+    ConstVar,
+    DictVar,
+    IteratorVar,
+    ListVar,
+    NewObjectVar,
+    ObjectVar,
+    PartialVar,
+    SetVar,
+    SuperVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+
+if TYPE_CHECKING:
+    from ember.capture.tracer import Tracer
+
+BuiltinHandler = Callable[["Tracer", Any, list[Var], dict[str, Var]], Var]
+BUILTINS: dict[int, tuple[Any, BuiltinHandler]] = {}
+
+
+def builtin(*fns: Any) -> Callable[[BuiltinHandler], BuiltinHandler]:
+    def deco(h: BuiltinHandler) -> BuiltinHandler:
+        for f in fns:
+            if id(f) in BUILTINS:
+                raise ValueError(f"{f!r} already has a handler")
+            BUILTINS[id(f)] = (f, h)
+        return h
+
+    return deco
+
+
+def handler_for(fn: Any) -> BuiltinHandler | None:
+    entry = BUILTINS.get(id(fn))
+    return entry[1] if entry is not None and entry[0] is fn else None
+
+
+def iterate(tx: Tracer, v: Var) -> list[Var]:
+    """Every element of an iterable, in order."""
+    return pyops.get_iter(tx, v).rest()
+
+
+def _c(v: Var, what: str = "a constant") -> Any:
+    if isinstance(v, ConstVar):
+        return v.value
+    raise unhandled(f"{v.describe()} where {what} is needed")
+
+
+def _noargs(kwargs: dict[str, Var], name: str) -> None:
+    if kwargs:
+        raise UserError(TypeError(f"{name}() takes no keyword arguments"))
+
+
+@builtin(len)
+def _len(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    _noargs(kwargs, "len")
+    if len(args) != 1:
+        raise UserError(TypeError(f"len() takes exactly one argument ({len(args)} given)"))
+    return ConstVar(pyops.length(tx, args[0]))
+
+
+@builtin(range)
+def _range(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    _noargs(kwargs, "range")
+    return ConstVar(pyops.real(range, *[_c(a, "an int") for a in args]))
+
+
+@builtin(enumerate)
+def _enumerate(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    start = _c(args[1] if len(args) > 1 else kwargs.get("start", ConstVar(0)))
+    items = iterate(tx, args[0])
+    return IteratorVar([TupleVar([ConstVar(start + i), x]) for i, x in enumerate(items)])
+
+
+@builtin(zip)
+def _zip(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    strict = bool(_c(kwargs.get("strict", ConstVar(False))))
+    seqs = [iterate(tx, a) for a in args]
+    if strict and len({len(s) for s in seqs}) > 1:
+        raise UserError(ValueError("zip() arguments have different lengths"))
+    return IteratorVar([TupleVar(list(t)) for t in zip(*seqs)])
+
+
+@builtin(reversed)
+def _reversed(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    v = args[0]
+    if isinstance(v, IteratorVar) or isinstance(v, SetVar):
+        raise UserError(TypeError(f"'{v.python_type().__name__}' object is not reversible"))
+    if isinstance(v, DictVar):
+        return IteratorVar([ConstVar(k) for k in reversed(v.items)])
+    return IteratorVar(list(reversed(iterate(tx, v))))
+
+
+def sort_items(tx: Tracer, items: list[Var], key: Var | None, reverse: Any) -> list[Var]:
+    keys = [tx.call(key, [x]) if key is not None and not (
+        isinstance(key, ConstVar) and key.value is None) else x for x in items]
+    if not all(pyops.deep_const(k) for k in keys):
+        raise unhandled("sorting by values that are not constants")
+    real_keys = [unwrap(k) for k in keys]
+    order: list[int] = pyops.real(lambda: sorted(range(len(items)), key=lambda i: real_keys[i],
+                                                 reverse=bool(reverse)))
+    return [items[i] for i in order]
+
+
+@builtin(sorted)
+def _sorted(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    rev = _c(kwargs.get("reverse", ConstVar(False)))
+    return ListVar(sort_items(tx, iterate(tx, args[0]), kwargs.get("key"), rev))
+
+
+def _classes(v: Var) -> tuple[type, ...]:
+    c = _c(v, "a class")
+    if isinstance(c, tuple):
+        return tuple(x for sub in c for x in (sub if isinstance(sub, tuple) else (sub,)))
+    return (c,)
+
+
+@builtin(isinstance)
+def _isinstance(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, classes = args[0], _classes(args[1])
+    if isinstance(obj, ConstVar | ObjectVar):
+        return ConstVar(pyops.real(isinstance, obj.value, classes))
+    return ConstVar(pyops.real(issubclass, obj.python_type(), classes))
+
+
+@builtin(issubclass)
+def _issubclass(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(pyops.real(issubclass, _c(args[0]), _classes(args[1])))
+
+
+@builtin(hasattr)
+def _hasattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.attrs import hasattr_var
+
+    return ConstVar(hasattr_var(tx, args[0], _c(args[1], "an attribute name")))
+
+
+@builtin(getattr)
+def _getattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.attrs import getattr_var, hasattr_var
+
+    name = _c(args[1], "an attribute name")
+    if len(args) > 2 and not hasattr_var(tx, args[0], name):
+        return args[2]
+    return getattr_var(tx, args[0], name)
+
+
+@builtin(setattr)
+def _setattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.attrs import setattr_var
+
+    setattr_var(tx, args[0], _c(args[1], "an attribute name"), args[2])
+    return ConstVar(None)
+
+
+@builtin(object.__setattr__)
+def _object_setattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, name, value = args
+    if isinstance(obj, NewObjectVar):
+        obj.attrs[_c(name)] = value
+        return ConstVar(None)
+    raise unhandled(f"object.__setattr__ on {obj.describe()}")
+
+
+def _minmax(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    items = iterate(tx, args[0]) if len(args) == 1 else list(args)
+    key = kwargs.get("key")
+    if not items:
+        if "default" in kwargs:
+            return kwargs["default"]
+        raise UserError(ValueError(f"{fn.__name__}() arg is an empty sequence"))
+    consts = [i.value for i in items if isinstance(i, ConstVar)]
+    if key is None and len(consts) == len(items):
+        return ConstVar(pyops.real(fn, consts))
+    if key is not None:
+        keys = [tx.call(key, [i]) for i in items]
+        vals = [k.value for k in keys if isinstance(k, ConstVar)]
+        if len(vals) == len(keys):
+            best: int = pyops.real(lambda: fn(range(len(items)), key=lambda i: vals[i]))
+            return items[best]
+    if any(isinstance(i, TensorVar) for i in items):
+        raise unhandled(f"{fn.__name__}() over tensors (compares their values)")
+    raise unhandled(f"{fn.__name__}() over {', '.join(i.describe() for i in items)}")
+
+
+@builtin(min)
+def _min(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return _minmax(tx, min, args, kwargs)
+
+
+@builtin(max)
+def _max(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return _minmax(tx, max, args, kwargs)
+
+
+@builtin(sum)
+def _sum(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    acc = args[1] if len(args) > 1 else kwargs.get("start", ConstVar(0))
+    for x in iterate(tx, args[0]):
+        acc = pyops.binary(tx, operator.add, acc, x)
+    return acc
+
+
+@builtin(abs)
+def _abs(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return pyops.unary(tx, abs, args[0])
+
+
+@builtin(any, all)
+def _anyall(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    items = iterate(tx, args[0])
+    is_any = fn is builtins.any
+    for x in items:
+        t = pyops.truth(tx, x)
+        if t and is_any:
+            return ConstVar(True)
+        if not t and not is_any:
+            return ConstVar(False)
+    return ConstVar(not is_any)
+
+
+@builtin(map)
+def _map(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    seqs = [iterate(tx, a) for a in args[1:]]
+    return IteratorVar([tx.call(args[0], list(t)) for t in zip(*seqs)])
+
+
+@builtin(filter)
+def _filter(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    pred = args[0]
+    items = iterate(tx, args[1])
+    if isinstance(pred, ConstVar) and pred.value is None:
+        return IteratorVar([x for x in items if pyops.truth(tx, x)])
+    return IteratorVar([x for x in items if pyops.truth(tx, tx.call(pred, [x]))])
+
+
+@builtin(iter)
+def _iter(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if len(args) != 1:
+        raise unhandled("iter(callable, sentinel)")
+    return pyops.get_iter(tx, args[0])
+
+
+@builtin(next)
+def _next(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    it = args[0]
+    if not isinstance(it, IteratorVar):
+        raise UserError(TypeError(f"'{it.python_type().__name__}' object is not an iterator"))
+    v = it.next()
+    if v is None:
+        if len(args) > 1:
+            return args[1]
+        raise UserError(StopIteration())
+    return v
+
+
+@builtin(list)
+def _list(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ListVar(iterate(tx, args[0]) if args else [])
+
+
+@builtin(tuple)
+def _tuple(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if args and isinstance(args[0], ConstVar) and isinstance(args[0].value, tuple):
+        return args[0]
+    items = iterate(tx, args[0]) if args else []
+    consts = [i.value for i in items if isinstance(i, ConstVar)]
+    if len(consts) == len(items):
+        return ConstVar(tuple(consts))
+    return TupleVar(items)
+
+
+@builtin(dict)
+def _dict(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.containers import update_dict
+
+    d = DictVar({})
+    if args:
+        update_dict(tx, d, args[0])
+    d.items.update(kwargs)
+    return d
+
+
+@builtin(collections.OrderedDict)
+def _ordered_dict(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    d = _dict(tx, dict, args, kwargs)
+    assert isinstance(d, DictVar)
+    d.cls = collections.OrderedDict
+    return d
+
+
+@builtin(tuple.__new__)
+def _tuple_new(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    cls = _c(args[0], "a class")
+    items = iterate(tx, args[1]) if len(args) > 1 else []
+    if cls is tuple:
+        return _tuple(tx, tuple, args[1:], {})
+    return TupleVar(items, cls)
+
+
+@builtin(set, frozenset)
+def _set(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return SetVar(iterate(tx, args[0]) if args else [],
+                  frozen=fn is frozenset)
+
+
+def _scalar_convert(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if args and isinstance(args[0], TensorVar):
+        raise unhandled(f"{fn.__name__}() of a tensor (needs its data; graph breaks come in "
+                        f"capture part 3)")
+    if all(isinstance(a, ConstVar) for a in [*args, *kwargs.values()]):
+        return ConstVar(pyops.real(lambda: fn(*[_c(a) for a in args],
+                                              **{k: _c(v) for k, v in kwargs.items()})))
+    if fn is bool and len(args) == 1:
+        return ConstVar(pyops.truth(tx, args[0]))
+    if fn in (str, repr) and len(args) == 1 and pyops.deep_const(args[0]):
+        return ConstVar(pyops.real(fn, unwrap(args[0])))
+    raise unhandled(f"{fn.__name__}() of {', '.join(a.describe() for a in args)}")
+
+
+@builtin(int, float, bool, str, repr, format, round, divmod, pow, hash, ord, chr, complex,
+         bin, hex, oct, ascii)
+def _scalar(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if fn is round and args and isinstance(args[0], TensorVar):
+        return run_real(tx, round, args, kwargs)
+    if fn is pow and args and any(isinstance(a, TensorVar) for a in args):
+        return run_real(tx, pow, args, kwargs)
+    return _scalar_convert(tx, fn, args, kwargs)
+
+
+@builtin(callable)
+def _callable(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    v = args[0]
+    if isinstance(v, ConstVar | ObjectVar):
+        return ConstVar(callable(v.value))
+    if isinstance(v, TensorVar | TupleVar | ListVar | DictVar | SetVar | IteratorVar):
+        return ConstVar(False)
+    if isinstance(v, NewObjectVar):
+        return ConstVar(any("__call__" in k.__dict__ for k in v.cls.__mro__))
+    return ConstVar(True)
+
+
+@builtin(type)
+def _type(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if len(args) != 1:
+        raise unhandled("type() with three arguments (creating a class)")
+    return ConstVar(args[0].python_type())
+
+
+@builtin(super)
+def _super(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if len(args) == 2:
+        return SuperVar(_c(args[0], "a class"), args[1])
+    if args:
+        raise unhandled("super() with one argument")
+    frame = tx.frames[-1]
+    cell = frame.cells.get("__class__")
+    if cell is None or cell.contents is None:
+        raise UserError(RuntimeError("super(): __class__ cell not found"))
+    first = frame.code.co_varnames[0] if frame.code.co_argcount else None
+    if first is None:
+        raise UserError(RuntimeError("super(): no arguments"))
+    obj = frame.locals.get(first)
+    if obj is None and first in frame.cells:
+        obj = frame.cells[first].contents
+    if obj is None:
+        raise UserError(RuntimeError("super(): arg[0] deleted"))
+    return SuperVar(_c(cell.contents, "a class"), obj)
+
+
+@builtin(slice)
+def _slice(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(slice(*[_c(a, "a constant slice bound") for a in args]))
+
+
+@builtin(object)
+def _object(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return NewObjectVar(object)
+
+
+@builtin(print)
+def _print(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    raise unhandled("print() (a side effect: graph breaks come in capture part 3)")
+
+
+@builtin(id)
+def _id(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    raise unhandled("id() (object identity would be baked into the graph)")
+
+
+@builtin(functools.partial)
+def _partial(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    target = args[0]
+    if isinstance(target, PartialVar):
+        return PartialVar(target.func, target.args + args[1:], {**target.kwargs, **kwargs})
+    return PartialVar(target, args[1:], kwargs)
+
+
+@builtin(functools.reduce)
+def _reduce(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    items = iterate(tx, args[1])
+    if len(args) > 2:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise UserError(TypeError("reduce() of empty iterable with no initial value"))
+    for x in items:
+        acc = tx.call(args[0], [acc, x])
+    return acc
+
+
+# -- operator -------------------------------------------------------------------------------
+def _make_binary(op: Any, inplace: Any = None) -> BuiltinHandler:
+    def h(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return pyops.binary(tx, op, args[0], args[1], inplace)
+    return h
+
+
+for _name, _fn in pyops.NB_OPS:
+    builtin(_fn)(_make_binary(_fn))
+for (_name, _fn), _ifn in zip(pyops.NB_OPS, pyops.NB_INPLACE):
+    builtin(_ifn)(_make_binary(_fn, _ifn))
+def _make_compare(op: str) -> BuiltinHandler:
+    def h(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+        return pyops.compare(tx, op, args[0], args[1])
+    return h
+
+
+for _op, _fn in pyops.COMPARE.items():
+    builtin(_fn)(_make_compare(_op))
+builtin(operator.neg)(lambda tx, fn, args, kwargs: pyops.unary(tx, operator.neg, args[0]))
+builtin(operator.pos)(lambda tx, fn, args, kwargs: pyops.unary(tx, operator.pos, args[0]))
+builtin(operator.invert)(lambda tx, fn, args, kwargs: pyops.unary(tx, operator.invert, args[0]))
+builtin(operator.not_)(lambda tx, fn, args, kwargs: ConstVar(not pyops.truth(tx, args[0])))
+builtin(operator.truth)(lambda tx, fn, args, kwargs: ConstVar(pyops.truth(tx, args[0])))
+builtin(operator.getitem)(lambda tx, fn, args, kwargs: pyops.getitem(tx, args[0], args[1]))
+builtin(operator.contains)(
+    lambda tx, fn, args, kwargs: ConstVar(pyops.contains(tx, args[1], args[0])))
+builtin(operator.is_)(lambda tx, fn, args, kwargs: ConstVar(pyops.identical(args[0], args[1])))
+builtin(operator.is_not)(
+    lambda tx, fn, args, kwargs: ConstVar(not pyops.identical(args[0], args[1])))
+builtin(operator.index)(lambda tx, fn, args, kwargs: ConstVar(pyops.real(operator.index,
+                                                                      _c(args[0]))))
+
+
+@builtin(operator.setitem)
+def _op_setitem(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    pyops.setitem(tx, args[0], args[1], args[2])
+    return ConstVar(None)
+
+
+# -- math: pure functions of numbers ----------------------------------------------------------
+def _math(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if any(has_tensor(a) for a in args):
+        raise unhandled(f"math.{fn.__name__}() of a tensor (needs its data)")
+    return ConstVar(pyops.real(lambda: fn(*[_c(a) for a in args],
+                                          **{k: _c(v) for k, v in kwargs.items()})))
+
+
+for _name in dir(math):
+    _f = getattr(math, _name)
+    if callable(_f) and not _name.startswith("_"):
+        builtin(_f)(_math)
+
+
+# -- torch queries ----------------------------------------------------------------------------
+@builtin(torch.is_grad_enabled)
+def _is_grad_enabled(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(tx.grad_enabled)
+
+
+@builtin(torch.get_default_dtype)
+def _default_dtype(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(torch.get_default_dtype())  # guarded for every capture
+
+
+def _false(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(False)
+
+
+builtin(torch.jit.is_scripting, torch.jit.is_tracing, torch._C._is_tracing,
+        torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling,
+        torch._C._has_torch_function, torch._C._has_torch_function_unary,
+        torch._C._has_torch_function_variadic)(_false)
+builtin(torch._C._get_tracing_state)(lambda tx, fn, args, kwargs: ConstVar(None))
+
+
+@builtin(torch.is_tensor)
+def _is_tensor(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    return ConstVar(isinstance(args[0], TensorVar))
+
+
+@builtin(torch._assert)
+def _torch_assert(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if not pyops.truth(tx, args[0]):
+        raise UserError(AssertionError(_c(args[1]) if len(args) > 1 else ""))
+    return ConstVar(None)

@@ -1,0 +1,205 @@
+"""Calling symbolic values: the dispatch of CALL.
+
+By kind of callee: user functions are inlined; tensor operations (torch functions, tensor
+methods) run on fake tensors and are recorded; builtins and `math`/`operator` have handlers;
+classes are constructed (namedtuples, dataclasses and plain user classes symbolically, context
+managers and exceptions directly); modules inline their forward; container methods act on the
+symbolic container. Anything else is unhandled, by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture import contexts, pyops
+from ember.capture.builtins import handler_for
+from ember.capture.containers import CONTAINER_TYPES, call_method
+from ember.capture.errors import UserError, unhandled
+from ember.capture.modules import call_module
+from ember.capture.sources import CallSource
+from ember.capture.torchcalls import is_torch_op, run_real, unwrap
+from ember.capture.variables import (
+    ConstVar,
+    ContextVar,
+    DictVar,
+    FunctionVar,
+    ListVar,
+    MethodVar,
+    ModuleVar,
+    NestedFunctionVar,
+    NewObjectVar,
+    ObjectVar,
+    PartialVar,
+    SetVar,
+    TupleVar,
+    Var,
+)
+
+if TYPE_CHECKING:
+    from ember.capture.tracer import Tracer
+
+# Immutable builtin types whose methods are pure: called for real on constant arguments.
+_PURE_TYPES = (str, bytes, int, float, complex, bool, tuple, frozenset, range, slice,
+               torch.Size, torch.dtype, torch.device, torch.finfo, torch.iinfo, type(None))
+# torch types built directly from constant arguments.
+_TORCH_VALUE_TYPES = (torch.Size, torch.device, torch.finfo, torch.iinfo)
+
+
+def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if isinstance(fn, MethodVar):
+        return _call_method(tx, fn, args, kwargs)
+    if isinstance(fn, FunctionVar):
+        h = handler_for(fn.fn)
+        if h is not None:
+            return h(tx, fn.fn, args, kwargs)
+        if is_torch_op(fn.fn):
+            return run_real(tx, fn.fn, args, kwargs)
+        return tx.inline(fn, args, kwargs)
+    if isinstance(fn, NestedFunctionVar):
+        return tx.inline(fn, args, kwargs)
+    if isinstance(fn, PartialVar):
+        return call_function(tx, fn.func, fn.args + args, {**fn.kwargs, **kwargs})
+    if isinstance(fn, ModuleVar):
+        return call_module(tx, fn, args, kwargs)
+    if isinstance(fn, contexts.ExitVar):
+        assert isinstance(fn.ctx, ContextVar)
+        return contexts.exit_(tx, fn.ctx)
+    if isinstance(fn, ObjectVar) and isinstance(fn.value, weakref.ref) and not args \
+            and not kwargs:
+        src = CallSource(fn.source) if fn.source is not None else None
+        return tx.wrap(fn.value(), src)
+    if isinstance(fn, ObjectVar | NewObjectVar):
+        from ember.capture.attrs import lookup_type_attr
+
+        call = lookup_type_attr(fn.python_type(), "__call__")
+        if isinstance(call, types.FunctionType):
+            return tx.call(FunctionVar(call), [fn, *args], kwargs)
+        raise unhandled(f"calling {fn.describe()}")
+    if isinstance(fn, ConstVar):
+        return _call_const(tx, fn.value, args, kwargs)
+    raise unhandled(f"calling {fn.describe()}")
+
+
+def _call_method(tx: Tracer, m: MethodVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, func = m.obj, m.func
+    if isinstance(func, ConstVar):
+        f = func.value
+        owner = getattr(f, "__objclass__", None)
+        if owner in CONTAINER_TYPES and isinstance(obj, ListVar | DictVar | SetVar | TupleVar):
+            return call_method(tx, obj, f.__name__, args, kwargs)
+        if isinstance(obj, ContextVar):
+            return contexts.call_context_method(tx, obj, f.__name__, args)
+    return call_function(tx, func, [obj, *args], kwargs)
+
+
+def _call_const(tx: Tracer, f: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    h = handler_for(f)
+    if h is not None:
+        return h(tx, f, args, kwargs)
+    if isinstance(f, type):
+        return construct(tx, f, args, kwargs)
+    if is_torch_op(f):
+        return run_real(tx, f, args, kwargs)
+    if isinstance(f, types.FunctionType):
+        return tx.inline(FunctionVar(f), args, kwargs)
+    if isinstance(f, types.MethodType):
+        return call_function(tx, MethodVar(tx.wrap(f.__func__, None), tx.wrap(f.__self__, None)),
+                             args, kwargs)
+    if _is_pure(f) and all(pyops.deep_const(a) for a in [*args, *kwargs.values()]):
+        return tx.wrap(pyops.real(lambda: f(*[unwrap(a) for a in args],
+                                            **{k: unwrap(v) for k, v in kwargs.items()})), None)
+    owner = getattr(f, "__objclass__", None)
+    if owner in CONTAINER_TYPES and args and isinstance(args[0], ListVar | DictVar | SetVar |
+                                                        TupleVar):
+        return call_method(tx, args[0], f.__name__, args[1:], kwargs)
+    name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f)
+    mod = getattr(f, "__module__", None)
+    where = f"{mod}." if mod and mod != "builtins" else ""
+    raise unhandled(f"call to {where}{name}")
+
+
+def _is_pure(f: Any) -> bool:
+    """A builtin method of an immutable value (str.join, (3).bit_length, dtype.to_real)."""
+    if isinstance(f, types.BuiltinMethodType | types.MethodWrapperType):
+        return isinstance(getattr(f, "__self__", None), _PURE_TYPES)
+    if isinstance(f, types.MethodDescriptorType | types.WrapperDescriptorType |
+                  types.ClassMethodDescriptorType):
+        return getattr(f, "__objclass__", None) in _PURE_TYPES
+    return False
+
+
+def construct(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """`cls(*args, **kwargs)`."""
+    if cls in contexts.CONTEXT_TYPES:
+        return contexts.make_context(tx, cls, [_const(a) for a in args],
+                                     {k: _const(v) for k, v in kwargs.items()})
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _namedtuple(tx, cls, args, kwargs)
+    if cls in _TORCH_VALUE_TYPES or issubclass(cls, BaseException):
+        if all(pyops.deep_const(a) for a in [*args, *kwargs.values()]):
+            return tx.wrap(pyops.real(lambda: cls(*[unwrap(a) for a in args],
+                                                  **{k: unwrap(v) for k, v in kwargs.items()})),
+                           None)
+        raise unhandled(f"building a {cls.__qualname__} from non-constant values")
+    if issubclass(cls, torch.nn.Module):
+        raise unhandled(f"creating module {cls.__qualname__} inside a compiled function")
+    if issubclass(cls, torch.Tensor):
+        raise unhandled(f"creating a {cls.__qualname__} directly")
+    import enum
+
+    if issubclass(cls, enum.Enum):
+        return tx.wrap(pyops.real(cls, *[_const(a) for a in args]), None)
+    if cls.__module__ == "builtins" or type(cls) is not type:
+        raise unhandled(f"building a {cls.__qualname__}")
+    return _user_object(tx, cls, args, kwargs)
+
+
+def _namedtuple(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
+    bound: dict[str, Var] = {}
+    if len(args) > len(fields):
+        raise UserError(TypeError(f"{cls.__name__}() takes {len(fields)} arguments"))
+    for name, a in zip(fields, args):
+        bound[name] = a
+    for k, v in kwargs.items():
+        if k not in fields or k in bound:
+            raise UserError(TypeError(f"{cls.__name__}() got an unexpected or repeated "
+                                      f"argument {k!r}"))
+        bound[k] = v
+    for f in fields:
+        if f not in bound:
+            if f not in defaults:
+                raise UserError(TypeError(f"{cls.__name__}() missing argument {f!r}"))
+            bound[f] = tx.wrap(defaults[f], None)
+    return TupleVar([bound[f] for f in fields], cls)
+
+
+def _user_object(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if vars(object)["__new__"] is not getattr(cls, "__new__", None):
+        raise unhandled(f"class {cls.__qualname__} with a custom __new__")
+    if getattr(cls, "__slots__", None) and not dataclasses.is_dataclass(cls):
+        raise unhandled(f"class {cls.__qualname__} with __slots__")
+    obj = NewObjectVar(cls)
+    init = getattr(cls, "__init__", None)
+    if init is vars(object)["__init__"]:
+        if args or kwargs:
+            raise UserError(TypeError(f"{cls.__name__}() takes no arguments"))
+        return obj
+    if not isinstance(init, types.FunctionType):
+        raise unhandled(f"class {cls.__qualname__} with a builtin __init__")
+    res = tx.call(FunctionVar(init), [obj, *args], kwargs)
+    if not (isinstance(res, ConstVar) and res.value is None):
+        raise UserError(TypeError("__init__() should return None"))
+    return obj
+
+
+def _const(v: Var) -> Any:
+    if isinstance(v, ConstVar):
+        return v.value
+    raise unhandled(f"a {v.describe()} where a constant is needed")

@@ -1,0 +1,199 @@
+"""The entry point: capture one call of a function, bound method or nn.Module."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from typing import Any
+
+import torch
+
+from ember.capture.errors import CaptureUnhandled, Unhandled, UserError, unhandled
+from ember.capture.guards import Guard, GuardKind
+from ember.capture.result import (
+    Captured,
+    OutConst,
+    OutDict,
+    OutObject,
+    OutSeq,
+    OutSource,
+    OutSpec,
+    OutTensor,
+)
+from ember.capture.sources import ArgSource, ArgsSource, KwargSource, KwargsSource, SelfSource
+from ember.capture.tracer import Tracer
+from ember.capture.variables import (
+    ConstVar,
+    DictVar,
+    FunctionVar,
+    ListVar,
+    MethodVar,
+    ModuleVar,
+    NewObjectVar,
+    ObjectVar,
+    SetVar,
+    TensorVar,
+    TupleVar,
+    Var,
+)
+from ember.ir import Value
+
+
+def target_code(target: Any) -> types.CodeType | None:
+    """The code object a capture of `target` starts in (its cache key)."""
+    if isinstance(target, torch.nn.Module):
+        fwd = type(target).forward
+        return getattr(fwd, "__code__", None)
+    fn = getattr(target, "__func__", target)
+    return getattr(fn, "__code__", None)
+
+
+def graph_name(target: Any) -> str:
+    if isinstance(target, torch.nn.Module):
+        name = "forward"
+    else:
+        name = getattr(target, "__name__", "fn")
+    name = re.sub(r"[^A-Za-z0-9_]", "_", name) or "fn"
+    return name if not name[0].isdigit() else "g_" + name
+
+
+def _param_names(target: Any, nargs: int) -> list[str]:
+    fn = type(target).forward if isinstance(target, torch.nn.Module) else target
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return [f"arg{i}" for i in range(nargs)]
+    names: list[str] = []
+    params = list(sig.parameters.values())
+    if isinstance(target, torch.nn.Module) and params:
+        params = params[1:]  # self
+    star = None
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind is p.VAR_POSITIONAL:
+            star = p.name
+    out = names[:nargs]
+    out += [f"{star or 'arg'}_{i}" for i in range(len(out), nargs)]
+    return out
+
+
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured | Unhandled:
+    """Capture one call `target(*args, **kwargs)` into an aten graph with guards.
+
+    `target` is a Python function, a bound method (its `self` is the call's `S`), or an
+    nn.Module (called as `module(*args)`, hooks refused). Nothing real is mutated and nothing of
+    the user's code runs for real; the result is a `Captured`, or an `Unhandled` naming the
+    construct and the user's source line.
+    """
+    tx = Tracer(graph_name(target))
+    code = target_code(target)
+    try:
+        return _capture(tx, target, args, kwargs, code)
+    except CaptureUnhandled as e:
+        file, line = e.file, e.line
+        if file is None and e.stack:  # only torch's own frames: report the innermost
+            file, line = _split_where(e.stack[-1])
+        elif file is None and code is not None:
+            file, line = code.co_filename, code.co_firstlineno
+        return Unhandled(e.reason, file or "<unknown>", line, e.opname, tuple(e.stack),
+                         tuple(tx.guards.guards))
+    except UserError as e:
+        file = e.file or (code.co_filename if code else "<unknown>")
+        return Unhandled(f"the function raises {type(e.exc).__name__}: {e.exc}", file, e.line,
+                         None, tuple(e.stack), tuple(tx.guards.guards))
+
+
+def _split_where(entry: str) -> tuple[str, int]:
+    where = entry.rsplit(" in ", 1)[0]
+    file, _, line = where.rpartition(":")
+    return file, int(line) if line.isdigit() else 0
+
+
+def _capture(tx: Tracer, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             code: types.CodeType | None) -> Captured:
+    tx.guard(Guard(GuardKind.GRAD_MODE, None, torch.is_grad_enabled()))
+    tx.guard(Guard(GuardKind.DEFAULT_DTYPE, None, torch.get_default_dtype()))
+    for dev in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(dev):
+            raise unhandled(f"a call under {dev} autocast (autocast at the call site is not "
+                            f"captured yet; autocast inside the function is)")
+    tx.guard(Guard(GuardKind.LENGTH, ArgsSource(), len(args)))
+    tx.guard(Guard(GuardKind.DICT_KEYS, KwargsSource(), tuple(kwargs)))
+    names = _param_names(target, len(args))
+    arg_vars = [tx.wrap(a, ArgSource(i, names[i])) for i, a in enumerate(args)]
+    kw_vars = {k: tx.wrap(v, KwargSource(k)) for k, v in kwargs.items()}
+    fn: Var
+    if isinstance(target, torch.nn.Module):
+        fn = tx.wrap(target, SelfSource())
+    elif isinstance(target, types.MethodType):
+        fn = MethodVar(tx.wrap(target.__func__, None), tx.wrap(target.__self__, SelfSource()))
+    elif isinstance(target, types.FunctionType):
+        fn = FunctionVar(target)
+    else:
+        raise unhandled(f"compiling a {type(target).__name__} (a function, method or "
+                        f"nn.Module is expected)")
+    ret = tx.call(fn, arg_vars, kw_vars)
+    if tx.open_grad_changes:
+        raise unhandled("torch.set_grad_enabled(...) outside a `with` (a global state change)")
+    if tx.autocast:
+        raise unhandled("an autocast context left open")
+    outputs: list[Value] = []
+    spec = _output(tx, ret, outputs, {})
+    tx.recorder.output(outputs)
+    _prune_inputs(tx)
+    rec = tx.recorder
+    return Captured(rec.module, list(rec.input_sources), list(rec.input_examples), spec,
+                    list(tx.guards.guards), code, rec.op_counts)
+
+
+def _output(tx: Tracer, v: Var, outputs: list[Value], index: dict[int, int]) -> OutSpec:
+    if isinstance(v, TensorVar):
+        key = id(v.value)
+        if key not in index:
+            index[key] = len(outputs)
+            outputs.append(v.value)
+        return OutTensor(index[key])
+    if isinstance(v, ConstVar):
+        return OutConst(v.value)
+    if isinstance(v, TupleVar):
+        return OutSeq(v.cls, tuple(_output(tx, i, outputs, index) for i in v.items))
+    if isinstance(v, ListVar):
+        if v.source is not None and not v.mutated:
+            return OutSource(v.source)
+        return OutSeq(list, tuple(_output(tx, i, outputs, index) for i in v.items))
+    if isinstance(v, DictVar):
+        if v.source is not None and not v.mutated:
+            return OutSource(v.source)
+        return OutDict(v.cls, tuple(v.items), tuple(_output(tx, i, outputs, index)
+                                                    for i in v.items.values()))
+    if isinstance(v, SetVar):
+        if all(isinstance(x, ConstVar) for x in v.items.values()):
+            return OutConst((frozenset if v.frozen else set)(v.items))
+    if isinstance(v, ObjectVar | ModuleVar):
+        return OutSource(v.source) if v.source is not None else OutConst(v.value)
+    if isinstance(v, FunctionVar):
+        return OutConst(v.fn)
+    if isinstance(v, NewObjectVar):
+        return OutObject(v.cls, tuple((k, _output(tx, a, outputs, index))
+                                      for k, a in v.attrs.items()))
+    raise unhandled(f"returning a {v.describe()}")
+
+
+def _prune_inputs(tx: Tracer) -> None:
+    """Drop graph inputs nothing uses (read but unused tensors), with their metadata guards."""
+    rec = tx.recorder
+    g = rec.module.graph()
+    used: set[int] = {id(o) for o in g.outputs}
+    for n in g.nodes:
+        used.update(id(v) for v in n.operands())
+    keep = [i for i, p in enumerate(g.params) if id(p) in used]
+    if len(keep) == len(g.params):
+        return
+    for i, p in enumerate(g.params):
+        if id(p) not in used:
+            tx.guards.remove_for(rec.input_sources[i], GuardKind.TENSOR_MATCH)
+    g.params = [g.params[i] for i in keep]
+    rec.input_sources = [rec.input_sources[i] for i in keep]
+    rec.input_examples = [rec.input_examples[i] for i in keep]

@@ -1,0 +1,120 @@
+"""Context managers capture understands: grad mode, autocast, nullcontext.
+
+Grad mode and autocast are symbolic state of the tracer, applied while torch code runs on fake
+tensors. Autocast's casts are recorded as explicit `_to_copy` nodes. A `no_grad` region entered
+from grad mode cuts its tensor inputs from autograd with `aten.detach` nodes (see the recorder),
+so the graph, run under grad mode, computes exactly what eager computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.errors import unhandled
+from ember.capture.variables import ConstVar, ContextVar, CtxState, Var
+
+if TYPE_CHECKING:
+    from ember.capture.tracer import Tracer
+
+_AUTOCAST_TYPES: tuple[type, ...] = (torch.autocast, torch.amp.autocast)
+for _mod in ("cpu", "cuda"):
+    _amp = getattr(getattr(torch, _mod, None), "amp", None)
+    if _amp is not None and isinstance(getattr(_amp, "autocast", None), type):
+        _AUTOCAST_TYPES += (_amp.autocast,)
+
+CONTEXT_TYPES: tuple[type, ...] = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled,
+                                   torch.inference_mode, contextlib.nullcontext,
+                                   *_AUTOCAST_TYPES)
+
+
+class ExitVar(Var):
+    """The bound `__exit__` that BEFORE_WITH leaves on the stack."""
+
+    def __init__(self, ctx: Var):
+        self.ctx = ctx
+
+    def python_type(self) -> type:
+        return type(lambda: None)
+
+
+def make_context(tx: Tracer, cls: type, args: list[Any], kwargs: dict[str, Any]) -> ContextVar:
+    """A context manager object (its constructor ran with constant arguments)."""
+    if cls is torch.no_grad:
+        return ContextVar(CtxState("grad", grad=False), cls)
+    if cls is torch.enable_grad:
+        return ContextVar(CtxState("grad", grad=True), cls)
+    if cls is torch.inference_mode:
+        mode = args[0] if args else kwargs.get("mode", True)
+        return ContextVar(CtxState("grad", grad=not mode) if mode else CtxState("null"), cls)
+    if cls is torch.set_grad_enabled:
+        mode = args[0] if args else kwargs.get("mode")
+        if not isinstance(mode, bool):
+            raise unhandled("torch.set_grad_enabled with a non-constant mode")
+        st = CtxState("grad", grad=mode, saved=tx.grad_enabled)
+        _set_grad(tx, mode)  # like torch: the constructor already switches the mode
+        tx.open_grad_changes += 1
+        return ContextVar(st, cls)
+    if cls is contextlib.nullcontext:
+        return ContextVar(CtxState("null", saved=args[0] if args else None), cls)
+    if cls in _AUTOCAST_TYPES:
+        if cls in (torch.autocast, torch.amp.autocast):
+            device = args[0] if args else kwargs.get("device_type")
+            rest = args[1:]
+        else:
+            device = "cuda" if "cuda" in cls.__module__ else "cpu"
+            rest = args
+        names = ["dtype", "enabled", "cache_enabled"]
+        opts = dict(zip(names, rest)) | kwargs
+        if not isinstance(device, str):
+            raise unhandled("autocast with a non-constant device type")
+        dtype = opts.get("dtype") or torch.get_autocast_dtype(device)
+        return ContextVar(CtxState("autocast", device=device, dtype=dtype,
+                                   enabled=bool(opts.get("enabled", True))), cls)
+    raise unhandled(f"context manager {cls.__qualname__}")
+
+
+def _set_grad(tx: Tracer, mode: bool) -> None:
+    if mode and not tx.recorder.entry_grad:
+        raise unhandled("enabling grad inside a function called under no_grad")
+    if mode != tx.grad_enabled:
+        tx.grad_enabled = mode
+        tx.recorder.grad_region += 1
+
+
+def enter(tx: Tracer, ctx: ContextVar) -> Var:
+    st = ctx.state
+    if st.kind == "null":
+        return st.saved if isinstance(st.saved, Var) else ConstVar(st.saved)
+    if st.kind == "grad":
+        if ctx.cls is torch.set_grad_enabled:
+            tx.open_grad_changes -= 1
+            return ConstVar(None)
+        st.saved = tx.grad_enabled
+        _set_grad(tx, st.grad)
+        return ConstVar(None)
+    if st.kind == "autocast":
+        tx.autocast.append(st)
+        return ConstVar(None)
+    raise AssertionError(st.kind)
+
+
+def exit_(tx: Tracer, ctx: ContextVar) -> Var:
+    st = ctx.state
+    if st.kind == "grad":
+        _set_grad(tx, bool(st.saved))
+    elif st.kind == "autocast":
+        if not tx.autocast or tx.autocast[-1] is not st:
+            raise unhandled("autocast contexts exited out of order")
+        tx.autocast.pop()
+    return ConstVar(False)
+
+
+def call_context_method(tx: Tracer, ctx: ContextVar, name: str, args: list[Var]) -> Var:
+    if name == "__enter__":
+        return enter(tx, ctx)
+    if name == "__exit__":
+        return exit_(tx, ctx)
+    raise unhandled(f"method {name} of {ctx.cls.__qualname__}")

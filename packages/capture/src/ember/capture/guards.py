@@ -1,0 +1,232 @@
+"""Guards: what must hold at a call for a captured graph to be reused.
+
+Each guard is data (kind, source, expected value) that prints two ways: as a Python expression
+for ember's generated guard function (`code`), and as a readable line for `explain` (`text`).
+The runtime assembles the expressions of a capture's guards into one function, in order, so a
+guard may rely on the ones before it (a length check before an element's check).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ember.capture.sources import RefFn, Source, describe
+
+
+class GuardKind(enum.Enum):
+    TENSOR_MATCH = "tensor"  # type, dtype, device, shape, strides, requires_grad, layout
+    CONSTANT_MATCH = "constant"  # a Python scalar or string: same type, equal value
+    EQUALS_MATCH = "equals"  # an immutable object compared with == (Size, device, range, slice)
+    ID_MATCH = "identity"  # the very same object (modules, functions, classes, dtypes)
+    TYPE_MATCH = "type"  # same exact type
+    LENGTH = "length"  # len() of a sequence
+    DICT_KEYS = "keys"  # a dict's keys, in order
+    NOT_IN = "absent_key"  # a key absent from a dict (a builtin not shadowed by a global)
+    ATTR_ABSENT = "absent_attr"  # an attribute absent from an object (hasattr() was False)
+    SAME_OBJECT = "alias"  # two sources give the same object
+    GRAD_MODE = "grad_mode"  # torch.is_grad_enabled()
+    DEFAULT_DTYPE = "default_dtype"  # torch.get_default_dtype()
+    NO_HOOKS = "no_hooks"  # an nn.Module has no forward hooks
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    cls: type
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> TensorMeta:
+        return TensorMeta(type(t), t.dtype, t.device, tuple(int(s) for s in t.shape),
+                          tuple(int(s) for s in t.stride()), bool(t.requires_grad))
+
+    def text(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        rg = ", requires_grad" if self.requires_grad else ""
+        cls = "" if self.cls is torch.Tensor else f"{self.cls.__name__} "
+        return f"{cls}{dt}{list(self.shape)} stride={list(self.stride)} on {self.device}{rg}"
+
+
+@dataclass(frozen=True, eq=False)
+class Guard:
+    kind: GuardKind
+    source: Source | None
+    expected: Any = None
+    other: Source | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        """Identity for de-duplication."""
+        exp = self.expected
+        try:
+            hash(exp)
+        except TypeError:
+            exp = id(exp)
+        if self.kind is GuardKind.ID_MATCH:
+            exp = id(self.expected)
+        return (self.kind, self.source, exp, self.other)
+
+    def code(self, ref: RefFn) -> str:
+        """A Python expression that is true when the guard holds."""
+        k, e = self.kind, self.expected
+        if k is GuardKind.GRAD_MODE:
+            return f"{ref(torch.is_grad_enabled, 'F')}() is {e!r}"
+        if k is GuardKind.DEFAULT_DTYPE:
+            return f"{ref(torch.get_default_dtype, 'F')}() is {ref(e, 'D')}"
+        assert self.source is not None
+        x = self.source.expr(ref)
+        if k is GuardKind.TENSOR_MATCH:
+            m: TensorMeta = e
+            # stride() raises for non-strided layouts (a failed guard); get_device() is -1 on
+            # CPU and the index on CUDA, cheaper than comparing device objects
+            if m.device.type in ("cpu", "cuda"):
+                dev = f"{x}.get_device() == {m.device.index if m.device.type == 'cuda' else -1}"
+                if m.device.type == "cuda" and m.device.index is None:
+                    dev = f"{x}.device == {ref(m.device, 'Dev')}"
+            else:
+                dev = f"{x}.device == {ref(m.device, 'Dev')}"
+            return (f"type({x}) is {ref(m.cls, 'T')} and {x}.dtype is {ref(m.dtype, 'D')} "
+                    f"and {x}.shape == {m.shape!r} and {x}.stride() == {m.stride!r} "
+                    f"and {dev} and {x}.requires_grad is {m.requires_grad!r}")
+        if k is GuardKind.CONSTANT_MATCH:
+            if e is None or isinstance(e, bool):
+                return f"{x} is {e!r}"
+            if isinstance(e, float) and math.isnan(e):
+                return f"type({x}) is float and {x} != {x}"
+            lit = repr(e) if isinstance(e, (int, str, bytes)) or (
+                isinstance(e, float) and math.isfinite(e)) else ref(e, "V")
+            return f"type({x}) is {ref(type(e), 'T')} and {x} == {lit}"
+        if k is GuardKind.EQUALS_MATCH:
+            return f"type({x}) is {ref(type(e), 'T')} and {x} == {ref(e, 'V')}"
+        if k is GuardKind.ID_MATCH:
+            return f"{x} is {ref(e, 'O')}"
+        if k is GuardKind.TYPE_MATCH:
+            return f"type({x}) is {ref(e, 'T')}"
+        if k is GuardKind.LENGTH:
+            return f"len({x}) == {e!r}"
+        if k is GuardKind.DICT_KEYS:
+            return f"tuple({x}) == {ref(e, 'Keys')}"
+        if k is GuardKind.NOT_IN:
+            return f"{e!r} not in {x}"
+        if k is GuardKind.ATTR_ABSENT:
+            return f"not hasattr({x}, {e!r})"
+        if k is GuardKind.SAME_OBJECT:
+            assert self.other is not None
+            return f"{x} is {self.other.expr(ref)}"
+        if k is GuardKind.NO_HOOKS:
+            return (f"not ({x}._forward_hooks or {x}._forward_pre_hooks "
+                    f"or {x}._backward_hooks or {x}._backward_pre_hooks)")
+        raise AssertionError(k)
+
+    def mismatch(self, actual: Any) -> str:
+        """Why `actual` (the source's value now) fails the guard, in words."""
+        what = describe(self.source) if self.source is not None else "global state"
+        e = self.expected
+        if self.kind is GuardKind.TENSOR_MATCH and isinstance(actual, torch.Tensor):
+            now = TensorMeta.of(actual)
+            for field, label in (("cls", "type"), ("dtype", "dtype"), ("shape", "shape"),
+                                 ("stride", "stride"), ("device", "device"),
+                                 ("requires_grad", "requires_grad")):
+                a, b = getattr(now, field), getattr(e, field)
+                if a != b:
+                    return f"{what}: {label} {_plain(a)}, expected {_plain(b)}"
+            if actual.layout is not torch.strided:
+                return f"{what}: layout {actual.layout}, expected torch.strided"
+        if self.kind in (GuardKind.CONSTANT_MATCH, GuardKind.EQUALS_MATCH):
+            return f"{what} is {actual!r}, expected {e!r}"
+        if self.kind is GuardKind.LENGTH:
+            return f"len({what}) is {_safe_len(actual)}, expected {e}"
+        if self.kind is GuardKind.DICT_KEYS:
+            return f"keys of {what} are {_safe_keys(actual)}, expected {list(e)}"
+        return f"guard failed: {self.text()}"
+
+    def text(self) -> str:
+        """A readable line: `x: tensor f32[4, 8] stride=[8, 1] on cpu`."""
+        k, e = self.kind, self.expected
+        if k is GuardKind.GRAD_MODE:
+            return f"torch.is_grad_enabled() is {e}"
+        if k is GuardKind.DEFAULT_DTYPE:
+            return f"torch.get_default_dtype() is {e}"
+        assert self.source is not None
+        what = describe(self.source)
+        if k is GuardKind.TENSOR_MATCH:
+            return f"{what}: tensor {e.text()}"
+        if k in (GuardKind.CONSTANT_MATCH, GuardKind.EQUALS_MATCH):
+            return f"{what} == {e!r}"
+        if k is GuardKind.ID_MATCH:
+            return f"{what} is {_short(e)}"
+        if k is GuardKind.TYPE_MATCH:
+            return f"type({what}) is {e.__qualname__}"
+        if k is GuardKind.LENGTH:
+            return f"len({what}) == {e}"
+        if k is GuardKind.DICT_KEYS:
+            return f"keys of {what} == {list(e)}"
+        if k is GuardKind.NOT_IN:
+            return f"{e!r} not in {what}"
+        if k is GuardKind.ATTR_ABSENT:
+            return f"{what} has no attribute {e!r}"
+        if k is GuardKind.SAME_OBJECT:
+            assert self.other is not None
+            return f"{what} is {describe(self.other)}"
+        if k is GuardKind.NO_HOOKS:
+            return f"{what} has no forward/backward hooks"
+        raise AssertionError(k)
+
+
+def _plain(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    if isinstance(v, tuple):
+        return str(list(v))
+    if isinstance(v, type):
+        return v.__qualname__
+    return str(v)
+
+
+def _safe_len(v: Any) -> str:
+    try:
+        return str(len(v))
+    except Exception:
+        return f"(no len: {type(v).__name__})"
+
+
+def _safe_keys(v: Any) -> str:
+    try:
+        return str(list(v))
+    except Exception:
+        return f"(not a dict: {type(v).__name__})"
+
+
+def _short(obj: Any) -> str:
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name is not None:
+        mod = getattr(obj, "__module__", None)
+        return f"{mod}.{name}" if mod and not isinstance(obj, type(math)) else str(name)
+    return f"<{type(obj).__name__} object at {id(obj):#x}>"
+
+
+class GuardSet:
+    """An ordered, de-duplicated list of guards."""
+
+    def __init__(self) -> None:
+        self.guards: list[Guard] = []
+        self._seen: set[tuple[Any, ...]] = set()
+
+    def add(self, g: Guard) -> None:
+        k = g.key()
+        if k not in self._seen:
+            self._seen.add(k)
+            self.guards.append(g)
+
+    def remove_for(self, source: Source, kind: GuardKind) -> None:
+        self.guards = [g for g in self.guards if not (g.kind is kind and g.source == source)]
+
+    def __len__(self) -> int:
+        return len(self.guards)

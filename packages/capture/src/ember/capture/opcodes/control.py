@@ -1,0 +1,114 @@
+"""Jumps, conditional branches, loops and `with` blocks."""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+from ember.capture import contexts, pyops
+from ember.capture.errors import unhandled
+from ember.capture.frame import PY_VERSION, Frame, Instr
+from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, handler
+from ember.capture.variables import (
+    ConstVar,
+    ContextVar,
+    FunctionVar,
+    IteratorVar,
+    MethodVar,
+    NewObjectVar,
+    ObjectVar,
+    Var,
+)
+
+if TYPE_CHECKING:
+    from ember.capture.tracer import Tracer
+
+
+@handler("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", versions=ALL)
+def jump(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    frame.jump(inst.argval)
+
+
+def _is_none(v: Var) -> bool:
+    return isinstance(v, ConstVar) and v.value is None
+
+
+def _pop_jump(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    v = frame.pop()
+    name = inst.opname
+    if name.endswith("_NOT_NONE"):
+        take = not _is_none(v)
+    elif name.endswith("_NONE"):
+        take = _is_none(v)
+    elif name.endswith("_TRUE"):
+        take = pyops.truth(tx, v)
+    else:
+        take = not pyops.truth(tx, v)
+    if take:
+        frame.jump(inst.argval)
+
+
+# 3.11 has forward and backward forms; 3.12 has one form per condition.
+handler("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_NONE",
+        "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_TRUE",
+        "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_NONE",
+        "POP_JUMP_BACKWARD_IF_NOT_NONE", versions=ONLY_311)(_pop_jump)
+handler("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
+        versions=ONLY_312)(_pop_jump)
+
+
+@handler("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP", versions=ONLY_311)
+def jump_or_pop(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    # 3.11 only (3.12 compiles `a and b` with COPY + POP_JUMP_IF_*).
+    v = frame.peek()
+    t = pyops.truth(tx, v)
+    if t == (inst.opname == "JUMP_IF_TRUE_OR_POP"):
+        frame.jump(inst.argval)
+    else:
+        frame.pop()
+
+
+@handler("GET_ITER", versions=ALL)
+def get_iter(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    frame.push(pyops.get_iter(tx, frame.pop()))
+
+
+@handler("FOR_ITER", versions=ALL)
+def for_iter(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    it = frame.peek()
+    if not isinstance(it, IteratorVar):
+        raise unhandled(f"FOR_ITER over {it.describe()}", inst.opname)
+    v = it.next()
+    if v is not None:
+        frame.push(v)
+        return
+    frame.pop()
+    frame.jump(inst.argval)
+    if PY_VERSION >= (3, 12):
+        # 3.12: exhaustion continues after the END_FOR that closes the loop.
+        nxt = frame.info.instrs[frame.index]
+        if nxt.opname == "END_FOR":
+            frame.index += 1
+
+
+@handler("BEFORE_WITH", versions=ALL)
+def before_with(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    ctx = frame.pop()
+    if isinstance(ctx, ContextVar):
+        res = contexts.enter(tx, ctx)
+        frame.push(contexts.ExitVar(ctx))
+        frame.push(res)
+        return
+    if isinstance(ctx, ObjectVar | NewObjectVar):
+        from ember.capture.attrs import lookup_type_attr
+
+        enter = lookup_type_attr(ctx.python_type(), "__enter__")
+        exit_ = lookup_type_attr(ctx.python_type(), "__exit__")
+        if isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType):
+            res = tx.call(FunctionVar(enter), [ctx])
+            frame.push(MethodVar(FunctionVar(exit_), ctx))
+            frame.push(res)
+            return
+    raise unhandled(f"`with` on {ctx.describe()}")
+
+

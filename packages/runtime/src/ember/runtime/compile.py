@@ -1,0 +1,205 @@
+"""`ember.runtime.compile`: the torch.compile contract over ember's capture.
+
+A compiled function keeps a cache of entries, each a capture's generated guard check plus what
+to run when it holds: the captured graph through a backend, or (when capture stopped at an
+unsupported construct) the original function, eagerly. A call runs the first entry whose guards
+hold; a miss captures again (a recompilation), up to a cache limit (default 8 per compiled
+function, i.e. per code object), after which the function runs eagerly with one warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
+from ember.runtime.backends import Backend, Runner, resolve
+from ember.runtime.dump import dump_capture, dump_outputs
+from ember.runtime.guards import CallCode
+from ember.runtime.history import Fallback, GraphRecord, History
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DEFAULT_CACHE_LIMIT = 8
+
+
+class CaptureError(RuntimeError):
+    """fullgraph=True and capture met a construct it does not cover."""
+
+    def __init__(self, unhandled: Unhandled):
+        super().__init__(f"ember could not capture the whole function: {unhandled.reason} "
+                         f"at {unhandled.where}")
+        self.unhandled = unhandled
+
+
+class _GraphEntry:
+    def __init__(self, cap: Captured, runner: Runner):
+        self.code = CallCode(cap.guards, cap.input_sources, cap.output)
+        self.runner = runner
+        self.captured = cap
+
+    def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
+        outs = self.runner(inputs)
+        assert self.code.output is not None
+        return self.code.output(outs, S, A, K)
+
+
+class _EagerEntry:
+    def __init__(self, unhandled: Unhandled, call: Callable[..., Any]):
+        self.code = CallCode(list(unhandled.guards), [], None)
+        self.call = call
+        self.unhandled = unhandled
+
+    def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
+        return self.call(*A, **K)
+
+
+class CompiledFunction:
+    """A function (or bound method, or module call) compiled by ember."""
+
+    def __init__(self, target: Any, *, backend: str | Backend = "inductor",
+                 fullgraph: bool = False, mode: str | None = None, dynamic: bool | None = None,
+                 options: dict[str, Any] | None = None):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; one of {', '.join(map(str, MODES))}")
+        self.target = target
+        self.backend, self.backend_name, note = resolve(backend)
+        self.fullgraph = fullgraph
+        self.mode = mode
+        self.dynamic = dynamic
+        self.options = dict(options or {})
+        self.cache_limit = int(self.options.pop("cache_limit", DEFAULT_CACHE_LIMIT))
+        self.entries: list[_GraphEntry | _EagerEntry] = []
+        self.history = History()
+        self.code = target_code(target)
+        self.name = graph_name(target)
+        self._gave_up = False
+        if isinstance(target, nn.Module):
+            self.self_obj: Any = target
+            self.eager: Callable[..., Any] = target
+        else:
+            self.self_obj = getattr(target, "__self__", None)
+            self.eager = target
+        if note:
+            self.history.note(note)
+        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            self.history.note(f"mode {mode!r} has no effect yet (it needs the inductor "
+                              f"backend and CUDA graphs)")
+        if dynamic:
+            self.history.note("dynamic=True is not built yet: shapes are specialized and a "
+                              "new shape recompiles")
+        for k in self.options:
+            self.history.note(f"option {k!r} is not used yet")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        S = self.self_obj
+        self.history.calls += 1
+        for e in self.entries:
+            inputs = e.code.guard(S, args, kwargs)
+            if inputs.__class__ is list:
+                self.history.cache_hits += 1
+                return e.run(S, args, kwargs, inputs)
+        return self._miss(args, kwargs)
+
+    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        S = self.self_obj
+        if self._gave_up:
+            return self.eager(*args, **kwargs)
+        if self.entries:
+            reasons = [r for e in self.entries if (r := e.code.failure(S, args, kwargs))]
+            reason = reasons[-1] if reasons else "no cache entry matched"
+            if len(self.entries) >= self.cache_limit:
+                self._gave_up = True
+                msg = (f"ember: {self.name} was recompiled {self.cache_limit} times (the cache "
+                       f"limit); it runs eagerly from now on. Last reason: {reason}")
+                warnings.warn(msg, stacklevel=3)
+                self.history.note(msg)
+                return self.eager(*args, **kwargs)
+            self.history.recompilations.append(reason)
+        res = capture(self.target, args, kwargs)
+        if isinstance(res, Unhandled):
+            if self.fullgraph:
+                raise CaptureError(res)
+            self.history.fallbacks.append(Fallback(res.reason, res.file, res.line, res.stack))
+            entry: _GraphEntry | _EagerEntry = _EagerEntry(res, self.eager)
+            self.entries.append(entry)
+            return entry.run(S, args, kwargs, [])
+        runner = self.backend(res.module, res.input_examples)
+        graph_entry = _GraphEntry(res, runner)
+        self.entries.append(graph_entry)
+        inputs = graph_entry.code.guard(S, args, kwargs)
+        if not isinstance(inputs, list):
+            raise RuntimeError(f"ember: the guards of a fresh capture of {self.name} fail on "
+                               f"the call that produced them: "
+                               f"{graph_entry.code.failure(S, args, kwargs)}")
+        dumped = dump_capture(res, inputs)
+        self.history.graphs.append(GraphRecord(
+            res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
+            [describe(s) for s in res.input_sources], str(dumped) if dumped else None))
+        outs = runner(inputs)
+        if dumped is not None:
+            dump_outputs(dumped, outs)
+        assert graph_entry.code.output is not None
+        return graph_entry.code.output(outs, S, args, kwargs)
+
+
+class CompiledModule(nn.Module):
+    """A module compiled by ember: it holds the original as `_orig_mod` (so parameters, buffers
+    and state are shared) and runs its calls through the compiled function."""
+
+    def __init__(self, mod: nn.Module, compiled: CompiledFunction):
+        super().__init__()
+        self._orig_mod = mod
+        object.__setattr__(self, "_ember_compiled", compiled)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ember_compiled(*args, **kwargs)
+
+    @property
+    def compiled(self) -> CompiledFunction:
+        return self._ember_compiled  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+
+def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool | None = None,
+            fullgraph: bool = False, backend: str | Backend = "inductor",
+            options: dict[str, Any] | None = None) -> Any:
+    """Compile a function or an nn.Module with ember (the torch.compile contract).
+
+    Modules come back as a module sharing the original's parameters; functions as a callable.
+    Without `model_or_fn`, returns a decorator.
+    """
+    def make(target: Any) -> Any:
+        cf = CompiledFunction(target, backend=backend, fullgraph=fullgraph, mode=mode,
+                              dynamic=dynamic, options=options)
+        if isinstance(target, nn.Module):
+            return CompiledModule(target, cf)
+        try:
+            functools.update_wrapper(cf, target)
+        except AttributeError:
+            pass
+        return cf
+
+    if model_or_fn is None:
+        return make
+    if not callable(model_or_fn):
+        raise TypeError(f"compile() takes a function or an nn.Module, not "
+                        f"{type(model_or_fn).__name__}")
+    return make(model_or_fn)
+
+
+def compiled_function_of(obj: Any) -> CompiledFunction | None:
+    if isinstance(obj, CompiledFunction):
+        return obj
+    if isinstance(obj, CompiledModule):
+        return obj.compiled
+    return None
+

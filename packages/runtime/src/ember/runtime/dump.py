@@ -1,0 +1,51 @@
+"""EMBER_DUMP=dir: write each captured graph (ir-v1 text), its inputs (safetensors, keyed by
+parameter name), the outputs of the call that captured it, and its guards, so that
+
+    ember run dir/NAME.ir --inputs dir/NAME.inputs.safetensors
+
+replays it from the shell."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ember.capture import Captured
+from ember.runtime.tensors import save_tensors
+
+ENV = "EMBER_DUMP"
+
+
+def dump_dir() -> Path | None:
+    d = os.environ.get(ENV)
+    return Path(d) if d else None
+
+
+def _free_stem(d: Path, name: str) -> str:
+    i = 0
+    while (d / f"{name}_{i}.ir").exists():
+        i += 1
+    return f"{name}_{i}"
+
+
+def dump_capture(cap: Captured, inputs: Sequence[Any]) -> Path | None:
+    """Write the graph and its inputs (before the call runs); returns the .ir path."""
+    d = dump_dir()
+    if d is None:
+        return None
+    d.mkdir(parents=True, exist_ok=True)
+    stem = _free_stem(d, cap.graph.name)
+    ir_path = d / f"{stem}.ir"
+    save_tensors(str(d / f"{stem}.inputs.safetensors"),
+                 {p.name: x for p, x in zip(cap.graph.params, inputs, strict=True)})
+    (d / f"{stem}.guards.txt").write_text("".join(g.text() + "\n" for g in cap.guards))
+    ir_path.write_text(str(cap.module))
+    return ir_path
+
+
+def dump_outputs(ir_path: Path, outputs: Sequence[Any]) -> None:
+    stem = ir_path.name.removesuffix(".ir")
+    save_tensors(str(ir_path.parent / f"{stem}.outputs.safetensors"),
+                 {f"out{i}": o for i, o in enumerate(outputs)})

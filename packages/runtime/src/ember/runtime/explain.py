@@ -1,0 +1,147 @@
+"""`ember.runtime.explain(fn, *args, **kwargs)`: what ember did with a function.
+
+Compiles `fn` with the eager backend (or reads an already compiled function's history), calls
+it with the arguments, and reports the graphs (ir-v1 text) with their op counts, guards and
+inputs; the recompilations and why; every fallback to eager with its reason and source line; and
+notes (such as a requested backend that is not built yet). `str(report)` is readable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ember.runtime.compile import compile, compiled_function_of
+from ember.runtime.history import Fallback, GraphRecord, History
+
+
+@dataclass
+class ExplainReport:
+    graphs: list[GraphRecord] = field(default_factory=list)
+    recompilations: list[str] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def graph_texts(self) -> list[str]:
+        return [g.ir for g in self.graphs]
+
+    @property
+    def op_counts(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for g in self.graphs:
+            total.update(g.op_counts)
+        return total
+
+    @property
+    def guards(self) -> list[list[str]]:
+        return [g.guards for g in self.graphs]
+
+    def __str__(self) -> str:
+        out = [f"ember explain: {len(self.graphs)} graph(s), {len(self.recompilations)} "
+               f"recompilation(s), {len(self.fallbacks)} fallback(s) to eager, "
+               f"{self.calls} call(s)"]
+        for n in self.notes:
+            out.append(f"note: {n}")
+        for i, g in enumerate(self.graphs):
+            ops = sum(g.op_counts.values())
+            out.append(f"\n-- graph {i}: @{g.name}, {ops} op(s), {len(g.inputs)} input(s)"
+                       + (f", dumped to {g.dumped_to}" if g.dumped_to else ""))
+            out.append("ops: " + ", ".join(f"{k} x{v}" for k, v in sorted(g.op_counts.items())))
+            out.append("inputs: " + ", ".join(g.inputs))
+            out.append(g.ir.rstrip())
+            out.append(f"guards ({len(g.guards)}):")
+            out += [f"  {t}" for t in g.guards]
+        if self.recompilations:
+            out.append("\n-- recompilations:")
+            out += [f"  {i + 1}. {r}" for i, r in enumerate(self.recompilations)]
+        if self.fallbacks:
+            out.append("\n-- fallbacks to eager:")
+            for f in self.fallbacks:
+                out.append(f"  {f.reason}")
+                out.append(f"    at {f.where}")
+                out += [f"    via {s}" for s in f.stack if not s.startswith(f.where + " ")]
+        return "\n".join(out) + "\n"
+
+
+def report_of(history: History) -> ExplainReport:
+    return ExplainReport(list(history.graphs), list(history.recompilations),
+                         list(history.fallbacks), list(history.notes), history.calls)
+
+
+def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
+    """Call `fn(*args, **kwargs)` through ember and report what happened.
+
+    `fn` may be a plain function or module (compiled here with backend="eager"), or a function
+    or module already returned by `ember.runtime.compile` (its whole history is reported; with
+    no arguments it is not called).
+    """
+    cf = compiled_function_of(fn)
+    if cf is None:
+        compiled = compile(fn, backend="eager")
+        cf = compiled_function_of(compiled)
+        assert cf is not None
+        compiled(*args, **kwargs)
+    elif args or kwargs:
+        fn(*args, **kwargs)
+    return report_of(cf.history)
+
+
+# -- `ember explain script.py:NAME` --------------------------------------------------------------
+def add_explain_command(sub: Any) -> None:
+    """Register the `explain` subcommand on the CLI's subparsers."""
+    e = sub.add_parser("explain", help="compile a Python function or module with ember and "
+                                       "report its graphs, guards and fallbacks")
+    e.add_argument("target", help="script.py:NAME, NAME a function or nn.Module in the script")
+    e.add_argument("--inputs", default="example_inputs", metavar="NAME",
+                   help="a function of the script returning the call's arguments, as a tuple "
+                        "or (args, kwargs) (default: example_inputs; without it, no arguments)")
+    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    e.set_defaults(fn=cmd_explain)
+
+
+def cmd_explain(a: argparse.Namespace) -> int:
+    """Load the script, call NAME through `explain`, print the report. Errors: one line, 1."""
+    def fail(msg: str) -> int:
+        sys.stderr.write(f"ember: error: {msg}\n")
+        return 1
+
+    path, sep, name = a.target.rpartition(":")
+    if not sep or not path or not name:
+        return fail(f"expected SCRIPT.py:NAME, got {a.target!r}")
+    if not Path(path).is_file():
+        return fail(f"{path}: no such file")
+    try:
+        ns = runpy.run_path(path, run_name="__ember_explain__")  # the user's script, by request
+    except Exception as e:
+        return fail(f"{path}: running the script raised {type(e).__name__}: {e}")
+    if name not in ns:
+        return fail(f"{path}: the script defines no {name!r}")
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    make = ns.get(a.inputs)
+    try:
+        if make is not None:
+            made = make()
+            if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], tuple) \
+                    and isinstance(made[1], dict):
+                args, kwargs = made
+            else:
+                args = made if isinstance(made, tuple) else (made,)
+        report = explain(ns[name], *args, **kwargs)
+    except Exception as e:
+        if a.debug:
+            raise
+        return fail(f"{path}: {name} raised {type(e).__name__}: {e}")
+    sys.stdout.write(str(report))
+    return 0

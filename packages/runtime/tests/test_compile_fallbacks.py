@@ -1,0 +1,181 @@
+"""Constructs capture does not cover yet: the whole frame runs eagerly (same results, same
+printed output, same state), the reason and the user's source line are recorded, and
+fullgraph=True turns them into an error naming both."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ember.runtime as er
+from ember.runtime.testing import check_against_eager
+
+
+def line_of(fn: Callable[..., Any], marker: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    for i, text in enumerate(lines):
+        if marker in text:
+            return start + i
+    raise AssertionError(f"no {marker!r} in {fn.__name__}")
+
+
+def prints(x):
+    y = x * 2
+    print("y has shape", tuple(y.shape))  # HERE
+    return y + 1
+
+
+def item(x):
+    s = x.sum().item()  # HERE
+    return x * s
+
+
+def data_branch(x):
+    if x.sum() > 0:  # HERE
+        return x * 2
+    return x - 2
+
+
+def append_to_argument(x, out):
+    out.append(x * 2)  # HERE
+    return x
+
+
+COUNTER = 0
+
+
+def writes_global(x):
+    global COUNTER
+    COUNTER = x.shape[0]  # HERE
+    return x * COUNTER
+
+
+def mutates_input(x):
+    x.add_(1)  # HERE
+    return x * 2
+
+
+def boolean_mask(x):
+    return x[x > 0]  # HERE
+
+
+def inner_helper(x):
+    return x.tolist()  # HERE
+
+
+def nested_call(x):
+    y = x + 1
+    return inner_helper(y)
+
+
+class Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1  # HERE
+        return self.lin(x)
+
+
+def raises(x):
+    if x.shape[0] == 3:
+        raise ValueError("three rows")  # HERE
+    return x
+
+
+FALLBACKS = [
+    (prints, lambda: (torch.randn(2, 2),), "print()"),
+    (item, lambda: (torch.randn(3),), "needs a tensor's data"),
+    (data_branch, lambda: (torch.randn(3),), "branch on a tensor's value"),
+    (append_to_argument, lambda: (torch.randn(3), []), "mutating a list from outside"),
+    (writes_global, lambda: (torch.randn(3),), "STORE_GLOBAL"),
+    (mutates_input, lambda: (torch.randn(3),), "writes a graph input"),
+    (boolean_mask, lambda: (torch.randn(5),), "DynamicOutputShapeException"),
+    (nested_call, lambda: (torch.randn(3),), "tolist"),
+]
+
+
+@pytest.mark.parametrize("fn,make,reason", FALLBACKS, ids=[f[0].__name__ for f in FALLBACKS])
+def test_fallback_matches_eager_and_is_explained(fn: Callable[..., Any], make: Any, reason: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    global COUNTER
+    COUNTER = 0
+    torch.manual_seed(0)
+    args = make()
+    h = check_against_eager(fn, *args, expect_fallback=reason, calls=2)
+    printed = capsys.readouterr().out
+    if fn is prints:  # eager printed twice, the compiled function (running eagerly) twice
+        assert printed.count("y has shape (2, 2)") == 4
+    target = inner_helper if fn is nested_call else fn
+    f = h.fallbacks[0]
+    assert f.line == line_of(target, "# HERE"), f
+    assert f.file == inspect.getsourcefile(target)
+    assert len(h.fallbacks) == 1  # recorded once: later calls reuse the cached eager entry
+
+
+def test_fallback_inside_inlined_call_reports_the_stack() -> None:
+    h = check_against_eager(nested_call, torch.randn(3), expect_fallback="tolist")
+    stack = h.fallbacks[0].stack
+    assert len(stack) == 2 and "nested_call" in stack[0] and "inner_helper" in stack[1]
+
+
+def test_module_state_side_effect_falls_back() -> None:
+    m = Counting()
+    h = check_against_eager(m, torch.randn(2, 3), expect_fallback="setting attribute 'calls'",
+                            calls=3)
+    assert h.fallbacks[0].line == line_of(Counting.forward, "# HERE")
+
+
+def test_user_exception_propagates_as_in_eager() -> None:
+    c = er.compile(raises, backend="eager")
+    with pytest.raises(ValueError, match="three rows"):
+        c(torch.randn(3))
+    assert c(torch.randn(2)).shape == (2,)
+    h = c.history
+    assert "raises ValueError" in h.fallbacks[0].reason
+    assert h.fallbacks[0].line == line_of(raises, "# HERE")
+    assert len(h.graphs) == 1  # the 2-row call captured a graph
+
+
+def test_module_hooks_fall_back() -> None:
+    m = nn.Linear(3, 3)
+    seen = []
+    m.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    check_against_eager(m, torch.randn(2, 3), expect_fallback="hooks")
+    assert seen == [(2, 3), (2, 3)]  # eager's, and the compiled copy's (run eagerly)
+
+
+def test_torch_builtin_with_internal_view_mutation_falls_back() -> None:
+    gru = nn.GRU(4, 5, batch_first=True).eval()
+    h = check_against_eager(gru, torch.randn(2, 3, 4), expect_fallback="in-place operator")
+    assert h.fallbacks[0].file.endswith("rnn.py")  # no user frame: torch's own line
+
+
+@pytest.mark.parametrize("fn,make,reason", FALLBACKS[:4], ids=[f[0].__name__
+                                                                for f in FALLBACKS[:4]])
+def test_fullgraph_raises_naming_construct_and_line(fn: Callable[..., Any], make: Any,
+                                                    reason: str) -> None:
+    c = er.compile(fn, backend="eager", fullgraph=True)
+    with pytest.raises(er.CaptureError) as info:
+        c(*make())
+    msg = str(info.value)
+    assert reason in msg
+    assert f":{line_of(fn, '# HERE')}" in msg
+    assert info.value.unhandled.line == line_of(fn, "# HERE")
+
+
+def test_fullgraph_passes_when_everything_is_captured() -> None:
+    def f(x):
+        return torch.relu(x) * 2
+
+    c = er.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    torch.testing.assert_close(c(x), f(x))
+    assert len(c.history.graphs) == 1 and not c.history.fallbacks
