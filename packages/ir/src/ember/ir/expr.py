@@ -10,7 +10,7 @@ modulo, defined here as sympy functions that fold only what is exact.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Union
+from typing import TypeAlias
 
 import sympy
 
@@ -18,7 +18,7 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 # A dimension, stride or integer argument: a plain int, or a sympy expression with symbols.
-Dim = Union[int, sympy.Expr]
+Dim: TypeAlias = int | sympy.Expr
 
 
 class FloorDiv(sympy.Function):
@@ -206,10 +206,12 @@ def _print_add(e: sympy.Add) -> str:
 
 
 def _is_negative(t: sympy.Expr) -> bool:
+    """True for a term printed as `- (-t)`; not when `-t` has 2**63 in it, which no INT holds
+    (`s0 - 9223372036854775808` would not parse): that one prints `+ -9223372036854775808`."""
     if t.is_Integer:
-        return int(t) < 0
+        return INT64_MIN < int(t) < 0
     coeff, _ = t.as_coeff_Mul()
-    return bool(coeff.is_Integer and int(coeff) < 0)
+    return bool(coeff.is_Integer and INT64_MIN < int(coeff) < 0)
 
 
 def _factors(rest: sympy.Expr) -> list[sympy.Expr]:
@@ -228,6 +230,16 @@ def _print_mul(e: sympy.Expr, need: int) -> str:
     coeff, rest = e.as_coeff_Mul()
     c = int(coeff)
     factors = _factors(rest)
+    if c < 0:
+        # `-f * g` reads back as `(-f) * g`, and negating an Add distributes over it (`-(a + b)`
+        # reads as `-a - b`), so lead with a factor that is not an Add. With none (or when `-c`
+        # is 2**63, which no INT holds), put the sign on a trailing coefficient: `f * g * -3`.
+        lead = next((i for i, f in enumerate(factors) if not isinstance(f, sympy.Add)), None)
+        if lead is None or c == INT64_MIN:
+            text = " * ".join([_print(factors[0], _TERM)] + [_print(f, _FACTOR)
+                                                              for f in factors[1:]])
+            return _wrap(f"{text} * {c}", _TERM, need)
+        factors.insert(0, factors.pop(lead))
     first = _print(factors[0], _TERM if c > 0 else _FACTOR)
     text = " * ".join([first] + [_print(f, _FACTOR) for f in factors[1:]])
     if c == -1:

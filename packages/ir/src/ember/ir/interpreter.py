@@ -129,6 +129,10 @@ class Interpreter:
         skip = {r for _, r in g.input_updates}
         outputs = [x for i, x in enumerate(results) if i not in skip]
         if apply_updates:
+            # Outputs keep value semantics: one that aliases an input about to be written (the
+            # input itself, a view of it) is copied first.
+            written = [inputs[p] for p in updates]
+            outputs = [_unalias(x, written) for x in outputs]
             for p, new in updates.items():
                 old = inputs[p]
                 if not isinstance(old, torch.Tensor):
@@ -180,6 +184,16 @@ class Interpreter:
             if self.check_types:
                 _check_result(node, r.type, x, env)
             values[r] = x
+
+
+def _unalias(x: Any, written: Sequence[Any]) -> Any:
+    if not isinstance(x, torch.Tensor):
+        return x
+    ptr = x.untyped_storage().data_ptr()
+    if any(isinstance(w, torch.Tensor) and w.untyped_storage().data_ptr() == ptr
+           for w in written):
+        return x.clone()
+    return x
 
 
 def _check_result(node: Node, t: Type, x: Any, env: Mapping[str, int]) -> None:

@@ -91,9 +91,10 @@ def tokenize(text: str) -> list[Token]:
             assert m is not None
             s = m.group()
             if m.group(1) is None and m.group(2) is None:
-                if len(s.lstrip("0")) > 19 or int(s) > _INT_LIMIT:
+                digits = s.lstrip("0") or "0"  # int() refuses over 4300 digits, zeros included
+                if len(digits) > 19 or int(digits) > _INT_LIMIT:
                     raise err(f"integer {s[:30]} does not fit in 64 bits", i)
-                toks.append(Token("INT", s, line, col, int(s)))
+                toks.append(Token("INT", s, line, col, int(digits)))
             else:
                 f = float(s)
                 if f == float("inf"):

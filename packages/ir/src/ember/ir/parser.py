@@ -43,7 +43,13 @@ def parse(text: str) -> Module:
     """Parse ir-v1 text into a Module. Raises only `IRParseError`."""
     if not isinstance(text, str):
         raise IRParseError(f"expected text (str), got {type(text).__name__}", 1, 1, "str")
-    toks = tokenize(text)
+    try:
+        toks = tokenize(text)
+    except IRParseError:
+        raise
+    except Exception as e:  # as below: a lexer bug still surfaces as a parse error
+        raise IRParseError(f"internal error while reading tokens: {type(e).__name__}: {e}",
+                           1, 1) from None
     p = _Parser(toks)
     try:
         return p.module()
@@ -216,9 +222,10 @@ class _Parser:
         if self.accept("attrs"):
             self.expect("(")
             while True:
+                kt = self.peek()
                 k, v = self.kwarg(allow_values=False)
                 if k in attrs:
-                    raise self.error(f"a graph attribute other than '{k}' (it is repeated)")
+                    raise IRParseError(f"graph attribute '{k}' is repeated", kt.line, kt.col)
                 attrs[k] = v
                 if not self.accept(","):
                     break
@@ -319,9 +326,9 @@ class _Parser:
             types = [self.type_()]
             while self.accept(","):
                 types.append(self.type_())
-            self.expect(")")
             if len(types) < 2:
                 raise self.error("',' and a second type (a single result type has no parentheses)")
+            self.expect(")")
             return types
         return [self.type_()]
 
@@ -356,9 +363,9 @@ class _Parser:
         shape = self.expr_list("]")
         strides = None
         if self.accept("{"):
-            strides = self.expr_list("}")
-            if not strides:
+            if self.at("}"):
                 raise self.error("at least one stride")
+            strides = self.expr_list("}")
         device = "cpu"
         if self.accept("@"):
             device = self.name("a device name (cuda, cpu, ...)")
@@ -403,10 +410,10 @@ class _Parser:
             return items
         if t.kind == "STRING":
             self.next()
-            return t.value  # type: ignore[return-value]
+            return t.value
         if t.kind == "FLOAT":
             self.next()
-            return t.value  # type: ignore[return-value]
+            return t.value
         if t.kind == "NAME":
             if t.text in ("true", "false", "none"):
                 self.next()
@@ -496,7 +503,15 @@ class _Parser:
             if not INT64_MIN <= r <= INT64_MAX:
                 raise IRParseError("integer overflow in expression", at.line, at.col)
             return r
-        e = _SYM_OPS[op](as_sympy(a), as_sympy(b))
+        try:
+            e = _SYM_OPS[op](as_sympy(a), as_sympy(b))
+        except ValueError:
+            if op not in ("max", "min"):
+                raise
+            # sympy's Max/Min refuse a constant division by zero ("not comparable"): keep it
+            # unevaluated, for the verifier to report like any other division by zero.
+            e = (sympy.Max if op == "max" else sympy.Min)(as_sympy(a), as_sympy(b),
+                                                          evaluate=False)
         for n in e.atoms(sympy.Integer):
             if not INT64_MIN <= int(n) <= INT64_MAX:
                 raise IRParseError("integer overflow in expression", at.line, at.col)

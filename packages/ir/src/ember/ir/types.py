@@ -47,7 +47,9 @@ class TensorType:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(simplify_dim(d) for d in self.shape))
         if self.strides is not None:
-            object.__setattr__(self, "strides", tuple(simplify_dim(d) for d in self.strides))
+            # A 0-dim tensor has no strides to state (ir-v1 needs at least one in `{...}`).
+            strides = tuple(simplify_dim(d) for d in self.strides)
+            object.__setattr__(self, "strides", strides or None)
 
     @property
     def rank(self) -> int:
