@@ -1,4 +1,5 @@
-"""Regenerate the corpus's inputs and expected outputs: `python tests/ir_corpus/make_corpus.py`.
+"""Regenerate the corpus's inputs and expected outputs: `python tests/ir_corpus/make_corpus.py
+[FILE ...]` (all files, or the named ones: `attention convnet`).
 
 Expected outputs come from calling the ATen ops directly in Python (the functions below), not
 from ember's interpreter, so the corpus checks replay against eager. Files per graph:
@@ -85,6 +86,53 @@ def literals(x: torch.Tensor, i: torch.Tensor) -> dict[str, Any]:
     )
 
 
+def attn_block(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor, w_o: torch.Tensor,
+               b_o: torch.Tensor) -> dict[str, Any]:
+    s0 = x.shape[1]
+    qkv = aten.addmm.default(b_qkv, aten.view.default(x, [2 * s0, 16]), aten.t.default(w_qkv))
+    qkvp = aten.permute.default(aten.view.default(qkv, [2, s0, 3, 2, 8]), [2, 0, 3, 1, 4])
+    q, k, v = aten.unbind.int(qkvp)
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, True)
+    oc = aten.clone.default(aten.transpose.int(o, 1, 2), memory_format=torch.contiguous_format)
+    proj = aten.addmm.default(b_o, aten.view.default(oc, [2 * s0, 16]), aten.t.default(w_o))
+    return _outs(aten.add.Tensor(x, aten.view.default(proj, [2, s0, 16])), lse)
+
+
+def gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+        kf: torch.Tensor, vf: torch.Tensor, bias: torch.Tensor) -> dict[str, Any]:
+    sdpa = aten.scaled_dot_product_attention.default
+    return _outs(sdpa(q, k, v, keep, enable_gqa=True), sdpa(q, kf, vf, bias, scale=0.5))
+
+
+def products(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
+             v: torch.Tensor, e: torch.Tensor) -> dict[str, Any]:
+    return _outs(aten.mm.default(a, b), aten.bmm.default(c, d), aten.matmul.default(c, b),
+                 aten.mv.default(a, v), aten.dot.default(v, v),
+                 aten.baddbmm.default(e, c, d, beta=0.5, alpha=2), aten.matmul.default(c, v))
+
+
+def convnet(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+            b2: torch.Tensor, wf: torch.Tensor, bf: torch.Tensor) -> dict[str, Any]:
+    conv = aten.convolution.default
+    r1 = aten.relu.default(conv(x, w1, b1, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+    p1, i1 = aten.max_pool2d_with_indices.default(r1, [2, 2], [2, 2])
+    r2 = aten.relu.default(conv(p1, w2, b2, [2, 2], [1, 1], [1, 1], False, [0, 0], 2))
+    a2 = aten.avg_pool2d.default(r2, [2, 2], [1, 1], [1, 1], True, False)
+    g = aten._adaptive_avg_pool2d.default(a2, [1, 1])
+    f = aten.view.default(g, [x.shape[0], 8])
+    return _outs(aten.addmm.default(bf, f, aten.t.default(wf)), i1, a2)
+
+
+def decoder(z: torch.Tensor, wt: torch.Tensor, bt: torch.Tensor, s: torch.Tensor,
+            w1d: torch.Tensor, v: torch.Tensor, w3d: torch.Tensor) -> dict[str, Any]:
+    conv = aten.convolution.default
+    up = conv(z, wt, bt, [2, 2], [1, 1], [1, 1], True, [1, 1], 1)
+    mp, mi = aten.max_pool2d_with_indices.default(up, [3, 3], [2, 2], [1, 1], [2, 2], True)
+    return _outs(up, conv(s, w1d, None, [2], [0], [2], False, [0], 2),
+                 conv(v, w3d, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1),
+                 mp, mi, aten._adaptive_avg_pool2d.default(up, [3, 4]))
+
+
 def _inputs(seed: int, **specs: tuple[tuple[int, ...], torch.dtype]) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -114,11 +162,32 @@ CASES: list[tuple[str, str, Eager, dict[str, torch.Tensor]]] = [
     ("mutation", "momentum", momentum,
      _inputs(6, p=((3, 3), f64), buf=((3, 3), f64), g=((3, 3), f64))),
     ("literals", "f", literals, {"x": x_nan, "i": _inputs(8, i=((5, 8), i32))["i"]}),
+    ("attention", "block", attn_block,
+     _inputs(9, x=((2, 7, 16), f32), w_qkv=((48, 16), f32), b_qkv=((48,), f32),
+             w_o=((16, 16), f32), b_o=((16,), f32))),
+    ("attention", "gqa", gqa,
+     {**_inputs(10, q=((1, 4, 3, 8), f32), k=((1, 2, 6, 8), f32), v=((1, 2, 6, 4), f32),
+                kf=((1, 4, 6, 8), f32), vf=((1, 4, 6, 4), f32), bias=((3, 6), f32)),
+      # row 1 attends to nothing: zeros, as eager's safe softmax gives
+      "keep": torch.tensor([[1, 0, 1, 1, 0, 1], [0] * 6, [1] * 6]).bool().reshape(1, 1, 3, 6)}),
+    ("attention", "products", products,
+     _inputs(11, a=((3, 4), f64), b=((4, 5), f64), c=((2, 3, 4), f64), d=((2, 4, 5), f64),
+             v=((4,), f64), e=((2, 3, 5), f64))),
+    ("convnet", "net", convnet,
+     _inputs(12, x=((3, 3, 12, 12), f32), w1=((8, 3, 3, 3), f32), b1=((8,), f32),
+             w2=((8, 4, 3, 3), f32), b2=((8,), f32), wf=((10, 8), f32), bf=((10,), f32))),
+    ("convnet", "decoder", decoder,
+     _inputs(13, z=((1, 4, 5, 5), f32), wt=((4, 3, 3, 3), f32), bt=((3,), f32),
+             s=((2, 4, 9), f32), w1d=((6, 2, 3), f32), v=((1, 2, 4, 4, 4), f32),
+             w3d=((2, 2, 2, 2, 2), f32))),
 ]
 
 
-def main() -> None:
+def main(files: list[str] | None = None) -> None:
+    """Regenerate every case, or those of the named .ir files (stems: `attention convnet`)."""
     for file, graph, fn, inputs in CASES:
+        if files and file not in files:
+            continue
         expected = fn(**{k: v.clone() for k, v in inputs.items()})
         stem = HERE / f"{file}.{graph}"
         save_file({k: v.contiguous() for k, v in inputs.items()}, f"{stem}.in.safetensors")
@@ -127,4 +196,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])

@@ -251,6 +251,7 @@ def _one_node_module(**change: Any) -> Module:
     {"loc": Loc("f.py", 1, -2)}, {"arg": "\ud83d\ude00"}, {"arg": 2**63}, {"arg": -(2**63) - 1},
     {"type": TensorType(DType.f32, (2,), device="cuda:x")},
     {"type": TensorType(DType.f32, (2**64,))}, {"arg": sympy.floor(symbol("s0") / 2)},
+    {"type": TensorType(DType.f32, (symbol("s0") / 2,))},
 ])
 def test_printer_refuses_what_would_not_read_back(change: dict[str, Any]) -> None:
     with pytest.raises(PrintError):

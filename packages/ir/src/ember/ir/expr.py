@@ -228,6 +228,8 @@ def _factors(rest: sympy.Expr) -> list[sympy.Expr]:
 
 def _print_mul(e: sympy.Expr, need: int) -> str:
     coeff, rest = e.as_coeff_Mul()
+    if not coeff.is_Integer:  # s0 / 2 has no ir-v1 spelling: sizes divide with // only
+        raise ValueError(f"not an ir-v1 expression (non-integer coefficient): {e!r}")
     c = int(coeff)
     factors = _factors(rest)
     if c < 0:

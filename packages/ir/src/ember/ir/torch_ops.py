@@ -169,7 +169,7 @@ def _device_arg(op: torch._ops.OpOverload, args: Sequence[Arg], kwargs: Mapping[
 
 
 def _ir_name(op: torch._ops.OpOverload) -> str:
-    return str(op.name()).replace("::", ".") + "." + str(op._overloadname)
+    return f"{op._schema.name.replace('::', '.')}.{op._overloadname}"
 
 
 def _flatten_result(out: Any, device: str, name: str) -> list[Type]:

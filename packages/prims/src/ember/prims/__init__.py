@@ -4,7 +4,10 @@ Importing this package registers the prims in ember.ir's default op registry and
 `decompose` pass in the default pass registry.
 """
 
-from ember.ir import Interpreter, Module, default_registry
+from collections.abc import Sequence
+from typing import Any
+
+from ember.ir import Interpreter, Module, RunResult, default_registry
 from ember.ir.backends import Backend, Runner, default_backends
 from ember.prims.ops import PRIMS, PRIMS_BY_OP, Prim, register_prims
 
@@ -18,11 +21,20 @@ __all__ = ["PRIMS", "PRIMS_BY_OP", "Prim", "register_prims"]
 
 
 def _prims_backend(module: Module) -> Runner:
-    """Decompose to prims, then run the prims' references."""
+    """Decompose to prims, then run the prims' references. Graphs with random ops get torch's
+    initial seed and an offset that advances from 0 by each call's consumption."""
+    import torch
+
     from ember.prims.decomp import DECOMPOSITIONS, decompose_module
+    from ember.prims.decomp.random import run_with_philox
 
     interp = Interpreter(decompose_module(module, DECOMPOSITIONS))
-    return lambda graph, inputs: interp.run(inputs, graph)
+    offset = [0]
+
+    def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
+        return res
+    return run
 
 
 def _register_backend() -> None:

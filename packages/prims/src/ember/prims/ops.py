@@ -269,8 +269,8 @@ def _full(*, shape: list[int], value: Any, dtype: DType, device: str = "cpu") ->
 
 
 def _philox_uniform(seed: int, offset: int, *, shape: list[int], dtype: DType,
-                    device: str = "cpu") -> torch.Tensor:
-    return philox.uniform(int(seed), int(offset), shape, dtype.torch, device)
+                    device: str = "cpu", skip: int = 0) -> torch.Tensor:
+    return philox.uniform(int(seed), int(offset) + int(skip), shape, dtype.torch, device)
 
 
 def _conv(x: torch.Tensor, w: torch.Tensor, *, stride: list[int], padding: list[int],
@@ -339,7 +339,7 @@ PRIMS: tuple[Prim, ...] = (
     # elementwise unary: any number type
     _unary("abs", "absolute value", _T.abs, F + I),
     _unary("neg", "negation (wraps for integers)", _T.neg, F + I),
-    _unary("sign", "-1, 0 or 1 (NaN stays NaN)", _T.sign, F + I),
+    _unary("sign", "-1, 0 or 1 (0 for NaN, as torch.sign)", _T.sign, F + I),
     _unary("floor", "round toward -inf (identity on integers)", _T.floor, F + I),
     _unary("ceil", "round toward +inf (identity on integers)", _T.ceil, F + I),
     _unary("round", "round half to even (identity on integers)", _T.round, F + I),
@@ -433,8 +433,10 @@ PRIMS: tuple[Prim, ...] = (
          "x with src[..i..] added at x[..index[..i..] at dim..]", S.scatter_shape,
          _scatter_dtype, lambda x, index, src, *, dim: torch.scatter_add(x, dim, index, src)),
     # random numbers
-    Prim("philox_uniform", "random", "philox_uniform(seed, offset, shape=, dtype=, device=)",
-         "uniform [0, 1) numbers from Philox4x32-10 in ember's counter layout (philox.py)",
+    Prim("philox_uniform", "random",
+         "philox_uniform(seed, offset, shape=, dtype=, device=, skip=0)",
+         "uniform [0, 1) numbers from Philox4x32-10 in ember's counter layout (philox.py), "
+         "element i at counter offset + skip + i",
          S.philox_shape, _float_attr_dtype, _philox_uniform),
     # contraction, convolution, sorting
     Prim("matmul", "contraction", "matmul(a, b)",

@@ -13,7 +13,11 @@ bitwise the same numbers):
   `(c0 * 2**21 + (c1 >> 11)) * 2**-53` for f64. Every value is exact in the dtype, so no
   rounding can reach 1.0.
 
-A random op consuming N elements advances the offset by N.
+A random op consuming N elements advances the offset by N. `prims.philox_uniform`'s `skip=`
+attribute (an int or size expression, default 0) adds to the offset operand: element `i` uses
+`offset + skip + i`. The decompose pass gives each random op of a graph the graph's one offset
+parameter and, as `skip`, the elements consumed by the graph's earlier random ops
+(docs/decisions.md, "Random numbers in graphs").
 """
 
 from __future__ import annotations

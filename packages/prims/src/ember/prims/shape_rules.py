@@ -195,6 +195,9 @@ def philox_shape(op: str, args: Args, kw: Kw) -> list[Shape]:
     """`shape`"""
     if len(args) != 2 or not all(is_number(a) for a in args):
         raise OpTypeError(f"{op} takes (seed, offset) integers")
+    skip = dim_list([attr(kw, "skip", op, 0)], f"{op} skip")[0]
+    if isinstance(skip, int) and skip < 0:
+        raise OpTypeError(f"{op}: skip must be >= 0, got {skip}")
     return [tuple(dim_list(attr(kw, "shape", op), f"{op} shape"))]
 
 

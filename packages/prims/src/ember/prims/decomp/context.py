@@ -27,10 +27,11 @@ class DecompContext:
     """Emits prims for one aten node. `node` is the node being decomposed (its declared result
     types say what the decomposition must produce); emitted nodes carry its location."""
 
-    def __init__(self, builder: Builder, node: Node, table: Any):
+    def __init__(self, builder: Builder, node: Node, table: Any, rng: Any = None):
         self.b = builder
         self.node = node
         self.table = table  # the DecompositionTable, for `call`
+        self.rng = rng  # the graph's philox state (decomp/random.py), set by the decompose pass
 
     # ---- emitting ----
     def prim(self, name: str, *args: Any, **kwargs: Any) -> Value:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ember.ir import Builder, Graph, Module, Node, TensorType, Value
+from typing import Any
+
+from ember.ir import Builder, Graph, Module, Node, ScalarType, TensorType, Value
 from ember.ir.expr import evaluate
 from ember.ir.graph import map_args
 from ember.ir.passes import register_pass
@@ -10,7 +12,9 @@ from ember.ir.registry import EMBER_DIALECTS, OpRegistry
 from ember.ir.types import Type
 from ember.ir.verifier import types_equal
 from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.random import PhiloxState
 from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable, values_of
+from ember.prims.rules import is_number
 
 
 @register_pass("decompose", "lower aten (and other torch) ops to ember's prims")
@@ -29,13 +33,14 @@ def decompose_module(module: Module, table: DecompositionTable, *,
 
 def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
                      keep_unsupported: bool) -> None:
-    vmap: dict[Value, Value] = {}
+    vmap: dict[Value, Any] = {}  # a Value, or a literal standing for a scalar result
 
-    def sub(v: Value) -> Value:
+    def sub(v: Value) -> Any:
         return vmap.get(v, v)
 
     hints = module.hints()
     b = Builder(module, taken=(v.name for v in g.values()))
+    rng = PhiloxState(g, b)  # random ops share one seed/offset pair per graph
     for n in g.nodes:
         args = [map_args(a, sub) for a in n.args]
         kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
@@ -49,22 +54,42 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
                 f"ember.prims: no decomposition for {n.op}{where}; keep such ops with "
                 f"decompose{{keep_unsupported=true}}")
         b.loc = n.loc  # provenance: every emitted prim points at the source of its aten op
-        results = values_of(table.apply(DecompContext(b, n, table), n.op, args, kwargs))
+        results = _results(n, table.apply(DecompContext(b, n, table, rng), n.op, args, kwargs))
         _check_results(n, results, hints)
         vmap.update(zip(n.results, results, strict=True))
     g.nodes = b.nodes
+    rng.finish()  # adds %philox_seed, %philox_offset and attrs(philox=...) if a random op ran
+    literal = [o.name for o in g.outputs if not isinstance(sub(o), Value)]
+    if literal:
+        raise DecompositionError(f"@{g.name} returns %{literal[0]}, a scalar its op's "
+                                 f"decomposition gives as a literal (prims make no scalars)")
     g.outputs = [sub(o) for o in g.outputs]
     g.result_types = [t if types_equal(t, o.type) else o.type
                       for t, o in zip(g.result_types, g.outputs, strict=True)]
 
 
-def _check_results(n: Node, results: list[Value], hints: dict[str, int]) -> None:
+def _results(n: Node, out: Any) -> list[Any]:
+    """A decomposition's results: Values, except that a scalar result (a size, say) may be a
+    number or size expression; the result's uses then take it as a literal."""
+    items = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(items) != len(n.results) or all(isinstance(v, Value) for v in items):
+        return values_of(out)
+    for i, (r, v) in enumerate(zip(n.results, items, strict=True)):
+        if not isinstance(v, Value) and not (isinstance(r.type, ScalarType) and is_number(v)):
+            raise DecompositionError(f"decomposition of {n.op}: result {i} is {v!r}, not a "
+                                     f"value (only scalar results may be literals)")
+    return items
+
+
+def _check_results(n: Node, results: list[Any], hints: dict[str, int]) -> None:
     """A decomposition must produce exactly the node's declared types (at the symbols' hints
     where either side is symbolic): a mismatch is a bug in the decomposition."""
     if len(results) != len(n.results):
         raise DecompositionError(f"decomposition of {n.op} gave {len(results)} results, the "
                                  f"node has {len(n.results)}")
     for i, (want, got) in enumerate(zip(n.results, results, strict=True)):
+        if not isinstance(got, Value):
+            continue  # a literal scalar, checked by _results
         if not _same_at_hints(want.type, got.type, hints):
             raise DecompositionError(f"decomposition of {n.op}: result {i} is {got.type}, the "
                                      f"node declares {want.type}")

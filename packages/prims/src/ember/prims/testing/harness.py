@@ -10,6 +10,7 @@ size >= 2) and the decomposition must specialise to the same types at the hints.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ember.ir.expr import symbol
 from ember.ir.torch_ops import call_torch, resolve
 from ember.ir.types import device_text
 from ember.prims.decomp import DECOMPOSITIONS, decompose_module
+from ember.prims.decomp.random import with_philox_inputs
 from ember.prims.testing.opdb import OpEntry, Sample
 
 
@@ -45,8 +47,10 @@ def to_literal(v: Any) -> Any:
     return v
 
 
-def op_module(op: str, sample: Sample, symbolic: bool = False) -> tuple[Module, list[Any]]:
-    """A module with one graph `@f` calling `op` on the sample; and the graph's inputs."""
+def op_module(op: str, sample: Sample, symbolic: bool = False,
+              returns: Sequence[int] | None = None) -> tuple[Module, list[Any]]:
+    """A module with one graph `@f` calling `op` on the sample (returning the results at
+    `returns`, default all); and the graph's inputs."""
     m = Module()
     gb = GraphBuilder(m, "f")
     inputs: list[Any] = []
@@ -73,7 +77,7 @@ def op_module(op: str, sample: Sample, symbolic: bool = False) -> tuple[Module, 
     args = [bind(a) for a in sample.args]
     kwargs = {k: bind(v) for k, v in sample.kwargs.items()}
     results = gb.emit(op, args, kwargs)
-    gb.ret(results)
+    gb.ret(results if returns is None else [results[i] for i in returns])
     return m, inputs
 
 
@@ -84,8 +88,9 @@ def eager(op: str, sample: Sample) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def decomposed(op: str, sample: Sample, symbolic: bool = False) -> tuple[Module, list[Any]]:
-    m, inputs = op_module(op, sample, symbolic)
+def decomposed(op: str, sample: Sample, symbolic: bool = False,
+               returns: Sequence[int] | None = None) -> tuple[Module, list[Any]]:
+    m, inputs = op_module(op, sample, symbolic, returns)
     verify(m)
     d = decompose_module(m, DECOMPOSITIONS)
     leftover = sorted({n.op for g in d.graphs.values() for n in g.nodes
@@ -98,10 +103,12 @@ def decomposed(op: str, sample: Sample, symbolic: bool = False) -> tuple[Module,
 
 
 def check_decomposition(entry: OpEntry, sample: Sample, symbolic: bool = False) -> None:
-    d, inputs = decomposed(entry.op, sample, symbolic)
-    got = Interpreter(d).run([x.clone() if isinstance(x, torch.Tensor) else x
-                              for x in inputs]).outputs
-    want = eager(entry.op, sample)
+    d, inputs = decomposed(entry.op, sample, symbolic, entry.results)
+    args = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+    got = Interpreter(d).run(with_philox_inputs(d.graph(), args)).outputs  # random ops: seed 0
+    want = entry.reference(sample) if entry.reference is not None else eager(entry.op, sample)
+    if entry.results is not None:
+        want = [want[i] for i in entry.results]
     if entry.compare is not None:
         entry.compare(sample, got, want)
         return

@@ -59,6 +59,12 @@ class OpEntry:
     compare: Compare | None = None
     # checks that do not apply yet, with the reason: {"vjp": "not built yet"}
     gaps: Mapping[str, str] = field(default_factory=dict)
+    # what stands in for calling the op eagerly where eager cannot run here (a CUDA-only
+    # kernel on a CPU machine): sample -> expected outputs; say why where it is set
+    reference: Callable[[Sample], list[Any]] | None = None
+    # which of the op's results the test graph returns (default: all); a scalar result that a
+    # decomposition gives as a literal cannot be a graph output
+    results: tuple[int, ...] | None = None
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float] | None:
         return self.tol.get(dtype)
