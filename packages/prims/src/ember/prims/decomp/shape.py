@@ -500,7 +500,7 @@ def clone(ctx: DecompContext, self: Value, memory_format: str | None = None) -> 
 
 @register_decomposition("aten.alias.default", "aten.alias_copy.default",
                         "aten.detach.default", "aten.detach_copy.default",
-                        "aten.lift_fresh_copy.default")
+                        "aten.lift_fresh.default", "aten.lift_fresh_copy.default")
 def alias(ctx: DecompContext, self: Value) -> Value:
     return self
 

@@ -366,5 +366,5 @@ def _to_copy(draw: Draw) -> Sample:
 entry("aten.clone.default", lambda: _clone(), FAMILY)
 entry("aten._to_copy.default", lambda: _to_copy(), FAMILY)
 for _op in ("alias.default", "alias_copy.default", "detach.default", "detach_copy.default",
-            "lift_fresh_copy.default"):
+            "lift_fresh.default", "lift_fresh_copy.default"):
     entry(f"aten.{_op}", lambda: _unary(), FAMILY)
