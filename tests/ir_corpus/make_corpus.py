@@ -133,6 +133,20 @@ def decoder(z: torch.Tensor, wt: torch.Tensor, bt: torch.Tensor, s: torch.Tensor
                  mp, mi, aten._adaptive_avg_pool2d.default(up, [3, 4]))
 
 
+def lookup(table: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
+           acc_idx: torch.Tensor, vals: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    emb = aten.embedding.default(table, ids)
+    idx3 = aten.expand.default(aten.unsqueeze.default(acc_idx, 1), [5, 4])
+    return _outs(
+        emb,
+        aten.index.Tensor(table, [cols, rows]),
+        aten.index_put.default(table, [acc_idx], vals, True),
+        aten.index_select.default(table, 0, rows),
+        aten.masked_fill.Scalar(emb, mask, -1.5),
+        aten.scatter_add.default(table, 0, idx3, aten.mul.Scalar(vals, 2.0)),
+    )
+
+
 def _inputs(seed: int, **specs: tuple[tuple[int, ...], torch.dtype]) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     out = {}
@@ -173,6 +187,11 @@ CASES: list[tuple[str, str, Eager, dict[str, torch.Tensor]]] = [
     ("attention", "products", products,
      _inputs(11, a=((3, 4), f64), b=((4, 5), f64), c=((2, 3, 4), f64), d=((2, 4, 5), f64),
              v=((4,), f64), e=((2, 3, 5), f64))),
+    ("indexing", "lookup", lookup, {
+        **_inputs(14, table=((10, 4), f32), vals=((5, 4), f32)),
+        "ids": torch.tensor([[0, 9, 3], [3, 3, 7]]), "rows": torch.tensor([2, 0, 3]),
+        "cols": torch.tensor([[4], [-1]]), "acc_idx": torch.tensor([1, 1, 8, 1, 0]),
+        "mask": torch.arange(24).reshape(2, 3, 4) % 3 == 0}),
     ("convnet", "net", convnet,
      _inputs(12, x=((3, 3, 12, 12), f32), w1=((8, 3, 3, 3), f32), b1=((8,), f32),
              w2=((8, 4, 3, 3), f32), b2=((8,), f32), wf=((10, 8), f32), bf=((10,), f32))),

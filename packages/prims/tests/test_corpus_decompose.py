@@ -24,7 +24,7 @@ CORPUS = Path(__file__).resolve().parents[3] / "tests" / "ir_corpus"
 # file -> (rtol, atol, reason) where assert_close's defaults are too tight for a lowered graph
 TOLERANCES: dict[str, tuple[float, float, str]] = {}
 # files whose decomposed replay must run here (the families this test was written for)
-REQUIRED = {"attention.ir", "convnet.ir"}
+REQUIRED = {"attention.ir", "convnet.ir", "indexing.ir", "mutation.ir"}
 # (file, graph) -> why its decomposed replay differs from eager today (strict: a fix fails the
 # xfail, so the entry goes)
 KNOWN: dict[tuple[str, str], str] = {

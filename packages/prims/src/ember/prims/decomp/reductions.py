@@ -371,3 +371,29 @@ def cumsum(ctx: DecompContext, self: Value, dim: int, dtype: DType | None = None
 @register_decomposition("aten.cumprod.default")
 def cumprod(ctx: DecompContext, self: Value, dim: int, dtype: DType | None = None) -> Value:
     return _scan(ctx, "cumprod", self, dim)
+
+
+# ---- norms of vectors ---------------------------------------------------------------------
+@register_decomposition("aten.linalg_vector_norm.default")
+def linalg_vector_norm(ctx: DecompContext, self: Value, ord: float = 2,
+                       dim: list[int] | None = None, keepdim: bool = False,
+                       dtype: DType | None = None) -> Value:
+    """sum(|x| ** ord) ** (1 / ord), with the special orders 0 (count of non-zeros), 1, 2,
+    inf (max |x|) and -inf (min |x|) spelled out as eager computes them."""
+    out = ctx.out_dtype()
+    dims = ctx.norm_dims(dim, ctx.rank(self))
+    x = ctx.prim("abs", ctx.convert(self, opmath(out)))
+    if ord == math.inf:
+        r = reduce(ctx, "amax", x, dims)
+    elif ord == -math.inf:
+        r = reduce(ctx, "amin", x, dims)
+    elif ord == 0:
+        r = reduce(ctx, "sum", ctx.convert(ctx.prim("ne", x, 0), opmath(out)), dims)
+    elif ord == 1:
+        r = reduce(ctx, "sum", x, dims)
+    elif ord == 2:
+        r = ctx.prim("sqrt", reduce(ctx, "sum", ctx.prim("mul", x, x), dims))
+    else:
+        powered = reduce(ctx, "sum", ctx.prim("pow", x, float(ord)), dims)
+        r = ctx.prim("pow", powered, 1.0 / float(ord))
+    return ctx.convert(keep(ctx, r, dims, keepdim), out)

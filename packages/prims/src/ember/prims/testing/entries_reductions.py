@@ -9,6 +9,7 @@ may still be 0-sized. Samples are small: reductions of up to 4**4 elements.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -195,3 +196,23 @@ entry("aten.cumsum.default", reduction(ALL, "int", keepdim=False, dtype_for=_acc
 entry("aten.cumprod.default", reduction(ALL, "int", keepdim=False, dtype_for=_accumulate_dtype,
                                         low=-1.5, high=1.5),
       "reduction", tol=_LOW_PRECISION, tol_reason=_ACCUMULATION)
+
+def _vector_norm() -> st.SearchStrategy[Sample]:
+    """`ord` is linalg_vector_norm's second positional argument: `dim` goes by keyword."""
+    base = reduction(FLOATS, "list", nonempty=True)()
+    orders = st.sampled_from([2, 1, 0, 3, 0.5, math.inf, -math.inf])
+
+    @st.composite
+    def gen(draw: st.DrawFn) -> Sample:
+        s = draw(base)
+        kw = dict(s.kwargs)
+        if len(s.args) > 1:
+            kw["dim"] = s.args[1]
+        return Sample((s.args[0], draw(orders)), kw)
+    return gen()
+
+
+entry("aten.linalg_vector_norm.default", _vector_norm, "reduction",
+      tol={torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)},
+      tol_reason="computed in f32 and rounded once; eager's half kernel accumulates |x| ** ord "
+                 "in a different order")
