@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
 import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
+import ember.inductor  # noqa: F401  (loop IR, kernels, the inductor backend)
 from ember.ir import (
     InterpretError,
     IRParseError,

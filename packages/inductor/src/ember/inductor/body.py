@@ -1,0 +1,66 @@
+"""Building kernel bodies: small graphs over index values (see loopir.py), shared by the lowering
+and fusion passes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ember.inductor.indexing import index_text
+from ember.ir import Builder, Graph, Loc, Module, Node, TensorType, Value
+from ember.ir.expr import Dim
+
+
+class BodyBuilder:
+    """Collects the buffers a body reads (outer values -> body parameters) and its nodes;
+    identical loads (same buffer, same index) are emitted once."""
+
+    def __init__(self, module: Module, name: str):
+        self.module = module
+        self.name = name
+        self.b = Builder(module)
+        self.params: dict[Value, Value] = {}  # outer buffer -> body parameter
+        self._loads: dict[tuple[Value, tuple[str, ...]], Value] = {}
+
+    def buffer(self, outer: Value) -> Value:
+        p = self.params.get(outer)
+        if p is None:
+            p = Value(self.b.fresh(outer.name), outer.type)
+            self.params[outer] = p
+        return p
+
+    def load(self, outer: Value, index: Sequence[Dim], loc: Loc | None = None) -> Value:
+        key = (outer, tuple(index_text(e) for e in index))
+        v = self._loads.get(key)
+        if v is None:
+            assert isinstance(outer.type, TensorType)
+            v = self.b.op("loop.load", [self.buffer(outer)], {"index": list(key[1])},
+                          type=TensorType(outer.type.dtype, (), None, outer.type.device),
+                          name=f"{outer.name}.load", loc=loc)
+            self._loads[key] = v
+        return v
+
+    def finish(self, result: Value) -> Graph:
+        return Graph(self.name, list(self.params.values()), [result.type], self.b.nodes, [result])
+
+    def outer_args(self) -> list[Value]:
+        return list(self.params)
+
+
+def body_size(g: Graph) -> int:
+    """Nodes that compute (loads excluded), for fusion's max_nodes."""
+    return sum(1 for n in g.nodes if n.op != "loop.load")
+
+
+def fresh_body_name(module: Module, base: str, taken: set[str]) -> str:
+    k = 0
+    while f"{base}_k{k}" in module.items or f"{base}_k{k}" in taken:
+        k += 1
+    name = f"{base}_k{k}"
+    taken.add(name)
+    return name
+
+
+def node_text(n: Node) -> str:
+    """`%a = prims.add` (for provenance comments)."""
+    res = ", ".join("%" + r.name for r in n.results)
+    return f"{res} = {n.op}"

@@ -1,0 +1,320 @@
+"""C++ code generation for loop kernels, by tables.
+
+`CPP_OPS` maps each body op to a C++ expression template per dtype class ("f" floating, "i"
+integer, "b" bool); `{0}`, `{1}`, `{2}` are the operands, `{T}` the result's compute type.
+f16 and bf16 are stored as `_Float16` / `uint16_t` and computed in float, rounded back to their
+precision after every op (as eager rounds each op's result). Integer ops wrap (`-fwrapv`);
+integer division and modulo by zero give 0 instead of trapping (eager raises). One `extern "C"`
+function per kernel, named after the kernel, with comments naming the IR nodes it computes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar
+from ember.ir import DType, Graph, Node, TensorType, Value
+from ember.ir.expr import Dim, FloorDiv, PyMod
+
+# dtype -> (storage C type, compute C type)
+CTYPES: dict[DType, tuple[str, str]] = {
+    DType.f16: ("_Float16", "float"), DType.bf16: ("uint16_t", "float"),
+    DType.f32: ("float", "float"), DType.f64: ("double", "double"),
+    DType.i8: ("int8_t", "int8_t"), DType.i16: ("int16_t", "int16_t"),
+    DType.i32: ("int32_t", "int32_t"), DType.i64: ("int64_t", "int64_t"),
+    DType.u8: ("uint8_t", "uint8_t"), DType.b8: ("bool", "bool"),
+}
+
+_F, _I, _B = "f", "i", "b"
+
+
+def _math(fn: str) -> dict[str, str]:
+    return {_F: f"std::{fn}({{0}})"}
+
+
+CPP_OPS: dict[str, dict[str, str]] = {
+    **{f"prims.{fn}": _math(fn) for fn in (
+        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan",
+        "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+        "lgamma", "floor", "ceil", "trunc")},
+    "prims.rsqrt": {_F: "({T})1 / std::sqrt({0})"},
+    "prims.round": {_F: "std::nearbyint({0})", _I: "{0}"},
+    "prims.abs": {_F: "std::abs({0})", _I: "({0} < 0 ? ({T})-{0} : {0})"},
+    "prims.neg": {_F: "-{0}", _I: "({T})-{0}"},
+    "prims.sign": {_F: "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",
+                   _I: "({T})(({0} > 0) - ({0} < 0))"},
+    "prims.bitwise_not": {_I: "({T})~{0}", _B: "!{0}"},
+    "prims.add": {_F: "{0} + {1}", _I: "({T})({0} + {1})"},
+    "prims.sub": {_F: "{0} - {1}", _I: "({T})({0} - {1})"},
+    "prims.mul": {_F: "{0} * {1}", _I: "({T})({0} * {1})"},
+    "prims.div": {_F: "{0} / {1}", _I: "ember_div_trunc<{T}>({0}, {1})"},
+    "prims.fmod": {_F: "std::fmod({0}, {1})", _I: "ember_fmod<{T}>({0}, {1})"},
+    "prims.remainder": {_F: "ember_remainder<{T}>({0}, {1})", _I: "ember_pymod<{T}>({0}, {1})"},
+    "prims.pow": {_F: "std::pow({0}, {1})", _I: "ember_ipow<{T}>({0}, {1})"},
+    "prims.maximum": {_F: "(({0} != {0} || {0} > {1}) ? {0} : {1})", _I: "std::max({0}, {1})"},
+    "prims.minimum": {_F: "(({0} != {0} || {0} < {1}) ? {0} : {1})", _I: "std::min({0}, {1})"},
+    "prims.atan2": {_F: "std::atan2({0}, {1})"},
+    "prims.bitwise_and": {_I: "({T})({0} & {1})", _B: "({0} && {1})"},
+    "prims.bitwise_or": {_I: "({T})({0} | {1})", _B: "({0} || {1})"},
+    "prims.bitwise_xor": {_I: "({T})({0} ^ {1})", _B: "({0} != {1})"},
+    "prims.shift_left": {_I: "ember_shl<{T}>({0}, {1})"},
+    "prims.shift_right": {_I: "ember_shr<{T}>({0}, {1})"},
+    **{f"prims.{name}": {c: f"({{0}} {sym} {{1}})" for c in (_F, _I, _B)} for name, sym in (
+        ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+    "prims.where": {c: "({0} ? {1} : {2})" for c in (_F, _I, _B)},
+}
+
+# reduction -> (accumulator init per class, combine statement); `acc`, `v` are the names
+ACC_INIT: dict[str, dict[str, str]] = {
+    "sum": {_F: "0", _I: "0"}, "prod": {_F: "1", _I: "1"},
+    "amax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()"},
+    "amin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()"},
+    "argmax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()"},
+    "argmin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()"},
+}
+COMBINE: dict[str, dict[str, str]] = {
+    "sum": {_F: "acc += v;", _I: "acc += v;"},
+    "prod": {_F: "acc *= v;", _I: "acc *= v;"},
+    "amax": {_F: "if (v > acc || v != v) acc = v;", _I: "if (v > acc) acc = v;"},
+    "amin": {_F: "if (v < acc || v != v) acc = v;", _I: "if (v < acc) acc = v;"},
+    "argmax": {_F: "if (!(acc != acc) && (v > acc || v != v)) { acc = v; arg = r; }",
+               _I: "if (v > acc) { acc = v; arg = r; }"},
+    "argmin": {_F: "if (!(acc != acc) && (v < acc || v != v)) { acc = v; arg = r; }",
+               _I: "if (v < acc) { acc = v; arg = r; }"},
+}
+
+PRELUDE = r"""// ember.inductor C++ prelude: helpers the kernels below share.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+static inline float ember_bf16_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t ember_float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+static inline float ember_round_bf16(float f) { return ember_bf16_to_float(ember_float_to_bf16(f)); }
+static inline float ember_round_f16(float f) { return (float)(_Float16)f; }
+template <typename T> static inline T ember_div_trunc(T a, T b) {
+  if (b == 0) return 0; if (b == (T)-1) return (T)(0 - (uint64_t)a); return a / b; }
+template <typename T> static inline T ember_fmod(T a, T b) {
+  if (b == 0 || b == (T)-1) return 0; return a % b; }
+template <typename T> static inline T ember_pymod(T a, T b) {
+  if (b == 0 || b == (T)-1) return 0; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
+template <typename T> static inline T ember_remainder(T a, T b) {
+  T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+template <typename T> static inline T ember_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1; while (b) { if (b & 1) r = (T)(r * a); a = (T)(a * a); b >>= 1; } return r; }
+template <typename T> static inline T ember_shl(T a, T b) {
+  if (b < 0 || b >= (T)(8 * sizeof(T))) return 0; return (T)((uint64_t)a << b); }
+template <typename T> static inline T ember_shr(T a, T b) {
+  if (b < 0 || b >= (T)(8 * sizeof(T))) return a < 0 ? (T)-1 : (T)0; return (T)(a >> b); }
+static inline int64_t ember_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t ember_mod(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+
+class CodegenError(NotImplementedError):
+    """A kernel the C++ tables cannot express yet (it keeps running on the reference)."""
+
+
+def dclass(dt: DType) -> str:
+    return _F if dt.is_floating else _B if dt == DType.b8 else _I
+
+
+def ctypes_of(dt: DType) -> tuple[str, str]:
+    if dt not in CTYPES:
+        raise CodegenError(f"dtype {dt.name} has no C++ type yet")
+    return CTYPES[dt]
+
+
+def cexpr(e: Dim) -> str:
+    """An index expression as C++ (int64 arithmetic, Python // and mod)."""
+    if isinstance(e, int):
+        return f"{e}LL" if abs(e) >= 2**31 else str(e)
+    if e.is_Integer:
+        return cexpr(int(e))
+    if e.is_Symbol:
+        if e.name.startswith("s"):
+            raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+        return str(e.name)
+    args = [cexpr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"ember_floordiv({args[0]}, {args[1]})"
+    if isinstance(e, PyMod):
+        return f"ember_mod({args[0]}, {args[1]})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "std::max" if isinstance(e, sympy.Max) else "std::min"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}<int64_t>({out}, {a})"
+        return out
+    raise CodegenError(f"index expression {e} has no C++ form")
+
+
+def literal(v: object, dt: DType) -> str:
+    """A number operand converted to `dt` exactly as eager does (torch.tensor(v, dtype))."""
+    x: Any = torch.tensor(v, dtype=dt.torch).item()
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return "(-9223372036854775807LL - 1)" if x == -(2**63) else f"(int64_t){x}LL"
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "-INFINITY"
+    return f"({ctypes_of(dt)[1]}){float(x)!r}"
+
+
+def _round(dt: DType, text: str) -> str:
+    if dt == DType.f16:
+        return f"ember_round_f16({text})"
+    if dt == DType.bf16:
+        return f"ember_round_bf16({text})"
+    return text
+
+
+def _tensor(v: Value) -> TensorType:
+    assert isinstance(v.type, TensorType)
+    return v.type
+
+
+def _cname(v: Value) -> str:
+    return "v_" + v.name.replace(".", "_")
+
+
+def body_statements(body: Graph, args: dict[Value, str]) -> list[str]:
+    """One C++ statement per body node (loads read `args[param]` at the row-major offset)."""
+    out: list[str] = []
+    for n in body.nodes:
+        r = n.results[0]
+        dt = _tensor(r).dtype
+        ct = ctypes_of(dt)[1]
+        out.append(f"// {_describe(n)}")
+        out.append(f"{ct} {_cname(r)} = {_rhs(n, args)};")
+    return out
+
+
+def _describe(n: Node) -> str:
+    loc = f" ({n.loc.file}:{n.loc.line})" if n.loc else ""
+    return f"%{n.results[0].name} = {n.op}{loc}"
+
+
+def _rhs(n: Node, args: dict[Value, str]) -> str:
+    r = n.results[0]
+    dt = _tensor(r).dtype
+    if n.op == "loop.load":
+        buf = n.args[0]
+        assert isinstance(buf, Value)
+        bt = _tensor(buf)
+        index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+        text = f"{args[buf]}[{cexpr(flat_offset(index, bt.shape))}]"
+        return f"ember_bf16_to_float({text})" if dt == DType.bf16 else \
+            f"(float){text}" if dt == DType.f16 else text
+    if n.op == "loop.index":
+        return cexpr(parse_index(str(n.kwargs["index"])))
+    if n.op == "prims.full":
+        return literal(n.kwargs["value"], dt)
+    if n.op == "prims.convert_element_type":
+        x = n.args[0]
+        assert isinstance(x, Value)
+        src = _cname(x)
+        if dt == DType.b8:
+            return f"({src} != 0)"
+        return _round(dt, f"({ctypes_of(dt)[1]}){src}")
+    table = CPP_OPS.get(n.op)
+    tensors = [a for a in n.args if isinstance(a, Value)]
+    if table is None or not tensors:
+        raise CodegenError(f"{n.op} has no C++ template yet")
+    odt = _tensor(tensors[-1]).dtype  # where: the branches' dtype decides the class
+    tmpl = table.get(dclass(odt))
+    if tmpl is None:
+        raise CodegenError(f"{n.op} has no C++ template for {odt.name}")
+    ops = [_cname(a) if isinstance(a, Value) else literal(a, odt) for a in n.args]
+    text = tmpl.format(*ops, T=ctypes_of(dt)[1])
+    return _round(dt, text)
+
+
+def kernel_source(name: str, node: Node, body: Graph, provenance: str) -> str:
+    """One `extern "C"` function computing the loop node `node` whose body is `body`."""
+    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
+           for k, p in enumerate(body.params)]
+    out_t = _tensor(node.results[0])
+    out_store = ctypes_of(out_t.dtype)[0]
+    sig = ", ".join([*ins, f"{out_store}* __restrict__ out0"])
+    args = {p: f"in{k}" for k, p in enumerate(body.params)}
+    ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
+    lines = [f"// kernel @{name}: {node.op} of {provenance}",
+             f"// computes %{node.results[0].name}: {out_t}",
+             f'extern "C" void {name}({sig}) {{']
+    numel = math.prod(ranges)
+    stmts = body_statements(body, args)
+    result = _cname(body.outputs[0])
+    elem = _tensor(body.outputs[0]).dtype
+    off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
+    if node.op == "loop.pointwise":
+        inner = [*stmts, f"out0[{off}] = {_store(elem, result)};"]
+        work = numel
+    else:
+        red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+        kind = str(node.kwargs["reduction"])
+        cls = dclass(elem)
+        if cls == _B or kind not in COMBINE:
+            raise CodegenError(f"reduction {kind} over {elem.name} has no C++ form yet")
+        acc_t = "double" if cls == _F else "int64_t"
+        if kind in ("amax", "amin", "argmax", "argmin"):
+            acc_t = ctypes_of(elem)[1]
+        init = ACC_INIT[kind][cls].format(S=acc_t)
+        roff = cexpr(flat_offset([rvar(k) for k in range(len(red))], red))
+        body_loop = _loops("r", red, [*stmts, f"{acc_t} v = {result};",
+                                      f"int64_t r = {roff}; (void)r;", COMBINE[kind][cls]])
+        arg = kind in ("argmax", "argmin")
+        store = "arg" if arg else _store(elem, f"({ctypes_of(elem)[1]})acc")
+        inner = [f"{acc_t} acc = {init};", "int64_t arg = 0; (void)arg;", *body_loop,
+                 f"out0[{off}] = {store};"]
+        work = numel * max(1, math.prod(red))
+    loops = _loops("i", ranges, inner)
+    if ranges and work >= 32768:
+        lines.append("  #pragma omp parallel for")
+    lines += ["  " + x for x in loops]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _store(dt: DType, text: str) -> str:
+    if dt == DType.bf16:
+        return f"ember_float_to_bf16({text})"
+    if dt == DType.f16:
+        return f"(_Float16){text}"
+    return text
+
+
+def _int(d: object) -> int:
+    if not isinstance(d, int):
+        raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+    return d
+
+
+def _loops(var: str, ranges: Sequence[int], inner: list[str]) -> list[str]:
+    if not ranges:
+        return ["{", *["  " + x for x in inner], "}"]
+    head = [f"for (int64_t {var}{k} = 0; {var}{k} < {cexpr(n)}; ++{var}{k}) {{"
+            for k, n in enumerate(ranges)]
+    tail = ["}"] * len(ranges)
+    return head + ["  " + x for x in inner] + tail

@@ -1,0 +1,242 @@
+"""The `loop` dialect: ember's loop-level IR, as ir-v1 text.
+
+A lowered graph computes every buffer with one of three ops:
+
+    %y = loop.pointwise(@f_k0, %x, %b, ranges=[4, 8]) : f32[4, 8]
+    %s = loop.reduction(@f_k1, %y, ranges=[4], reduce_ranges=[8], reduction="sum") : f32[4]
+    %m = loop.extern(%a, %w, op="prims.matmul") : f32[4, 16]
+
+The first argument of `pointwise`/`reduction` names the kernel's body: a graph of the same module
+whose parameters are the buffers it reads and whose one result is the value of one element, as a
+0-dim tensor. Inside a body, `loop.load(%x, index=["i0", "i1 * 2"])` reads one element (one index
+expression per dim of `%x`, see `indexing.py`), `loop.index(index="i0 + 1")` is an index as an i64
+value, and every other node is an elementwise prim on 0-dim values (`prims.add`, `prims.where`,
+`prims.convert_element_type`, `prims.full(shape=[], ...)`). Reductions combine the body's value
+over `reduce_ranges` (variables r0, r1, ...) with `reduction` = sum, prod, amax, amin, argmax or
+argmin (argmax/argmin over one reduced dim; i64 result).
+
+Every op has a type rule and a reference (bodies are evaluated vectorised over the whole iteration
+domain with the prims' references), so the interpreter runs loop IR with the numbers of the prims
+graph it came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.inductor.indexing import IndexParseError, eval_index, parse_index
+from ember.ir import (
+    Arg,
+    DType,
+    Graph,
+    InferContext,
+    OpDef,
+    OpRegistry,
+    OpTypeError,
+    Ref,
+    TensorType,
+    Type,
+    Value,
+)
+from ember.ir.interpreter import bind_symbols
+from ember.ir.verifier import types_equal
+
+if TYPE_CHECKING:
+    from ember.ir.interpreter import Interpreter
+
+REDUCTIONS = ("sum", "prod", "amax", "amin", "argmax", "argmin")
+
+
+def body_of(module: Any, ref: Any, op: str) -> Graph:
+    if not isinstance(ref, Ref):
+        raise OpTypeError(f"{op} takes the body @graph as its first argument")
+    if module is None:
+        raise OpTypeError(f"{op} needs its module to find the body @{ref.name}")
+    g = module.items.get(ref.name)
+    if not isinstance(g, Graph):
+        raise OpTypeError(f"{op}: @{ref.name} is not a graph of this module")
+    return g
+
+
+def _dims(v: Any, what: str) -> list[Any]:
+    if not isinstance(v, list):
+        raise OpTypeError(f"{what} must be a list of sizes")
+    return v
+
+
+def _check_body(op: str, g: Graph, args: Sequence[Arg]) -> TensorType:
+    if len(args) != len(g.params):
+        raise OpTypeError(f"{op}: body @{g.name} reads {len(g.params)} buffers, got {len(args)}")
+    for i, (a, p) in enumerate(zip(args, g.params, strict=True)):
+        if not isinstance(a, Value) or not types_equal(_unstrided(a.type), p.type):
+            have = a.type if isinstance(a, Value) else a
+            raise OpTypeError(f"{op}: buffer {i} is {have}, body @{g.name} reads %{p.name}: "
+                              f"{p.type}")
+    if len(g.result_types) != 1 or not isinstance(g.result_types[0], TensorType) \
+            or g.result_types[0].rank != 0:
+        raise OpTypeError(f"{op}: body @{g.name} must return one 0-dim value")
+    return g.result_types[0]
+
+
+def _unstrided(t: Type) -> Type:
+    return TensorType(t.dtype, t.shape, None, t.device) if isinstance(t, TensorType) else t
+
+
+def _pointwise_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
+                     ) -> list[Type]:
+    op = "loop.pointwise"
+    g = body_of(ctx.module, args[0] if args else None, op)
+    elem = _check_body(op, g, args[1:])
+    ranges = _dims(kw.get("ranges"), f"{op} ranges=")
+    return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
+
+
+def _reduction_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
+                     ) -> list[Type]:
+    op = "loop.reduction"
+    g = body_of(ctx.module, args[0] if args else None, op)
+    elem = _check_body(op, g, args[1:])
+    ranges = _dims(kw.get("ranges"), f"{op} ranges=")
+    red = _dims(kw.get("reduce_ranges"), f"{op} reduce_ranges=")
+    kind = kw.get("reduction")
+    if kind not in REDUCTIONS:
+        raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
+    if kind in ("argmax", "argmin"):
+        if len(red) != 1:
+            raise OpTypeError(f"{op}: {kind} reduces exactly one dim")
+        return [TensorType(DType.i64, tuple(ranges), None, elem.device)]
+    return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
+
+
+def _load_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    if len(args) != 1 or not isinstance(args[0], Value) \
+            or not isinstance(args[0].type, TensorType):
+        raise OpTypeError("loop.load takes one buffer")
+    t = args[0].type
+    index = kw.get("index")
+    if not isinstance(index, list) or len(index) != t.rank \
+            or not all(isinstance(s, str) for s in index):
+        raise OpTypeError(f"loop.load: index= must list {t.rank} index strings")
+    for s in index:
+        try:
+            parse_index(str(s))
+        except IndexParseError as e:
+            raise OpTypeError(f"loop.load: {e}") from None
+    return [TensorType(t.dtype, (), None, t.device)]
+
+
+def _index_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    text = kw.get("index")
+    if args or not isinstance(text, str):
+        raise OpTypeError('loop.index takes index="..." only')
+    try:
+        parse_index(text)
+    except IndexParseError as e:
+        raise OpTypeError(f"loop.index: {e}") from None
+    return [TensorType(DType.i64, ())]
+
+
+def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    name = kw.get("op")
+    reg = ctx.registry
+    target = reg.lookup(name) if isinstance(name, str) and reg is not None else None
+    if target is None or name in ("loop.extern",):
+        raise OpTypeError(f"loop.extern: op= must name a registered op, got {name!r}")
+    rest = {k: v for k, v in kw.items() if k != "op"}
+    return target.infer(ctx, args, rest)
+
+
+# ---- references ------------------------------------------------------------------------------
+
+def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequence[int],
+              reduce_ranges: Sequence[int] = ()) -> Any:
+    """The body's value at every point of the domain `ranges + reduce_ranges`, as one tensor."""
+    domain = list(ranges) + list(reduce_ranges)
+    env: dict[str, Any] = dict(bind_symbols(g, bufs)) if bufs else {}
+    n = len(domain)
+    for k, size in enumerate(domain):
+        view = [1] * n
+        view[k] = size
+        idx = torch.arange(size, dtype=torch.int64).reshape(view)
+        env[f"i{k}" if k < len(ranges) else f"r{k - len(ranges)}"] = idx
+    values: dict[Value, Any] = dict(zip(g.params, bufs, strict=True))
+    for node in g.nodes:
+        if node.op == "loop.load":
+            buf = values[node.args[0]]  # type: ignore[index]
+            idx = [eval_index(parse_index(str(s)), env) for s in node.kwargs["index"]]  # type: ignore
+            out = buf[tuple(idx)] if idx else buf
+            out = out.expand(domain) if n else out
+        elif node.op == "loop.index":
+            out = torch.as_tensor(eval_index(parse_index(str(node.kwargs["index"])), env),
+                                  dtype=torch.int64).expand(domain)
+        else:
+            op = interp.registry.lookup(node.op)
+            if op is None:
+                raise OpTypeError(f"loop body @{g.name}: unknown op {node.op}")
+
+            def bind(a: Any) -> Any:
+                return values[a] if isinstance(a, Value) else a
+            out = op.reference(interp, [bind(a) for a in node.args],
+                               {k: bind(v) for k, v in node.kwargs.items()})
+            if isinstance(out, torch.Tensor) and list(out.shape) != domain:
+                out = out.expand(domain)
+        values[node.results[0]] = out
+    return values[g.outputs[0]]
+
+
+def _pointwise_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    g = body_of(interp.module, args[0], "loop.pointwise")
+    ranges = [int(r) for r in kw["ranges"]]
+    return eval_body(interp, g, args[1:], ranges).contiguous()
+
+
+def _reduction_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    g = body_of(interp.module, args[0], "loop.reduction")
+    ranges = [int(r) for r in kw["ranges"]]
+    red = [int(r) for r in kw["reduce_ranges"]]
+    v = eval_body(interp, g, args[1:], ranges, red)
+    v = v.reshape(ranges + [math.prod(red)])
+    kind = kw["reduction"]
+    if kind == "sum":
+        return torch.sum(v, -1, dtype=v.dtype)
+    if kind == "prod":
+        return torch.prod(v, -1, dtype=v.dtype)
+    fn = {"amax": torch.amax, "amin": torch.amin, "argmax": torch.argmax,
+          "argmin": torch.argmin}[kind]
+    return fn(v, -1)
+
+
+def _extern_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    target = interp.registry.lookup(kw["op"])
+    assert target is not None
+    return target.reference(interp, args, {k: v for k, v in kw.items() if k != "op"})
+
+
+def _no_direct_run(name: str) -> Any:
+    def run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+        raise OpTypeError(f"{name} runs only inside a loop body (loop.pointwise/reduction)")
+    return run
+
+
+LOOP_OPS = (
+    OpDef("loop.pointwise", "a buffer computed elementwise by a body graph over index values",
+          _pointwise_infer, _pointwise_run),
+    OpDef("loop.reduction", "a buffer reduced over reduce_ranges by a body graph",
+          _reduction_infer, _reduction_run),
+    OpDef("loop.load", "inside a body: one element of a buffer at index expressions",
+          _load_infer, _no_direct_run("loop.load")),
+    OpDef("loop.index", "inside a body: an index expression as an i64 value",
+          _index_infer, _no_direct_run("loop.index")),
+    OpDef("loop.extern", "a buffer computed by another op's implementation (matmul, sort, ...)",
+          _extern_infer, _extern_run),
+)
+
+
+def register_loop_ops(registry: OpRegistry) -> None:
+    for op in LOOP_OPS:
+        if registry.lookup(op.name) is None:
+            registry.register(op)
