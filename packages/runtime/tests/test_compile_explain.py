@@ -56,15 +56,21 @@ def test_explain_reports_fallback_with_line(capsys: pytest.CaptureFixture[str]) 
     assert f"at {f.file}:{f.line}" in str(rep)
 
 
-def test_explain_of_compiled_function_reports_history_and_backend_note() -> None:
-    c = er.compile(Net())  # the default backend, "inductor", is not built yet
-    c(torch.randn(3, 4))
-    c(torch.randn(5, 4))
+def test_explain_of_compiled_function_reports_history_and_backend_note(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))  # the default backend builds C++
+    c = er.compile(Net())
+    with torch.no_grad():
+        c(torch.randn(3, 4))
+        c(torch.randn(5, 4))
     rep = er.explain(c)
     assert rep.graph_count == 2 and len(rep.recompilations) == 1
     assert "x: shape [5, 4], expected [3, 4]" in rep.recompilations[0]
-    assert any("'inductor' is not built yet" in n for n in rep.notes)
-    assert "recompilations:" in str(rep) and "not built yet" in str(rep)
+    assert any("the inductor backend compiled it to" in n for n in rep.notes)
+    assert "recompilations:" in str(rep) and "C++ kernel(s)" in str(rep)
+    c2 = er.compile(Net(), backend="aot_eager")  # a planned backend says it is not built
+    c2(torch.randn(3, 4))
+    assert "not built yet" in str(er.explain(c2))
 
 
 def test_compiled_module_shares_parameters_and_state() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ember.inductor.indexing import index_text
-from ember.ir import Builder, Graph, Loc, Module, Node, TensorType, Value
+from ember.ir import Builder, Graph, Loc, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim
 
 
@@ -64,3 +64,13 @@ def node_text(n: Node) -> str:
     """`%a = prims.add` (for provenance comments)."""
     res = ", ".join("%" + r.name for r in n.results)
     return f"{res} = {n.op}"
+
+
+BODY_OPS = ("loop.pointwise", "loop.reduction", "loop.reduce")
+
+
+def body_names(module: Module) -> set[str]:
+    """The graphs of `module` that are kernel bodies (referenced by a loop node, or by a
+    `loop.reduce` inside another body)."""
+    return {a.name for g in module.graphs.values() for n in g.nodes if n.op in BODY_OPS
+            for a in n.args if isinstance(a, Ref)}

@@ -11,14 +11,14 @@ function per kernel, named after the kernel, with comments naming the IR nodes i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy
 import torch
 
 from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar
-from ember.ir import DType, Graph, Node, TensorType, Value
+from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod
 
 # dtype -> (storage C type, compute C type)
@@ -41,13 +41,14 @@ CPP_OPS: dict[str, dict[str, str]] = {
     **{f"prims.{fn}": _math(fn) for fn in (
         "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan",
         "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
-        "lgamma", "floor", "ceil", "trunc")},
+        "lgamma")},
+    **{f"prims.{fn}": {_F: f"std::{fn}({{0}})", _I: "{0}"} for fn in ("floor", "ceil", "trunc")},
     "prims.rsqrt": {_F: "({T})1 / std::sqrt({0})"},
     "prims.round": {_F: "std::nearbyint({0})", _I: "{0}"},
     "prims.abs": {_F: "std::abs({0})", _I: "({0} < 0 ? ({T})-{0} : {0})"},
     "prims.neg": {_F: "-{0}", _I: "({T})-{0}"},
-    "prims.sign": {_F: "({0} > 0 ? ({T})1 : ({0} < 0 ? ({T})-1 : {0}))",
-                   _I: "({T})(({0} > 0) - ({0} < 0))"},
+    # as torch's CPU kernel: sign(nan) = 0, sign(-0.0) = +0
+    "prims.sign": {_F: "({T})(({0} > 0) - ({0} < 0))", _I: "({T})(({0} > 0) - ({0} < 0))"},
     "prims.bitwise_not": {_I: "({T})~{0}", _B: "!{0}"},
     "prims.add": {_F: "{0} + {1}", _I: "({T})({0} + {1})"},
     "prims.sub": {_F: "{0} - {1}", _I: "({T})({0} - {1})"},
@@ -56,8 +57,10 @@ CPP_OPS: dict[str, dict[str, str]] = {
     "prims.fmod": {_F: "std::fmod({0}, {1})", _I: "ember_fmod<{T}>({0}, {1})"},
     "prims.remainder": {_F: "ember_remainder<{T}>({0}, {1})", _I: "ember_pymod<{T}>({0}, {1})"},
     "prims.pow": {_F: "std::pow({0}, {1})", _I: "ember_ipow<{T}>({0}, {1})"},
-    "prims.maximum": {_F: "(({0} != {0} || {0} > {1}) ? {0} : {1})", _I: "std::max({0}, {1})"},
-    "prims.minimum": {_F: "(({0} != {0} || {0} < {1}) ? {0} : {1})", _I: "std::min({0}, {1})"},
+    "prims.maximum": {_F: "(({0} != {0} || {0} > {1}) ? {0} : {1})",
+                      _I: "std::max<{T}>({0}, {1})"},
+    "prims.minimum": {_F: "(({0} != {0} || {0} < {1}) ? {0} : {1})",
+                      _I: "std::min<{T}>({0}, {1})"},
     "prims.atan2": {_F: "std::atan2({0}, {1})"},
     "prims.bitwise_and": {_I: "({T})({0} & {1})", _B: "({0} && {1})"},
     "prims.bitwise_or": {_I: "({T})({0} | {1})", _B: "({0} || {1})"},
@@ -72,16 +75,18 @@ CPP_OPS: dict[str, dict[str, str]] = {
 # reduction -> (accumulator init per class, combine statement); `acc`, `v` are the names
 ACC_INIT: dict[str, dict[str, str]] = {
     "sum": {_F: "0", _I: "0"}, "prod": {_F: "1", _I: "1"},
-    "amax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()"},
-    "amin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()"},
+    "amax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()", _B: "false"},
+    "amin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()", _B: "true"},
     "argmax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()"},
     "argmin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()"},
 }
 COMBINE: dict[str, dict[str, str]] = {
     "sum": {_F: "acc += v;", _I: "acc += v;"},
     "prod": {_F: "acc *= v;", _I: "acc *= v;"},
-    "amax": {_F: "if (v > acc || v != v) acc = v;", _I: "if (v > acc) acc = v;"},
-    "amin": {_F: "if (v < acc || v != v) acc = v;", _I: "if (v < acc) acc = v;"},
+    "amax": {_F: "if (v > acc || v != v) acc = v;", _I: "if (v > acc) acc = v;",
+             _B: "acc = acc || v;"},
+    "amin": {_F: "if (v < acc || v != v) acc = v;", _I: "if (v < acc) acc = v;",
+             _B: "acc = acc && v;"},
     "argmax": {_F: "if (!(acc != acc) && (v > acc || v != v)) { acc = v; arg = r; }",
                _I: "if (v > acc) { acc = v; arg = r; }"},
     "argmin": {_F: "if (!(acc != acc) && (v < acc || v != v)) { acc = v; arg = r; }",
@@ -94,6 +99,7 @@ PRELUDE = r"""// ember.inductor C++ prelude: helpers the kernels below share.
 #include <cstring>
 #include <limits>
 #include <algorithm>
+#include <type_traits>
 static inline float ember_bf16_to_float(uint16_t b) {
   uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
@@ -103,11 +109,12 @@ static inline uint16_t ember_float_to_bf16(float f) {
 static inline float ember_round_bf16(float f) { return ember_bf16_to_float(ember_float_to_bf16(f)); }
 static inline float ember_round_f16(float f) { return (float)(_Float16)f; }
 template <typename T> static inline T ember_div_trunc(T a, T b) {
-  if (b == 0) return 0; if (b == (T)-1) return (T)(0 - (uint64_t)a); return a / b; }
+  if (b == 0) return 0; if (std::is_signed<T>::value && b == (T)-1) return (T)(0 - (uint64_t)a);
+  return a / b; }
 template <typename T> static inline T ember_fmod(T a, T b) {
-  if (b == 0 || b == (T)-1) return 0; return a % b; }
+  if (b == 0 || (std::is_signed<T>::value && b == (T)-1)) return 0; return a % b; }
 template <typename T> static inline T ember_pymod(T a, T b) {
-  if (b == 0 || b == (T)-1) return 0; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
+  if (b == 0 || (std::is_signed<T>::value && b == (T)-1)) return 0; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
 template <typename T> static inline T ember_remainder(T a, T b) {
   T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
 template <typename T> static inline T ember_ipow(T a, T b) {
@@ -195,19 +202,21 @@ def _tensor(v: Value) -> TensorType:
     return v.type
 
 
-def _cname(v: Value) -> str:
-    return "v_" + v.name.replace(".", "_")
+def _cname(v: Value, pre: str = "v_") -> str:
+    return pre + v.name.replace(".", "_")
 
 
-def body_statements(body: Graph, args: dict[Value, str]) -> list[str]:
-    """One C++ statement per body node (loads read `args[param]` at the row-major offset)."""
+def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
+                    nodes: Sequence[Node] | None = None) -> list[str]:
+    """One C++ statement per body node (loads read `args[param]` at the row-major offset);
+    C++ names are the values' names after `pre`."""
     out: list[str] = []
-    for n in body.nodes:
+    for n in body.nodes if nodes is None else nodes:
         r = n.results[0]
         dt = _tensor(r).dtype
         ct = ctypes_of(dt)[1]
         out.append(f"// {_describe(n)}")
-        out.append(f"{ct} {_cname(r)} = {_rhs(n, args)};")
+        out.append(f"{ct} {_cname(r, pre)} = {_rhs(n, args, pre)};")
     return out
 
 
@@ -216,7 +225,7 @@ def _describe(n: Node) -> str:
     return f"%{n.results[0].name} = {n.op}{loc}"
 
 
-def _rhs(n: Node, args: dict[Value, str]) -> str:
+def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
     r = n.results[0]
     dt = _tensor(r).dtype
     if n.op == "loop.load":
@@ -234,7 +243,7 @@ def _rhs(n: Node, args: dict[Value, str]) -> str:
     if n.op == "prims.convert_element_type":
         x = n.args[0]
         assert isinstance(x, Value)
-        src = _cname(x)
+        src = _cname(x, pre)
         if dt == DType.b8:
             return f"({src} != 0)"
         return _round(dt, f"({ctypes_of(dt)[1]}){src}")
@@ -246,13 +255,67 @@ def _rhs(n: Node, args: dict[Value, str]) -> str:
     tmpl = table.get(dclass(odt))
     if tmpl is None:
         raise CodegenError(f"{n.op} has no C++ template for {odt.name}")
-    ops = [_cname(a) if isinstance(a, Value) else literal(a, odt) for a in n.args]
+    ops = [_cname(a, pre) if isinstance(a, Value) else literal(a, odt) for a in n.args]
     text = tmpl.format(*ops, T=ctypes_of(dt)[1])
     return _round(dt, text)
 
 
-def kernel_source(name: str, node: Node, body: Graph, provenance: str) -> str:
-    """One `extern "C"` function computing the loop node `node` whose body is `body`."""
+def _reduce_lines(kind: str, elem: DType, stmts: list[str], result: str,
+                  red: Sequence[int]) -> tuple[list[str], str]:
+    """Statements accumulating `result` (computed by `stmts`) over the r-loops `red`, and the
+    reduced value as a C++ expression of the element's compute type (i64 for argmax/argmin)."""
+    cls = dclass(elem)
+    if kind not in COMBINE or cls not in COMBINE[kind]:
+        raise CodegenError(f"reduction {kind} over {elem.name} has no C++ form yet")
+    acc_t = "double" if cls == _F else "int64_t"
+    if kind in ("amax", "amin", "argmax", "argmin"):
+        acc_t = ctypes_of(elem)[1]
+    init = ACC_INIT[kind][cls].format(S=acc_t)
+    roff = cexpr(flat_offset([rvar(k) for k in range(len(red))], red))
+    body_loop = _loops("r", red, [*stmts, f"{acc_t} v = {result};",
+                                  f"int64_t r = {roff}; (void)r;", COMBINE[kind][cls]])
+    final = "arg" if kind in ("argmax", "argmin") else f"({ctypes_of(elem)[1]})acc"
+    return [f"{acc_t} acc = {init};", "int64_t arg = 0; (void)arg;", *body_loop], final
+
+
+def _fused_reductions(body: Graph, args: dict[Value, str], bodies: Mapping[str, object],
+                      ranges: Sequence[int]) -> tuple[int, list[str], int]:
+    """For a pointwise body holding `loop.reduce` nodes: the number k of outer loops, the
+    statements computing each reduction once per outer index, and their work."""
+    reduces = [n for n in body.nodes if n.op == "loop.reduce"]
+    ks = {len(n.kwargs["ranges"]) for n in reduces}  # type: ignore[arg-type]
+    if len(ks) != 1:
+        raise CodegenError("fused reductions over different outer domains")
+    k = ks.pop()
+    out: list[str] = []
+    work = 0
+    for j, n in enumerate(reduces):
+        ref = n.args[0]
+        sub = bodies.get(ref.name) if isinstance(ref, Ref) else None
+        if not isinstance(sub, Graph):
+            raise CodegenError(f"loop.reduce: body {ref} not found")
+        sargs = {sp: args[a] for sp, a in zip(sub.params, n.args[1:], strict=True)
+                 if isinstance(a, Value)}
+        pre = f"n{j}_"
+        red = [_int(d) for d in n.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+        selem = _tensor(sub.outputs[0]).dtype
+        lines, final = _reduce_lines(str(n.kwargs["reduction"]), selem,
+                                     body_statements(sub, sargs, pre),
+                                     _cname(sub.outputs[0], pre), red)
+        r = n.results[0]
+        rdt = _tensor(r).dtype
+        # the value a buffer write and read would give (f16/bf16 rounded)
+        out += [f"// {_describe(n)} @{sub.name}: a reduction fused here",
+                f"{ctypes_of(rdt)[1]} {_cname(r)};", "{", *["  " + x for x in lines],
+                f"  {_cname(r)} = {_round(rdt, final)};", "}"]
+        work += math.prod(ranges[:k]) * max(1, math.prod(red))
+    return k, out, work
+
+
+def kernel_source(name: str, node: Node, body: Graph, provenance: str,
+                  bodies: Mapping[str, object] | None = None) -> str:
+    """One `extern "C"` function computing the loop node `node` whose body is `body`
+    (`bodies`: the module's items, where `loop.reduce` nodes find their bodies)."""
     ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
            for k, p in enumerate(body.params)]
     out_t = _tensor(node.results[0])
@@ -264,32 +327,27 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str) -> str:
              f"// computes %{node.results[0].name}: {out_t}",
              f'extern "C" void {name}({sig}) {{']
     numel = math.prod(ranges)
-    stmts = body_statements(body, args)
     result = _cname(body.outputs[0])
     elem = _tensor(body.outputs[0]).dtype
     off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
-    if node.op == "loop.pointwise":
-        inner = [*stmts, f"out0[{off}] = {_store(elem, result)};"]
+    if node.op == "loop.pointwise" and any(n.op == "loop.reduce" for n in body.nodes):
+        k, pre, rwork = _fused_reductions(body, args, bodies or {}, ranges)
+        stmts = body_statements(body, args, nodes=[n for n in body.nodes
+                                                   if n.op != "loop.reduce"])
+        store = [*stmts, f"out0[{off}] = {_store(elem, result)};"]
+        loops = _loops("i", ranges[:k], [*pre, *_loops("i", ranges[k:], store, start=k)])
+        work = numel + rwork
+    elif node.op == "loop.pointwise":
+        stmts = body_statements(body, args)
+        loops = _loops("i", ranges, [*stmts, f"out0[{off}] = {_store(elem, result)};"])
         work = numel
     else:
         red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
-        kind = str(node.kwargs["reduction"])
-        cls = dclass(elem)
-        if cls == _B or kind not in COMBINE:
-            raise CodegenError(f"reduction {kind} over {elem.name} has no C++ form yet")
-        acc_t = "double" if cls == _F else "int64_t"
-        if kind in ("amax", "amin", "argmax", "argmin"):
-            acc_t = ctypes_of(elem)[1]
-        init = ACC_INIT[kind][cls].format(S=acc_t)
-        roff = cexpr(flat_offset([rvar(k) for k in range(len(red))], red))
-        body_loop = _loops("r", red, [*stmts, f"{acc_t} v = {result};",
-                                      f"int64_t r = {roff}; (void)r;", COMBINE[kind][cls]])
-        arg = kind in ("argmax", "argmin")
-        store = "arg" if arg else _store(elem, f"({ctypes_of(elem)[1]})acc")
-        inner = [f"{acc_t} acc = {init};", "int64_t arg = 0; (void)arg;", *body_loop,
-                 f"out0[{off}] = {store};"]
+        acc, final = _reduce_lines(str(node.kwargs["reduction"]), elem,
+                                   body_statements(body, args), result, red)
+        value = final if final == "arg" else _store(elem, final)
+        loops = _loops("i", ranges, [*acc, f"out0[{off}] = {value};"])
         work = numel * max(1, math.prod(red))
-    loops = _loops("i", ranges, inner)
     if ranges and work >= 32768:
         lines.append("  #pragma omp parallel for")
     lines += ["  " + x for x in loops]
@@ -311,10 +369,10 @@ def _int(d: object) -> int:
     return d
 
 
-def _loops(var: str, ranges: Sequence[int], inner: list[str]) -> list[str]:
+def _loops(var: str, ranges: Sequence[int], inner: list[str], start: int = 0) -> list[str]:
     if not ranges:
         return ["{", *["  " + x for x in inner], "}"]
     head = [f"for (int64_t {var}{k} = 0; {var}{k} < {cexpr(n)}; ++{var}{k}) {{"
-            for k, n in enumerate(ranges)]
+            for k, n in enumerate(ranges, start)]
     tail = ["}"] * len(ranges)
     return head + ["  " + x for x in inner] + tail

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ember.inductor import cache
+from ember.inductor.body import body_names
 from ember.inductor.cpp import PRELUDE, CodegenError, kernel_source
 from ember.inductor.indexing import row_major_strides
 from ember.ir import (
@@ -123,9 +124,7 @@ def register_kernel_ops(registry: OpRegistry) -> None:
                "per loop kernel)")
 def codegen_cpp(module: Module) -> Module:
     src = module.clone()
-    bodies = {a.name for g in src.graphs.values() for n in g.nodes
-              if n.op in ("loop.pointwise", "loop.reduction") for a in n.args
-              if isinstance(a, Ref)}
+    bodies = body_names(src)
     kernels: list[Kernel] = [Kernel(PRELUDE_NAME, "cpp", PRELUDE)]
     graphs: list[Graph] = []
     fallback: list[Graph] = []
@@ -160,10 +159,15 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     body = m.items[ref.name]
     assert isinstance(body, Graph)
     try:
-        source = kernel_source(ref.name, n, body, f"@{g.name}")
+        source = kernel_source(ref.name, n, body, f"@{g.name}", m.items)
     except CodegenError as e:
         body.attrs["cpp_fallback"] = str(e)
         fallback.append(body)
+        for r in body.nodes:  # the bodies of fused reductions run on the reference too
+            if r.op == "loop.reduce" and isinstance(r.args[0], Ref):
+                sub = m.items[r.args[0].name]
+                if isinstance(sub, Graph) and sub not in fallback:
+                    fallback.append(sub)
         return n
     kernels.append(Kernel(ref.name, "cpp", source))
     t = n.results[0].type
@@ -196,16 +200,48 @@ def compile_module(module: Module, pipeline: str = DEFAULT_PIPELINE) -> Module:
     return out
 
 
-def _inductor_backend(module: Module) -> Runner:
+def compiled_runner(compiled: Module) -> Runner:
+    """The runner of an already compiled (kernels.*) module: random prims draw from torch's
+    seed with a philox offset that advances from call to call."""
     from ember.prims.decomp.random import run_with_philox
 
-    interp = Interpreter(compile_module(module))
+    interp = Interpreter(compiled)
     offset = [0]
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
         res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
         return res
     return run
+
+
+def _inductor_backend(module: Module) -> Runner:
+    return compiled_runner(compile_module(module))
+
+
+def summary(compiled: Module) -> str:
+    """What a compiled module runs: `3 C++ kernel(s), 1 extern call(s)`, plus the kernels and
+    ops left to the reference interpreter, with the reasons."""
+    counts = {"kernels.call": 0, "kernels.extern": 0}
+    other: list[str] = []
+    bodies = body_names(compiled)
+    for g in compiled.graphs.values():
+        if g.name in bodies:
+            continue
+        for n in g.nodes:
+            if n.op in counts:
+                counts[n.op] += 1
+            elif n.op in ("loop.pointwise", "loop.reduction"):
+                ref = n.args[0]
+                assert isinstance(ref, Ref)
+                body = compiled.items[ref.name]
+                why = body.attrs.get("cpp_fallback") if isinstance(body, Graph) else None
+                other.append(f"{n.op} @{ref.name} ({why})")
+            else:
+                other.append(n.op)
+    text = f"{counts['kernels.call']} C++ kernel(s), {counts['kernels.extern']} extern call(s)"
+    if other:
+        text += f"; run by the reference interpreter: {', '.join(sorted(set(other)))}"
+    return text
 
 
 def register_backend() -> None:

@@ -13,7 +13,9 @@ expression per dim of `%x`, see `indexing.py`), `loop.index(index="i0 + 1")` is 
 value, and every other node is an elementwise prim on 0-dim values (`prims.add`, `prims.where`,
 `prims.convert_element_type`, `prims.full(shape=[], ...)`). Reductions combine the body's value
 over `reduce_ranges` (variables r0, r1, ...) with `reduction` = sum, prod, amax, amin, argmax or
-argmin (argmax/argmin over one reduced dim; i64 result).
+argmin (argmax/argmin over one reduced dim; i64 result). Inside a pointwise body,
+`loop.reduce(@body, %bufs..., ranges=[outer], reduce_ranges=, reduction=)` is a reduction fused
+into it by `fuse`: its value at the body's first len(ranges) loop variables.
 
 Every op has a type rule and a reference (bodies are evaluated vectorised over the whole iteration
 domain with the prims' references), so the interpreter runs loop IR with the numbers of the prims
@@ -112,6 +114,22 @@ def _reduction_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
     return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
 
 
+def _reduce_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    op = "loop.reduce"
+    g = body_of(ctx.module, args[0] if args else None, op)
+    elem = _check_body(op, g, args[1:])
+    _dims(kw.get("ranges"), f"{op} ranges=")
+    red = _dims(kw.get("reduce_ranges"), f"{op} reduce_ranges=")
+    kind = kw.get("reduction")
+    if kind not in REDUCTIONS:
+        raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
+    if kind in ("argmax", "argmin"):
+        if len(red) != 1:
+            raise OpTypeError(f"{op}: {kind} reduces exactly one dim")
+        return [TensorType(DType.i64, (), None, elem.device)]
+    return [TensorType(elem.dtype, (), None, elem.device)]
+
+
 def _load_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
     if len(args) != 1 or not isinstance(args[0], Value) \
             or not isinstance(args[0].type, TensorType):
@@ -170,6 +188,14 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
             idx = [eval_index(parse_index(str(s)), env) for s in node.kwargs["index"]]  # type: ignore
             out = buf[tuple(idx)] if idx else buf
             out = out.expand(domain) if n else out
+        elif node.op == "loop.reduce":
+            sub = body_of(interp.module, node.args[0], "loop.reduce")
+            k = len(node.kwargs["ranges"])  # type: ignore[arg-type]
+            red = [int(r) for r in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr,arg-type]
+            v = eval_body(interp, sub, [values[a] for a in node.args[1:]],  # type: ignore[index]
+                          domain[:k], red)
+            v = reduce_last(v.reshape(domain[:k] + [math.prod(red)]), str(node.kwargs["reduction"]))
+            out = v.reshape(domain[:k] + [1] * (n - k)).expand(domain)
         elif node.op == "loop.index":
             out = torch.as_tensor(eval_index(parse_index(str(node.kwargs["index"])), env),
                                   dtype=torch.int64).expand(domain)
@@ -199,8 +225,11 @@ def _reduction_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> 
     ranges = [int(r) for r in kw["ranges"]]
     red = [int(r) for r in kw["reduce_ranges"]]
     v = eval_body(interp, g, args[1:], ranges, red)
-    v = v.reshape(ranges + [math.prod(red)])
-    kind = kw["reduction"]
+    return reduce_last(v.reshape(ranges + [math.prod(red)]), kw["reduction"])
+
+
+def reduce_last(v: torch.Tensor, kind: str) -> torch.Tensor:
+    """Reduce the last dim of `v` as `loop.reduction(reduction=kind)` does."""
     if kind == "sum":
         return torch.sum(v, -1, dtype=v.dtype)
     if kind == "prod":
@@ -227,6 +256,9 @@ LOOP_OPS = (
           _pointwise_infer, _pointwise_run),
     OpDef("loop.reduction", "a buffer reduced over reduce_ranges by a body graph",
           _reduction_infer, _reduction_run),
+    OpDef("loop.reduce", "inside a body: a reduction over reduce_ranges by another body, "
+          "once per index of the outer `ranges` (a reduction fused into its consumer)",
+          _reduce_infer, _no_direct_run("loop.reduce")),
     OpDef("loop.load", "inside a body: one element of a buffer at index expressions",
           _load_infer, _no_direct_run("loop.load")),
     OpDef("loop.index", "inside a body: an index expression as an i64 value",

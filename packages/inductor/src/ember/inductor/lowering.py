@@ -18,7 +18,7 @@ from typing import Any
 
 import sympy
 
-from ember.inductor.body import BodyBuilder, fresh_body_name
+from ember.inductor.body import BodyBuilder, body_names, fresh_body_name
 from ember.inductor.indexing import flat_offset, index_text, ivar, row_major_strides, rvar
 from ember.inductor.indexing import substitute as subst_index
 from ember.ir import Arg, Builder, DType, Graph, Module, Node, Ref, TensorType, Value
@@ -313,9 +313,7 @@ def lower_loops(module: Module) -> Module:
 
 def _is_body(m: Module, g: Graph) -> bool:
     """A graph some loop node uses as its body (lowering it again would be wrong)."""
-    return any(isinstance(a, Ref) and a.name == g.name and n.op in ("loop.pointwise",
-                                                                   "loop.reduction")
-               for h in m.graphs.values() for n in h.nodes for a in n.args)
+    return g.name in body_names(m)
 
 
 def lowered_ops(module: Module) -> set[str]:

@@ -4,9 +4,11 @@ A backend takes the captured ir-v1 module and example inputs and returns a calla
 graph's inputs to its outputs. "eager" runs the aten graph op by op with ember.ir's interpreter
 (real aten operators, so autograd flows through them as in eager PyTorch). Any backend in the IR
 backend registry (`ember backends`, e.g. "prims": the graph decomposed to prims and
-interpreted) can be named too. Backends of the design that are not built yet ("inductor", the
-default, and "aot_eager") run the eager backend, and the compiled function's explain() report
-says so. A callable `backend(module, example_inputs) -> runner` is accepted too.
+interpreted) can be named too; "inductor" (the default) is wired in compile.py, which falls
+back to eager with a recorded reason where the inductor cannot run a graph. Backends of the
+design that are not built yet ("aot_eager") run the eager backend, and the compiled function's
+explain() report says so. A callable `backend(module, example_inputs) -> runner` is accepted
+too.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _ir_backend(name: str) -> Backend:
     return prepare
 
 
-PLANNED = ("inductor", "aot_eager")
+PLANNED = ("aot_eager",)
 
 
 def resolve(backend: str | Backend) -> tuple[Backend, str, str | None]:

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
-import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
 import ember.inductor  # noqa: F401  (loop IR, kernels, the inductor backend)
+import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
 from ember.ir import (
     InterpretError,
     IRParseError,

@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
+import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
-from ember.runtime.backends import Backend, Runner, resolve
+from ember.inductor.kernels import compile_module, compiled_runner, summary
+from ember.ir import Module
+from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.dump import dump_capture, dump_outputs
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DEFAULT_CACHE_LIMIT = 8
+TRAINING_REASON = "training is not supported by the inductor backend yet (issue: ember.autograd)"
 
 
 class CaptureError(RuntimeError):
@@ -66,7 +71,12 @@ class CompiledFunction:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {', '.join(map(str, MODES))}")
         self.target = target
-        self.backend, self.backend_name, note = resolve(backend)
+        self.backend: Backend
+        note: str | None = None
+        if backend == "inductor":
+            self.backend, self.backend_name = self._inductor, "inductor"
+        else:
+            self.backend, self.backend_name, note = resolve(backend)
         self.fullgraph = fullgraph
         self.mode = mode
         self.dynamic = dynamic
@@ -93,6 +103,44 @@ class CompiledFunction:
                               "new shape recompiles")
         for k in self.options:
             self.history.note(f"option {k!r} is not used yet")
+
+    def _inductor(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
+        """Backend "inductor": the graph compiled to C++ kernels, or (with a note saying why)
+        the eager backend where the inductor cannot run it."""
+        name = f"graph @{module.graph().name}"
+
+        def eager(reason: str) -> Runner:
+            self.history.note(f"{name}: {reason}; the eager backend ran it")
+            return eager_backend(module, example_inputs)
+
+        tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+        if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+            return eager(TRAINING_REASON)
+        devices = sorted({x.device.type for x in tensors} - {"cpu"})
+        if devices:
+            return eager(f"the inductor backend has no {'/'.join(devices)} code generation "
+                         f"yet (Triton comes next); it compiles CPU graphs only")
+        try:
+            compiled = compile_module(module)
+        except Exception as e:
+            return eager(f"the inductor backend cannot compile it: {type(e).__name__}: {e}")
+        runner = compiled_runner(compiled)
+        graph = module.graph().name
+        state: dict[str, Runner | None] = {"fallback": None}
+
+        def run(inputs: Sequence[Any]) -> list[Any]:
+            fb = state["fallback"]
+            if fb is not None:
+                return fb(inputs)
+            try:
+                return list(runner(graph, inputs).outputs)
+            except Exception as e:
+                fb = state["fallback"] = eager(
+                    f"the inductor's compiled code failed: {type(e).__name__}: {e}")
+                return fb(inputs)
+
+        self.history.note(f"{name}: the inductor backend compiled it to {summary(compiled)}")
+        return run
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         S = self.self_obj
