@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ember.prims.decomp import DECOMPOSITIONS
 from ember.prims.ops import PRIMS
-from ember.prims.testing.opdb import CHECKS, OpDB, load_all
+from ember.prims.testing.opdb import CHECK_SCOPE, CHECKS, OpDB, load_all
 
 DOCS = Path(__file__).resolve().parents[6] / "docs"  # the repo (editable installs)
 
@@ -76,6 +76,9 @@ def render_ops(db: OpDB) -> str:
                 cells.append(e.gaps[check])
             elif check == "decomposition" and op not in DECOMPOSITIONS:
                 cells.append("missing")
+            elif check in CHECK_SCOPE:
+                families, gaps = CHECK_SCOPE[check]
+                cells.append(gaps.get(op, "yes") if e.family in families else "-")
             else:
                 cells.append("yes" if check in IMPLEMENTED_CHECKS else "-")
         lines.append(f"| `{op}` | " + " | ".join(cells) + " |")
