@@ -43,20 +43,23 @@ def suite_guards() -> list[str]:
             "|---|---|---|---|---|---|---|---|"]
     for layers in (1, 5, 20):
         g = guard_cost(layers)
-        torch.manual_seed(0)
-        m = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
-        x = torch.randn(2, 8)
-        tc = torch.compile(m, backend="eager")
-        em = ember_compile(m, backend="eager")
-        with torch.no_grad():
-            tc(x)
-            em(x)
-            t_eager = _best_us(lambda: m(x))
-            t_tc = _best_us(lambda: tc(x))
-            t_em = _best_us(lambda: em(x))
+        t_eager, t_tc, t_em = _call_costs(layers)
         rows.append(f"| {layers} | {g.inputs} | {g.guards} | {g.guard_us:.2f} | {t_eager:.1f} | "
                     f"{t_tc:.1f} | {t_em:.1f} | {t_em / t_tc:.2f}x |")
     return rows
+
+
+def _call_costs(layers: int) -> tuple[float, float, float]:
+    """Microseconds per call: eager, torch.compile(backend="eager"), ember (eager backend)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
+    x = torch.randn(2, 8)
+    tc = torch.compile(m, backend="eager")
+    em = ember_compile(m, backend="eager")
+    with torch.no_grad():
+        tc(x)
+        em(x)
+        return _best_us(lambda: m(x)), _best_us(lambda: tc(x)), _best_us(lambda: em(x))
 
 
 SUITES = {"guards": suite_guards}
@@ -78,7 +81,7 @@ def main() -> int:
     ap.add_argument("suites", nargs="*", default=list(SUITES))
     ap.add_argument("--tag", default=platform.node() or "machine")
     a = ap.parse_args()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     out = [f"# benchmarks {now:%Y-%m-%d %H:%M} UTC", "", f"Machine: {machine()}", ""]
     for name in a.suites:
         out += [f"## {name}", "", *SUITES[name](), ""]
