@@ -3,8 +3,11 @@ with symbolic sizes."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ember.prims.testing.harness import check_decomposition
 from ember.prims.testing.opdb import OpEntry, load_all
@@ -31,5 +34,23 @@ def test_decomposition_with_symbolic_sizes(entry: OpEntry) -> None:
     @given(entry.samples())
     def run(sample) -> None:  # type: ignore[no-untyped-def]
         check_decomposition(entry, sample, symbolic=True)
+
+    run()
+
+
+_LONG = settings(_SETTINGS, max_examples=5_000)
+
+
+@pytest.mark.fuzz
+@pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") != "fuzz",
+                    reason="long; `python3 dev.py fuzz -- -k opdb_long` runs it")
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.op)
+def test_opdb_long(entry: OpEntry) -> None:
+    """The op database at 5,000 examples per entry and size mode (`python3 dev.py fuzz`)."""
+
+    @_LONG
+    @given(entry.samples(), st.booleans())
+    def run(sample, symbolic: bool) -> None:  # type: ignore[no-untyped-def]
+        check_decomposition(entry, sample, symbolic=symbolic and entry.symbolic)
 
     run()
