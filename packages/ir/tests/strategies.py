@@ -899,7 +899,9 @@ class _GraphGen:
                     return False
                 vals.append(self.choice(cands))
                 continue
-            tv = self.pick(_same_type(t))
+            # the helper was generated for contiguous parameters (it may `view` them)
+            same = _same_type(t)
+            tv = self.pick(lambda u, same=same: same(u) and u.contiguous)  # type: ignore[misc]
             if tv is None:
                 return False
             vals.append(tv.value)
