@@ -133,7 +133,8 @@ class _Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.gelu(self.up(x))
-        return self.norm(x + self.down(h)).softmax(dim=-1)
+        y: torch.Tensor = self.norm(x + self.down(h))
+        return y.softmax(dim=-1)
 
 
 def compiler_demo(say: Callable[[str], None]) -> bool:
