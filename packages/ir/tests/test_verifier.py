@@ -30,6 +30,7 @@ from ember.ir import (
     symbol,
     verify,
 )
+from packages.ir.tests import strategies as S
 
 
 def ir(text: str) -> str:
@@ -59,28 +60,7 @@ def accepted(module_or_text: Module | str, *, allow_unregistered: bool = False) 
     return m
 
 
-SPEC_EXAMPLE = ir("""
-    ember.ir 1.0
-
-    symbol s0 hint=8 min=2
-
-    graph @forward(%x: f32[s0, 64], %w: f32[128, 64], %b: f32[128]) -> (f32[s0, 128], f32[s0]) {
-      %t = aten.t.default(%w) : f32[64, 128]
-      %y = aten.addmm.default(%b, %x, %t) : f32[s0, 128] loc("model.py":12:9)
-      %z = aten.relu.default(%y) : f32[s0, 128]
-      %m, %i = aten.max.dim(%z, 1, keepdim=false) : (f32[s0], i64[s0])
-      %c = aten.cat.default([%z, %z], dim=1) : f32[s0, 256]
-      %s = aten.mul.Scalar(%c, -0.5) : f32[s0, 256]
-      %v = aten.view.default(%s, [s0 * 2, 128]) : f32[s0 * 2, 128]
-      return (%y, %m)
-    }
-
-    graph @step(%p: f32[4], %g: f32[4]) -> (f32[], f32[4]) attrs(input_updates=[[0, 1]]) {
-      %p1 = aten.add.Tensor(%p, %g, alpha=-0.1) : f32[4]
-      %l = aten.sum.default(%p1) : f32[]
-      return (%l, %p1)
-    }
-""")
+SPEC_EXAMPLE = ir(S.SPEC_EXAMPLE)
 
 
 def test_spec_example_verifies() -> None:

@@ -97,9 +97,10 @@ def _pointwise_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
     return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
 
 
-def _reduction_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
-                     ) -> list[Type]:
-    op = "loop.reduction"
+def _reduction_types(op: str, ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg],
+                     keep_outer: bool) -> list[Type]:
+    """Type rule shared by loop.reduction (a buffer over `ranges`) and loop.reduce (one value
+    per outer index, inside a pointwise body)."""
     g = body_of(ctx.module, args[0] if args else None, op)
     elem = _check_body(op, g, args[1:])
     ranges = _dims(kw.get("ranges"), f"{op} ranges=")
@@ -107,27 +108,21 @@ def _reduction_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
     kind = kw.get("reduction")
     if kind not in REDUCTIONS:
         raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
+    shape = tuple(ranges) if keep_outer else ()
     if kind in ("argmax", "argmin"):
         if len(red) != 1:
             raise OpTypeError(f"{op}: {kind} reduces exactly one dim")
-        return [TensorType(DType.i64, tuple(ranges), None, elem.device)]
-    return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
+        return [TensorType(DType.i64, shape, None, elem.device)]
+    return [TensorType(elem.dtype, shape, None, elem.device)]
+
+
+def _reduction_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
+                     ) -> list[Type]:
+    return _reduction_types("loop.reduction", ctx, args, kw, keep_outer=True)
 
 
 def _reduce_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
-    op = "loop.reduce"
-    g = body_of(ctx.module, args[0] if args else None, op)
-    elem = _check_body(op, g, args[1:])
-    _dims(kw.get("ranges"), f"{op} ranges=")
-    red = _dims(kw.get("reduce_ranges"), f"{op} reduce_ranges=")
-    kind = kw.get("reduction")
-    if kind not in REDUCTIONS:
-        raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
-    if kind in ("argmax", "argmin"):
-        if len(red) != 1:
-            raise OpTypeError(f"{op}: {kind} reduces exactly one dim")
-        return [TensorType(DType.i64, (), None, elem.device)]
-    return [TensorType(elem.dtype, (), None, elem.device)]
+    return _reduction_types("loop.reduce", ctx, args, kw, keep_outer=False)
 
 
 def _load_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
