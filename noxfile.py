@@ -104,7 +104,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
-    """benchmarks/run.py, when there is one."""
+    """benchmarks/run.py: eager vs torch.compile vs ember (args: --suite, --filter, --quick)."""
     runner = ROOT / "benchmarks" / "run.py"
     if not runner.exists():
         session.log("no benchmarks exist yet (benchmarks/run.py is missing)")
@@ -114,7 +114,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def demo(session: nox.Session) -> None:
-    """The end-to-end demo: python -m ember.runtime.demo."""
+    """The end-to-end demo: python -m ember.runtime.demo (a GPT-NeoX and a conv net compiled)."""
     session.run(_bin("python"), "-m", "ember.runtime.demo", *session.posargs, external=True)
 
 

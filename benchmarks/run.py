@@ -1,15 +1,14 @@
-"""ember's benchmarks: `python3 dev.py bench` (or `.venv/bin/python benchmarks/run.py`).
+"""ember's benchmarks: `python3 dev.py bench [-- OPTIONS]` (or `.venv/bin/python benchmarks/run.py`).
 
-Each suite runs eager, torch.compile and ember side by side in one process and reports times and
-ratios; results are written to benchmarks/results/ with the machine, versions and date. Numbers
-are measured, never asserted.
+Runs eager, torch.compile (default inductor) and ember (`ember.runtime.compile`, backend
+"inductor") in one process on the cases of benchmarks/suites.py, interleaved, with torch's
+thread count set to the number of cores. Writes benchmarks/results/<date>-<tag>.{json,md,png}
+and latest.{json,md,png}. Numbers are measured, never asserted.
 
-Suites so far:
-- `guards`: the per-call cost of a compiled function's guards and call path, on MLPs of 1, 5
-  and 20 layers (3, 11 and 41 graph inputs): ember's generated guard function alone, and a whole
-  call of eager, of `torch.compile(backend="eager")` (TorchDynamo's guards + the FX graph run by
-  eager) and of `ember.runtime.compile(backend="eager")` on tiny inputs, where the call overhead
-  dominates.
+    --suite micro|models|all   which cases (default all)
+    --filter TEXT              only cases whose name contains TEXT
+    --quick                    3 repetitions (a smoke run; numbers are rough)
+    --no-torch-compile         leave torch.compile out (its cold compiles take 10-25 s each)
 """
 
 from __future__ import annotations
@@ -17,80 +16,106 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import platform
 import sys
-import timeit
 import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from ember.runtime import compile as ember_compile
-from ember.runtime.bench import guard_cost
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from suites import SUITES  # noqa: E402
+
+from ember.runtime.bench import (  # noqa: E402
+    Contender,
+    Progress,
+    eager_contender,
+    ember_contender,
+    guard_cost,
+    run_case,
+    run_meta,
+    write_results,
+)
+
+RESULTS = ROOT / "benchmarks" / "results"
 
 
-def _best_us(fn: object, number: int = 2000, repeat: int = 7) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6  # type: ignore
+def _torch_cold(d: Path) -> None:
+    """A fresh inductor cache directory and none of dynamo's or inductor's in-process state."""
+    import torch._dynamo
+    import torch._inductor.utils
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+    torch._dynamo.reset()
+    torch._inductor.utils.clear_caches()
 
 
-def suite_guards() -> list[str]:
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    rows = ["| layers | graph inputs | guards | ember guard check µs | eager call µs | "
-            "torch.compile(eager) call µs | ember(eager) call µs | ember / torch.compile |",
-            "|---|---|---|---|---|---|---|---|"]
+def _torch_warm() -> None:
+    """As a new process would start: the on-disk caches kept, the in-process state dropped."""
+    import torch._dynamo
+    import torch._inductor.utils
+    torch._dynamo.reset()
+    torch._inductor.utils.clear_caches()
+
+
+def torch_compile_contender() -> Contender:
+    return Contender("torch.compile", lambda fn: torch.compile(fn), _torch_cold, _torch_warm)
+
+
+def guards_section() -> str:
+    rows = ["", "## Guard checks", "",
+            "ember's generated guard function alone, per call (MLPs of nn.Linear(8, 8); best "
+            "of 9 × 2000 calls):", "",
+            "| layers | graph inputs | guards | µs per check | µs per guard |",
+            "|---|---|---|---|---|"]
     for layers in (1, 5, 20):
         g = guard_cost(layers)
-        t_eager, t_tc, t_em = _call_costs(layers)
-        rows.append(f"| {layers} | {g.inputs} | {g.guards} | {g.guard_us:.2f} | {t_eager:.1f} | "
-                    f"{t_tc:.1f} | {t_em:.1f} | {t_em / t_tc:.2f}x |")
-    return rows
+        rows.append(f"| {layers} | {g.inputs} | {g.guards} | {g.guard_us:.2f} | "
+                    f"{g.per_guard_us:.3f} |")
+    return "\n".join(rows) + "\n"
 
 
-def _call_costs(layers: int) -> tuple[float, float, float]:
-    """Microseconds per call: eager, torch.compile(backend="eager"), ember (eager backend)."""
-    torch.manual_seed(0)
-    m = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
-    x = torch.randn(2, 8)
-    tc = torch.compile(m, backend="eager")
-    em = ember_compile(m, backend="eager")
-    with torch.no_grad():
-        tc(x)
-        em(x)
-        return _best_us(lambda: m(x)), _best_us(lambda: tc(x)), _best_us(lambda: em(x))
-
-
-SUITES = {"guards": suite_guards}
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-            f"torch {torch.__version__}, {platform.system()} {platform.release()}")
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("suites", nargs="*", default=list(SUITES))
-    ap.add_argument("--tag", default=platform.node() or "machine")
-    a = ap.parse_args()
-    now = dt.datetime.now(dt.UTC)
-    out = [f"# benchmarks {now:%Y-%m-%d %H:%M} UTC", "", f"Machine: {machine()}", ""]
-    for name in a.suites:
-        out += [f"## {name}", "", *SUITES[name](), ""]
-    text = "\n".join(out)
-    print(text)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{now:%Y-%m-%d}-{a.tag}.md"
-    path.write_text(text)
-    print(f"wrote {path}", file=sys.stderr)
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=[*SUITES, "all"], default="all")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--quick", action="store_true", help="3 repetitions (smoke)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per contender")
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--tag", default=f"cpu-{os.cpu_count()}core")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    a = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(os.cpu_count() or 1)
+    suites = list(SUITES) if a.suite == "all" else [a.suite]
+    cases = [c for s in suites for c in SUITES[s]() if a.filter.lower() in c.name.lower()]
+    if not cases:
+        print(f"no case matches --filter {a.filter!r}", file=sys.stderr)
+        return 2
+    reps = a.reps or (3 if a.quick else 15)
+    contenders = [eager_contender()]
+    if not a.no_torch_compile:
+        contenders.append(torch_compile_contender())
+    contenders.append(ember_contender())
+    who = [c.name for c in contenders]
+    progress = Progress(len(cases))
+    results = []
+    for case in cases:
+        results.append(run_case(case, contenders, reps=reps, progress=progress))
+    progress.show("done", final=True)
+    meta = run_meta(ROOT, f"{reps} interleaved repetitions per contender (round robin, order "
+                    f"rotating), median ± half the IQR; compile s = the first call (compile + "
+                    f"one run): cold with empty caches, warm in a new compiled object with the "
+                    f"disk caches kept; inference under torch.no_grad().")
+    meta["suites"], meta["quick"] = suites, a.quick
+    extra = guards_section() if "micro" in suites and not a.filter else ""
+    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{a.tag}" + ("-quick" if a.quick else "")
+    paths = write_results(results, meta, who, a.out, stem, latest=not a.quick, extra=extra)
+    print(paths[1].read_text())
+    print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
+                               for p in paths), file=sys.stderr)
     return 0
 
 

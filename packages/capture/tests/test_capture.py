@@ -18,6 +18,7 @@ from ember.capture import (
     capture,
     describe,
 )
+from ember.capture.resume import Broken
 from ember.ir import Interpreter, parse, verify
 
 
@@ -135,15 +136,15 @@ def test_dropout_training_is_captured() -> None:
     assert "aten.bernoulli.p" in ops(r) and not any(op.endswith("_") for op in ops(r))
 
 
-def test_inplace_on_input_is_refused_and_nothing_is_mutated() -> None:
+def test_inplace_on_input_is_an_update_and_nothing_is_mutated() -> None:
     def f(x, xs):
         x.add_(1)
         return x
 
     x = torch.zeros(3)
     r = capture(f, (x, []), {})
-    assert isinstance(r, Unhandled) and "writes a graph input" in r.reason
-    assert x.tolist() == [0.0, 0.0, 0.0]
+    assert isinstance(r, Captured) and r.graph.input_updates == [(0, 0)]  # functionalized
+    assert x.tolist() == [0.0, 0.0, 0.0]  # capture ran on fake tensors
 
 
 LOG: list[int] = []
@@ -156,12 +157,13 @@ def f_log(x, out):
     return y
 
 
-def test_side_effects_are_refused_before_they_happen() -> None:
+def test_side_effects_are_recorded_not_performed() -> None:
     out: list[torch.Tensor] = []
     r = capture(f_log, (torch.randn(2), out), {})
-    assert isinstance(r, Unhandled) and "mutating a list" in r.reason
-    assert LOG == [] and out == []
-    assert r.line == f_log.__code__.co_firstlineno + 2
+    assert isinstance(r, Captured)
+    assert LOG == [] and out == []  # replayed by the runtime after the graph, not during capture
+    targets = [(e.kind, describe(e.target).rsplit(".", 1)[-1]) for e in r.effects]
+    assert sorted(targets) == [("list", "LOG"), ("list", "out")]
 
 
 def test_unhandled_carries_the_guards_so_far() -> None:
@@ -171,8 +173,9 @@ def test_unhandled_carries_the_guards_so_far() -> None:
         return 0
 
     r = capture(f, (torch.randn(3),), {})
-    assert isinstance(r, Unhandled) and "needs a tensor's data" in r.reason
-    assert any(g.kind is GuardKind.TENSOR_MATCH for g in r.guards)
+    assert isinstance(r, Broken) and "needs a tensor's data" in r.unhandled.reason
+    assert any(g.kind is GuardKind.TENSOR_MATCH for g in r.unhandled.guards)
+    assert any(g.kind is GuardKind.TENSOR_MATCH for g in r.captured.guards)
 
 
 def test_generators_and_comprehensions_inline() -> None:
@@ -215,4 +218,5 @@ def test_inplace_under_no_grad_on_grad_tensor_is_refused() -> None:
         return y * 3
 
     r = capture(f, (torch.randn(2, requires_grad=True),), {})
-    assert isinstance(r, Unhandled) and "hide the update from autograd" in r.reason
+    # a graph break: the update runs in plain Python, under no_grad, as in eager
+    assert isinstance(r, Broken) and "under no_grad" in r.unhandled.reason

@@ -8,7 +8,7 @@ import dis
 import pytest
 import torch
 
-from ember.capture import Unhandled, capture
+from ember.capture import Captured, Unhandled, capture
 from ember.capture.frame import PY_VERSION, code_info
 from ember.capture.opcodes import (
     NOT_HANDLED,
@@ -95,9 +95,10 @@ def test_class_statement_is_unhandled_by_opcode_and_line() -> None:
     assert str(r).endswith(f"{r.file}:{r.line})")
 
 
-def test_store_global_is_unhandled() -> None:
+def test_store_global_is_a_recorded_side_effect() -> None:
     r = capture(_set_global, (torch.randn(2),), {})
-    assert isinstance(r, Unhandled) and r.opname == "STORE_GLOBAL"
+    assert isinstance(r, Captured) and G == 0
+    assert [(e.kind, e.name) for e in r.effects] == [("global", "G")]
 
 
 G = 0

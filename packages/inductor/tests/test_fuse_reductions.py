@@ -1,6 +1,8 @@
-"""fuse, rule 2: a reduction fuses into its pointwise readers of the same outer domain
-(`loop.reduce` inside the reader's body). Golden text for softmax, numbers on the interpreter and
-in C++ (bitwise equal to the unfused kernels), layernorm as two kernels, and why_not_fused."""
+"""fuse, rule 2: a reduction fuses into its readers of the same outer domain (`loop.reduce`
+inside the reader's body, also inside the reader's own reductions), then the pointwise producer
+of a reduction inlines into it: softmax, layernorm and var are one kernel each. Golden text for
+softmax, numbers on the interpreter and in C++ against eager and the unfused kernels, and
+why_not_fused."""
 
 from __future__ import annotations
 
@@ -31,34 +33,31 @@ graph @softmax(%x: f32[3, 5]) -> (f32[3, 5]) {
 SOFTMAX_FUSED = """ember.ir 1.0
 
 graph @softmax(%x: f32[3, 5]) -> (f32[3, 5]) {
-  %4 = loop.pointwise(@softmax_k2, %x, ranges=[3, 5]) : f32[3, 5]
-  %8 = loop.pointwise(@softmax_k4, %4, ranges=[3, 5]) : f32[3, 5]
+  %8 = loop.pointwise(@softmax_k4, %x, ranges=[3, 5]) : f32[3, 5]
   return (%8)
 }
 
-graph @softmax_k0(%x: f32[3, 5]) -> (f32[]) {
+graph @softmax_k4(%x: f32[3, 5]) -> (f32[]) {
+  %x.load = loop.load(%x, index=["i0", "i1"]) : f32[]
+  %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
+  %3 = prims.sub(%x.load, %0) : f32[]
+  %4 = prims.exp(%3) : f32[]
+  %5 = loop.reduce(@softmax_k7, %x, ranges=[3], reduce_ranges=[5], reduction="sum") : f32[]
+  %8 = prims.div(%4, %5) : f32[]
+  return (%8)
+}
+
+graph @softmax_k6(%x: f32[3, 5]) -> (f32[]) {
   %x.load = loop.load(%x, index=["i0", "r0"]) : f32[]
   return (%x.load)
 }
 
-graph @softmax_k2(%x: f32[3, 5]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "i1"]) : f32[]
-  %0 = loop.reduce(@softmax_k0, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
+graph @softmax_k7(%x: f32[3, 5]) -> (f32[]) {
+  %x.load = loop.load(%x, index=["i0", "r0"]) : f32[]
+  %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
   %3 = prims.sub(%x.load, %0) : f32[]
   %4 = prims.exp(%3) : f32[]
   return (%4)
-}
-
-graph @softmax_k3(%4: f32[3, 5]) -> (f32[]) {
-  %4.load = loop.load(%4, index=["i0", "r0"]) : f32[]
-  return (%4.load)
-}
-
-graph @softmax_k4(%4: f32[3, 5]) -> (f32[]) {
-  %4.load = loop.load(%4, index=["i0", "i1"]) : f32[]
-  %5 = loop.reduce(@softmax_k3, %4, ranges=[3], reduce_ranges=[5], reduction="sum") : f32[]
-  %8 = prims.div(%4.load, %5) : f32[]
-  return (%8)
 }
 """
 
@@ -93,15 +92,17 @@ def test_softmax_golden_round_trip_and_numbers() -> None:
     x[1, 2] = float("-inf")
     torch.testing.assert_close(Interpreter(fused).run([x]).outputs[0], torch.softmax(x, 1))
     compiled = run_pipeline(fused, "codegen-cpp")
-    assert _kernels(compiled, "softmax") == ["kernels.call", "kernels.call"]
+    assert _kernels(compiled, "softmax") == ["kernels.call"]
     src = compiled.kernels["softmax_k4"].source
-    assert "a reduction fused here" in src and "@softmax_k3" in src
+    assert "a reduction fused here" in src and "@softmax_k7" in src
     got = _run(compile_module(fused, "codegen-cpp"), [x])
     torch.testing.assert_close(got, torch.softmax(x, 1))
-    assert torch.equal(got, _run(compile_module(unfused, "codegen-cpp"), [x]))
+    # the same sums and maxima as the unfused kernels; exp may be computed by another SIMD
+    # variant (libmvec, <= 4 ulp) in the fused kernel's loops
+    torch.testing.assert_close(got, _run(compile_module(unfused, "codegen-cpp"), [x]))
 
 
-def test_layernorm_is_two_kernels_and_bitwise_equal_to_unfused() -> None:
+def test_layernorm_is_one_kernel_and_matches_unfused() -> None:
     g = torch.Generator().manual_seed(1)
     for dt, torch_dt in (("f32", torch.float32), ("bf16", torch.bfloat16)):
         m = parse(LAYERNORM.format(dt=dt))
@@ -111,11 +112,11 @@ def test_layernorm_is_two_kernels_and_bitwise_equal_to_unfused() -> None:
         unfused = compile_module(m, "decompose,lower-loops,fuse{reductions=false},codegen-cpp")
         assert len(_kernels(fused, "ln")) < len(_kernels(unfused, "ln"))
         if dt == "f32":
-            assert _kernels(fused, "ln") == ["kernels.call"] * 2
+            assert _kernels(fused, "ln") == ["kernels.call"]
             assert len(_kernels(unfused, "ln")) == 4
         got = _run(fused, xs)
-        assert torch.equal(got, _run(unfused, xs))
         tol = {"rtol": 2e-2, "atol": 2e-2} if torch_dt == torch.bfloat16 else {}
+        torch.testing.assert_close(got, _run(unfused, xs), **tol)
         torch.testing.assert_close(got, torch.nn.functional.layer_norm(xs[0], [6], xs[1], xs[2]),
                                    **tol)
 

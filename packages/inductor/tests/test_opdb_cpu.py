@@ -6,7 +6,7 @@ every dtype the entry draws).
 To bound CPU time (every distinct shape and dtype is a new C++ source), one hypothesis example
 draws one sample for every op of a family and builds one module holding a graph per op: one g++
 call per example. A failing example names every op that failed. The compiled graph of each op
-must be kernels only (`kernels.call`, `kernels.extern`): a kernel left to the reference
+must be kernels only (`kernels.call`, `kernels.extern`, `kernels.view`): a kernel left to the reference
 interpreter (`cpp_fallback`) fails the check. `SKIP` lists the ops the inductor cannot handle yet,
 with the reason.
 """
@@ -80,7 +80,7 @@ def not_kernels(compiled: Module, graph: str) -> list[str]:
     """The nodes of a compiled graph that do not run compiled code, with the reasons."""
     out = []
     for n in compiled.graph(graph).nodes:
-        if n.op in ("kernels.call", "kernels.extern"):
+        if n.op in ("kernels.call", "kernels.extern", "kernels.view"):
             continue
         ref = n.args[0] if n.args else None
         body = compiled.items.get(ref.name) if isinstance(ref, Ref) else None

@@ -47,13 +47,14 @@ def test_explain_reports_graph_ops_guards_inputs() -> None:
     assert "aten.addmm.default x2" in text and "guards (" in text
 
 
-def test_explain_reports_fallback_with_line(capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_reports_graph_break_with_line(capsys: pytest.CaptureFixture[str]) -> None:
     rep = er.explain(with_print, torch.randn(2))
     assert capsys.readouterr().out == "hello\n"
-    assert rep.graph_count == 0 and len(rep.fallbacks) == 1
-    f = rep.fallbacks[0]
-    assert "print()" in f.reason and f.line == with_print.__code__.co_firstlineno + 2
-    assert f"at {f.file}:{f.line}" in str(rep)
+    # x + 1 is a graph; the resume function after the print captures no operation
+    assert rep.graph_count == 1 and rep.break_count == 1 and not rep.fallbacks
+    b = rep.breaks[0]
+    assert "print()" in b.reason and b.line == with_print.__code__.co_firstlineno + 2
+    assert f"at {b.file}:{b.line}" in str(rep) and "graph breaks:" in str(rep)
 
 
 def test_explain_of_compiled_function_reports_history_and_backend_note(

@@ -1,6 +1,7 @@
-"""Constructs capture does not cover yet: the whole frame runs eagerly (same results, same
-printed output, same state), the reason and the user's source line are recorded, and
-fullgraph=True turns them into an error naming both."""
+"""Constructs capture does not cover: a graph break (or, where the frame cannot be split, the
+whole frame runs eagerly) with the same results, printed output and state as eager; the reason
+and the user's source line are recorded, and fullgraph=True turns them into an error naming
+both."""
 
 from __future__ import annotations
 
@@ -55,11 +56,6 @@ def writes_global(x):
     return x * COUNTER
 
 
-def mutates_input(x):
-    x.add_(1)  # HERE
-    return x * 2
-
-
 def boolean_mask(x):
     return x[x > 0]  # HERE
 
@@ -90,47 +86,63 @@ def raises(x):
     return x
 
 
-FALLBACKS = [
+# Each of these is a graph break now (capture part 3): the graph so far, the construct in
+# plain Python, a resume function captured in turn (tests: test_graph_breaks.py).
+BREAKS = [
     (prints, lambda: (torch.randn(2, 2),), "print()"),
     (item, lambda: (torch.randn(3),), "needs a tensor's data"),
     (data_branch, lambda: (torch.randn(3),), "branch on a tensor's value"),
-    (append_to_argument, lambda: (torch.randn(3), []), "mutating a list from outside"),
-    (writes_global, lambda: (torch.randn(3),), "STORE_GLOBAL"),
-    (mutates_input, lambda: (torch.randn(3),), "writes a graph input"),
     (boolean_mask, lambda: (torch.randn(5),), "DynamicOutputShapeException"),
     (nested_call, lambda: (torch.randn(3),), "tolist"),
 ]
+# ... and these are Python side effects, replayed after one graph (test_side_effects.py).
+SIDE_EFFECTS = [
+    (append_to_argument, lambda: (torch.randn(3), [])),
+    (writes_global, lambda: (torch.randn(3),)),
+]
 
 
-@pytest.mark.parametrize("fn,make,reason", FALLBACKS, ids=[f[0].__name__ for f in FALLBACKS])
-def test_fallback_matches_eager_and_is_explained(fn: Callable[..., Any], make: Any, reason: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    global COUNTER
-    COUNTER = 0
+@pytest.mark.parametrize("fn,make,reason", BREAKS, ids=[f[0].__name__ for f in BREAKS])
+def test_break_matches_eager_and_is_explained(fn: Callable[..., Any], make: Any, reason: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
     torch.manual_seed(0)
     args = make()
-    h = check_against_eager(fn, *args, expect_fallback=reason, calls=2)
+    h = check_against_eager(fn, *args, expect_graphs=None, calls=2)
     printed = capsys.readouterr().out
-    if fn is prints:  # eager printed twice, the compiled function (running eagerly) twice
+    if fn is prints:  # eager printed twice, the compiled function twice (once per call)
         assert printed.count("y has shape (2, 2)") == 4
+    assert not h.fallbacks
     target = inner_helper if fn is nested_call else fn
-    f = h.fallbacks[0]
-    assert f.line == line_of(target, "# HERE"), f
-    assert f.file == inspect.getsourcefile(target)
-    assert len(h.fallbacks) == 1  # recorded once: later calls reuse the cached eager entry
+    b = h.breaks[0]
+    assert reason in b.reason
+    assert b.line == line_of(target, "# HERE"), b
+    assert b.file == inspect.getsourcefile(target)
 
 
-def test_fallback_inside_inlined_call_reports_the_stack() -> None:
-    h = check_against_eager(nested_call, torch.randn(3), expect_fallback="tolist")
-    stack = h.fallbacks[0].stack
+@pytest.mark.parametrize("fn,make", SIDE_EFFECTS, ids=[f[0].__name__ for f in SIDE_EFFECTS])
+def test_side_effect_is_replayed_in_one_graph(fn: Callable[..., Any], make: Any) -> None:
+    global COUNTER
+    COUNTER = 0
+    h = check_against_eager(fn, *make(), calls=2)
+    assert not h.breaks and not h.fallbacks
+
+
+def test_break_inside_inlined_call_reports_the_stack() -> None:
+    h = check_against_eager(nested_call, torch.randn(3), expect_graphs=None)
+    stack = h.breaks[0].stack
     assert len(stack) == 2 and "nested_call" in stack[0] and "inner_helper" in stack[1]
 
 
-def test_module_state_side_effect_falls_back() -> None:
+def test_module_state_side_effect_is_replayed() -> None:
     m = Counting()
-    h = check_against_eager(m, torch.randn(2, 3), expect_fallback="setting attribute 'calls'",
-                            calls=3)
-    assert h.fallbacks[0].line == line_of(Counting.forward, "# HERE")
+    h = check_against_eager(m, torch.randn(2, 3), calls=3, expect_graphs=None)
+    assert not h.fallbacks and not h.breaks
+    # the counter is a Python int, read as a constant: each new value recompiles
+    assert len(h.graphs) == 3 and "self.calls" in h.recompilations[0]
+    c = er.compile(Counting(), backend="eager")
+    for _ in range(3):
+        c(torch.randn(2, 3))
+    assert c.calls == 3  # replayed once per call, on the module itself
 
 
 def test_user_exception_propagates_as_in_eager() -> None:
@@ -152,14 +164,14 @@ def test_module_hooks_fall_back() -> None:
     assert seen == [(2, 3), (2, 3)]  # eager's, and the compiled copy's (run eagerly)
 
 
-def test_torch_builtin_with_internal_view_mutation_falls_back() -> None:
+def test_break_in_torch_code_reports_torchs_own_line() -> None:
     gru = nn.GRU(4, 5, batch_first=True).eval()
-    h = check_against_eager(gru, torch.randn(2, 3, 4), expect_fallback="in-place operator")
-    assert h.fallbacks[0].file.endswith("rnn.py")  # no user frame: torch's own line
+    h = check_against_eager(gru, torch.randn(2, 3, 4), expect_graphs=None)
+    where = (h.breaks or h.fallbacks)[0]
+    assert where.file.endswith("rnn.py")  # no user frame: torch's own line
 
 
-@pytest.mark.parametrize("fn,make,reason", FALLBACKS[:4], ids=[f[0].__name__
-                                                                for f in FALLBACKS[:4]])
+@pytest.mark.parametrize("fn,make,reason", BREAKS[:3], ids=[f[0].__name__ for f in BREAKS[:3]])
 def test_fullgraph_raises_naming_construct_and_line(fn: Callable[..., Any], make: Any,
                                                     reason: str) -> None:
     c = er.compile(fn, backend="eager", fullgraph=True)

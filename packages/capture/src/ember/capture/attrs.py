@@ -10,11 +10,13 @@ read from an object carries a source, so it is guarded and (for tensors) lifted.
 from __future__ import annotations
 
 import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ember.capture.errors import UserError, unhandled
+from ember.capture.side_effects import module_attr_writable
 from ember.capture.sources import AttrSource, ModuleMemberSource
 from ember.capture.torchcalls import run_real
 from ember.capture.variables import (
@@ -180,10 +182,22 @@ def _fn_var(tx: Tracer, f: Any) -> Var:
     return tx.wrap(f, None)
 
 
-def _object_attr(tx: Tracer, obj: ObjectVar, name: str) -> Var:
+def _object_attr(tx: Tracer, obj: ObjectVar, name: str, generic: bool = False) -> Var:
+    """`obj.name`; `generic`: object.__getattribute__'s lookup even where the class has its own
+    (which is inlined otherwise: transformers' configs map attribute aliases in one)."""
     value = obj.value
+    written = _WRITES.get(tx, {}).get((id(value), name))
+    if written is not None:
+        return written[1]
     cls = type(value)
+    if not generic and not isinstance(value, torch.nn.Module):
+        custom = lookup_type_attr(cls, "__getattribute__")
+        if isinstance(custom, types.FunctionType):
+            return tx.call(FunctionVar(custom), [obj, ConstVar(name)])
     src = obj.source
+    if name == "__dict__" and not isinstance(value, torch.nn.Module) and isinstance(
+            getattr(value, "__dict__", None), dict):
+        return _instance_dict(tx, obj)
     cls_attr = _lookup(cls, name)
     if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property):
@@ -208,6 +222,17 @@ def _object_attr(tx: Tracer, obj: ObjectVar, name: str) -> Var:
     raise UserError(AttributeError(f"'{cls.__name__}' object has no attribute {name!r}"))
 
 
+def _instance_dict(tx: Tracer, obj: ObjectVar) -> Var:
+    """`obj.__dict__`, kept as the real dict so that reads guard only the keys they touch (a
+    transformers config reads `self.__dict__.get(k)` in every attribute access; wrapping the whole
+    dict would guard each of its entries)."""
+    if any(k[0] == id(obj.value) for k in _WRITES.get(tx, {})):
+        raise unhandled(f"reading __dict__ of a {type(obj.value).__qualname__} object whose "
+                        f"attributes were written during capture")
+    src = AttrSource(obj.source, "__dict__") if obj.source is not None else None
+    return ObjectVar(obj.value.__dict__, src)
+
+
 def _bind_class_attr(tx: Tracer, obj: Var, cls: type, name: str, cls_attr: Any) -> Var:
     if isinstance(cls_attr, staticmethod):
         return _fn_var(tx, cls_attr.__func__)
@@ -226,7 +251,24 @@ def _bind_class_attr(tx: Tracer, obj: Var, cls: type, name: str, cls_attr: Any) 
     return tx.wrap(cls_attr, None)
 
 
-def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str) -> Var:
+def generic_getattr(tx: Tracer, obj: Var, name: str) -> Var:
+    """`object.__getattribute__(obj, name)`."""
+    if isinstance(obj, ObjectVar):
+        return _object_attr(tx, obj, name, generic=True)
+    if isinstance(obj, NewObjectVar):
+        return _new_object_attr(tx, obj, name, generic=True)
+    return getattr_var(tx, obj, name)
+
+
+def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str, generic: bool = False) -> Var:
+    if not generic:
+        custom = lookup_type_attr(obj.cls, "__getattribute__")
+        if isinstance(custom, types.FunctionType):
+            return tx.call(FunctionVar(custom), [obj, ConstVar(name)])
+    if name == "__dict__":  # a copy: reads only (writes through it would not be seen)
+        return DictVar(dict(obj.attrs))
+    if name == "__class__":
+        return ConstVar(obj.cls)
     cls_attr = _lookup(obj.cls, name)
     if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property) and cls_attr.fget is not None:
@@ -234,10 +276,6 @@ def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str) -> Var:
         raise unhandled(f"descriptor {name!r} of a new {obj.cls.__qualname__}")
     if name in obj.attrs:
         return obj.attrs[name]
-    if name == "__class__":
-        return ConstVar(obj.cls)
-    if name == "__dict__":
-        return DictVar(dict(obj.attrs))
     if cls_attr is not _MISSING:
         return _bind_class_attr(tx, obj, obj.cls, name, cls_attr)
     getattr_fn = lookup_type_attr(obj.cls, "__getattr__")
@@ -317,5 +355,34 @@ def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
         return
     if isinstance(obj, TensorVar):
         raise unhandled(f"setting tensor attribute .{name}")
-    raise unhandled(f"setting attribute {name!r} of {obj.describe()} (side effects on objects "
-                    f"from outside the frame come with graph breaks, capture part 3)")
+    if isinstance(obj, ObjectVar) and (
+            (not isinstance(obj.value, torch.nn.Module) and _plain_slot(obj.value, name))
+            or module_attr_writable(obj.value, name, value)):
+        writes = _WRITES.setdefault(tx, {})
+        key = (id(obj.value), name)
+        if key not in writes:
+            d = obj.value.__dict__
+            writes[key] = (obj.value, value, d[name] if name in d else _MISSING)
+        else:
+            writes[key] = (obj.value, value, writes[key][2])
+        return
+    raise unhandled(f"setting attribute {name!r} of {obj.describe()} (a write capture does not "
+                    f"replay: a property, a custom __setattr__, a tensor or module on a module)")
+
+
+# Attribute writes to objects from outside the frame, per tracer: (object, name) -> (object, the
+# value written, the value before capture). Library code sets a flag and restores it (transformers'
+# CompileableContextVar does, around every forward): reads see the written value; writes that
+# restore the old value vanish, lasting ones are replayed (ember.capture.side_effects.collect).
+_WRITES: weakref.WeakKeyDictionary[Tracer, dict[tuple[int, str], tuple[Any, Var, Any]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _plain_slot(value: Any, name: str) -> bool:
+    """An attribute kept in the instance dict, with no descriptor or custom __setattr__."""
+    cls = type(value)
+    if not isinstance(getattr(value, "__dict__", None), dict):
+        return False
+    if lookup_type_attr(cls, "__setattr__") is not object.__setattr__:
+        return False
+    return _lookup(cls, name) is _MISSING or not _is_data_descriptor(_lookup(cls, name))

@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextvars
+import copy
 import functools
+import inspect
 import math
 import operator
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture import pyops
+from ember.capture import contexts, pyops
 from ember.capture.errors import UserError, unhandled
 from ember.capture.torchcalls import has_tensor, run_real, unwrap
 from ember.capture.variables import (
     ConstVar,
     DictVar,
+    FunctionVar,
     IteratorVar,
     ListVar,
+    MethodVar,
     NewObjectVar,
     ObjectVar,
     PartialVar,
@@ -175,6 +181,13 @@ def _setattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Va
     return ConstVar(None)
 
 
+@builtin(object.__getattribute__)
+def _object_getattribute(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.attrs import generic_getattr
+
+    return generic_getattr(tx, args[0], _c(args[1], "an attribute name"))
+
+
 @builtin(object.__setattr__)
 def _object_setattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     obj, name, value = args
@@ -283,8 +296,8 @@ def _list(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 
 @builtin(tuple)
 def _tuple(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
-    if args and isinstance(args[0], ConstVar) and isinstance(args[0].value, tuple):
-        return args[0]
+    if args and isinstance(args[0], ConstVar) and type(args[0].value) is tuple:
+        return args[0]  # (not a torch.Size or namedtuple: tuple() of those is a plain tuple)
     items = iterate(tx, args[0]) if args else []
     consts = [i.value for i in items if isinstance(i, ConstVar)]
     if len(consts) == len(items):
@@ -328,8 +341,7 @@ def _set(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 
 def _scalar_convert(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if args and isinstance(args[0], TensorVar):
-        raise unhandled(f"{fn.__name__}() of a tensor (needs its data; graph breaks come in "
-                        f"capture part 3)")
+        raise unhandled(f"{fn.__name__}() of a tensor (needs its data)")
     if all(isinstance(a, ConstVar) for a in [*args, *kwargs.values()]):
         return ConstVar(pyops.real(lambda: fn(*[_c(a) for a in args],
                                               **{k: _c(v) for k, v in kwargs.items()})))
@@ -402,7 +414,7 @@ def _object(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var
 
 @builtin(print)
 def _print(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
-    raise unhandled("print() (a side effect: graph breaks come in capture part 3)")
+    raise unhandled("print() (output: a graph break)")
 
 
 @builtin(id)
@@ -502,10 +514,125 @@ def _false(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 
 
 builtin(torch.jit.is_scripting, torch.jit.is_tracing, torch._C._is_tracing,
-        torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling,
         torch._C._has_torch_function, torch._C._has_torch_function_unary,
         torch._C._has_torch_function_variadic)(_false)
+# Like TorchDynamo: code asking whether it is being compiled is; libraries (transformers) take
+# their traceable paths then and skip data-dependent shortcuts that compute the same result.
+builtin(torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)(
+    lambda tx, fn, args, kwargs: ConstVar(True))
+# Queries of process state that capture reads once (a CUDA graph being recorded on this stream).
+builtin(torch.cuda.is_current_stream_capturing)(
+    lambda tx, fn, args, kwargs: ConstVar(bool(torch.cuda.is_current_stream_capturing())))
 builtin(torch._C._get_tracing_state)(lambda tx, fn, args, kwargs: ConstVar(None))
+
+
+builtin(contextvars.ContextVar.set)(contexts.contextvar_set)
+builtin(contextvars.ContextVar.get)(contexts.contextvar_get)
+builtin(contextvars.ContextVar.reset)(contexts.contextvar_reset)
+
+
+@builtin(inspect.signature)
+def _signature(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    # The signature of a real function comes from its code and defaults, which capture does
+    # not change: computed for real rather than inlining inspect's machinery.
+    if len(args) != 1 or not isinstance(args[0], ConstVar | FunctionVar | MethodVar |
+                                        ObjectVar):
+        raise unhandled(f"inspect.signature of {args[0].describe() if args else 'nothing'}")
+    target = unwrap(args[0])
+    return tx.wrap(pyops.real(inspect.signature, target,
+                              **{k: _c(v) for k, v in kwargs.items()}), None)
+
+
+@builtin(copy.deepcopy, copy.copy)
+def _copy(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    if len(args) != 1 or kwargs:
+        raise unhandled(f"copy.{fn.__name__} with a memo")
+    return copy_var(tx, args[0], fn is copy.deepcopy, {})
+
+
+def copy_var(tx: Tracer, v: Var, deep: bool, memo: dict[int, Var]) -> Var:
+    """A copy of a symbolic value, as copy.copy/deepcopy make it. An object from outside the
+    frame is copied into a new symbolic object whose attributes are its own, read through its
+    source (so guarded): later writes to the copy stay in capture."""
+    if id(v) in memo:
+        return memo[id(v)]
+
+    def sub(x: Var) -> Var:
+        return copy_var(tx, x, deep, memo) if deep else x
+
+    out: Var
+    if isinstance(v, ConstVar | FunctionVar):
+        return v  # immutable values and functions: copy returns them
+    if isinstance(v, TupleVar):
+        items = [sub(x) for x in v.items]
+        return v if all(a is b for a, b in zip(items, v.items)) else TupleVar(items, v.cls)
+    if isinstance(v, ListVar):
+        out = memo[id(v)] = ListVar([])
+        out.items = [sub(x) for x in v.items]
+        return out
+    if isinstance(v, DictVar) and v.cls in (dict, collections.OrderedDict):
+        out = memo[id(v)] = DictVar({}, v.cls)
+        out.items = {k: sub(x) for k, x in v.items.items()}
+        return out
+    if isinstance(v, SetVar):
+        return SetVar(list(v.items.values()), frozen=v.frozen)
+    if isinstance(v, NewObjectVar | ObjectVar):
+        cls = v.python_type()
+        custom = [m for m in ("__copy__", "__deepcopy__", "__reduce_ex__", "__reduce__",
+                              "__getstate__", "__setstate__")
+                  if getattr(cls, m, None) is not getattr(object, m, None)]
+        if custom or issubclass(cls, torch.nn.Module | dict) or (
+                isinstance(v, ObjectVar) and not _plain_object(v.value)):
+            raise unhandled(f"copying a {cls.__qualname__} object (a custom copy protocol or "
+                            f"state that is not its __dict__)")
+        new = NewObjectVar(cls)
+        memo[id(v)] = new
+        if isinstance(v, NewObjectVar):
+            attrs = dict(v.attrs)
+        else:
+            from ember.capture.sources import AttrSource
+
+            d = v.value.__dict__
+            attrs = {k: tx.wrap(x, AttrSource(v.source, k) if v.source is not None else None)
+                     for k, x in d.items()}
+        new.attrs = {k: sub(x) for k, x in attrs.items()}
+        return new
+    raise unhandled(f"copying a {v.describe()}")
+
+
+def _plain_object(value: Any) -> bool:
+    """An instance whose whole state is its __dict__ (made by object.__new__, no slots)."""
+    cls = type(value)
+    return (isinstance(getattr(value, "__dict__", None), dict) and
+            getattr(cls, "__new__", None) is vars(object)["__new__"]
+            and not any("__slots__" in vars(k) for k in cls.__mro__[:-1]))
+
+
+@builtin(delattr)
+def _delattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    from ember.capture.attrs import lookup_type_attr
+
+    obj, name = args[0], _c(args[1], "an attribute name")
+    if not isinstance(obj, NewObjectVar):
+        raise unhandled(f"deleting attribute {name!r} of {obj.describe()}")
+    custom = lookup_type_attr(obj.cls, "__delattr__")
+    if isinstance(custom, types.FunctionType):
+        return tx.call(FunctionVar(custom), [obj, args[1]])
+    if name not in obj.attrs:
+        raise UserError(AttributeError(name))
+    del obj.attrs[name]
+    return ConstVar(None)
+
+
+@builtin(object.__delattr__)
+def _object_delattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    obj, name = args[0], _c(args[1], "an attribute name")
+    if not isinstance(obj, NewObjectVar):
+        raise unhandled(f"deleting attribute {name!r} of {obj.describe()}")
+    if name not in obj.attrs:
+        raise UserError(AttributeError(name))
+    del obj.attrs[name]
+    return ConstVar(None)
 
 
 @builtin(torch.is_tensor)

@@ -9,6 +9,7 @@ symbolic container. Anything else is unhandled, by name.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import types
 import weakref
@@ -18,7 +19,7 @@ import torch
 
 from ember.capture import contexts, pyops
 from ember.capture.builtins import handler_for
-from ember.capture.containers import CONTAINER_TYPES, call_method
+from ember.capture.containers import CONTAINER_TYPES, call_method, real_dict_read
 from ember.capture.errors import UserError, unhandled
 from ember.capture.modules import call_module
 from ember.capture.sources import CallSource
@@ -92,15 +93,30 @@ def _call_method(tx: Tracer, m: MethodVar, args: list[Var], kwargs: dict[str, Va
         owner = getattr(f, "__objclass__", None)
         if owner in CONTAINER_TYPES and isinstance(obj, ListVar | DictVar | SetVar | TupleVar):
             return call_method(tx, obj, f.__name__, args, kwargs)
+        storage = _dict_storage(f, obj)
+        if storage is not None:
+            return call_method(tx, storage, f.__name__, args, kwargs)
         if isinstance(obj, ContextVar):
             return contexts.call_context_method(tx, obj, f.__name__, args)
     return call_function(tx, func, [obj, *args], kwargs)
+
+
+def _dict_storage(f: Any, obj: Var) -> DictVar | None:
+    """The dict contents of a new dict-subclass instance, when `f` is a method of dict's own
+    (`super().__setitem__(k, v)` in a ModelOutput, `OrderedDict.keys`)."""
+    if isinstance(obj, NewObjectVar) and obj.dict is not None and getattr(
+            f, "__objclass__", None) in (dict, collections.OrderedDict):
+        return obj.dict
+    return None
 
 
 def _call_const(tx: Tracer, f: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     h = handler_for(f)
     if h is not None:
         return h(tx, f, args, kwargs)
+    storage = _dict_storage(f, args[0]) if args else None
+    if storage is not None:
+        return call_method(tx, storage, f.__name__, args[1:], kwargs)
     if isinstance(f, type):
         return construct(tx, f, args, kwargs)
     if is_torch_op(f):
@@ -117,6 +133,11 @@ def _call_const(tx: Tracer, f: Any, args: list[Var], kwargs: dict[str, Var]) -> 
     if owner in CONTAINER_TYPES and args and isinstance(args[0], ListVar | DictVar | SetVar |
                                                         TupleVar):
         return call_method(tx, args[0], f.__name__, args[1:], kwargs)
+    if owner in (dict, collections.OrderedDict) and args and isinstance(args[0], ObjectVar) \
+            and not kwargs:
+        res = real_dict_read(tx, args[0], f.__name__, args[1:])
+        if res is not None:
+            return res
     name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f)
     mod = getattr(f, "__module__", None)
     where = f"{mod}." if mod and mod != "builtins" else ""
@@ -154,9 +175,15 @@ def construct(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) ->
 
     if issubclass(cls, enum.Enum):
         return tx.wrap(pyops.real(cls, *[_const(a) for a in args]), None)
-    if cls.__module__ == "builtins" or type(cls) is not type:
+    if cls.__module__ == "builtins" or (  # a metaclass with its own __call__
+            type(cls) is not type and vars(type).get("__call__") is not lookup_call(type(cls))):
         raise unhandled(f"building a {cls.__qualname__}")
     return _user_object(tx, cls, args, kwargs)
+
+
+def lookup_call(meta: type) -> Any:
+    """The `__call__` a metaclass defines or inherits (type's, unless overridden)."""
+    return next((vars(k)["__call__"] for k in meta.__mro__ if "__call__" in vars(k)), None)
 
 
 def _namedtuple(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
@@ -180,16 +207,33 @@ def _namedtuple(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) 
     return TupleVar([bound[f] for f in fields], cls)
 
 
+# Builtin bases whose instances capture builds symbolically, with their own __new__/__init__.
+_DICT_BASES = (dict, collections.OrderedDict)
+
+
 def _user_object(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:
-    if vars(object)["__new__"] is not getattr(cls, "__new__", None):
+    new = getattr(cls, "__new__", None)
+    if vars(object)["__new__"] is not new and not (
+            issubclass(cls, dict) and new in [vars(b)["__new__"] for b in _DICT_BASES
+                                              if "__new__" in vars(b)]):
         raise unhandled(f"class {cls.__qualname__} with a custom __new__")
     if getattr(cls, "__slots__", None) and not dataclasses.is_dataclass(cls):
         raise unhandled(f"class {cls.__qualname__} with __slots__")
+    if issubclass(cls, dict) and any(b.__module__ in ("builtins", "collections") and
+                                     b not in (*_DICT_BASES, object) for b in cls.__mro__):
+        raise unhandled(f"class {cls.__qualname__} derived from a builtin dict type")
     obj = NewObjectVar(cls)
     init = getattr(cls, "__init__", None)
     if init is vars(object)["__init__"]:
         if args or kwargs:
             raise UserError(TypeError(f"{cls.__name__}() takes no arguments"))
+        return obj
+    if obj.dict is not None and init in [vars(b)["__init__"] for b in _DICT_BASES]:
+        from ember.capture.containers import update_dict
+
+        for a in args:
+            update_dict(tx, obj.dict, a)
+        obj.dict.items.update(kwargs)
         return obj
     if not isinstance(init, types.FunctionType):
         raise unhandled(f"class {cls.__qualname__} with a builtin __init__")

@@ -5,11 +5,19 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ember.capture.errors import CaptureUnhandled, Unhandled, UserError, unhandled
+from ember.capture import contexts
+from ember.capture.errors import (
+    CaptureUnhandled,
+    StopCapture,
+    Unhandled,
+    UserError,
+    unhandled,
+)
 from ember.capture.guards import Guard, GuardKind
 from ember.capture.result import (
     Captured,
@@ -19,8 +27,10 @@ from ember.capture.result import (
     OutSeq,
     OutSource,
     OutSpec,
-    OutTensor,
 )
+from ember.capture.resume import Broken, find_site, split
+from ember.capture.side_effects import collect as collect_effects
+from ember.capture.side_effects import value_spec
 from ember.capture.sources import ArgSource, ArgsSource, KwargSource, KwargsSource, SelfSource
 from ember.capture.tracer import Tracer
 from ember.capture.variables import (
@@ -79,13 +89,16 @@ def _param_names(target: Any, nargs: int) -> list[str]:
     return out
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captured | Unhandled:
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Captured | Broken | Unhandled:
     """Capture one call `target(*args, **kwargs)` into an aten graph with guards.
 
     `target` is a Python function, a bound method (its `self` is the call's `S`), or an
     nn.Module (called as `module(*args)`, hooks refused). Nothing real is mutated and nothing of
-    the user's code runs for real; the result is a `Captured`, or an `Unhandled` naming the
-    construct and the user's source line.
+    the user's code runs for real; the result is a `Captured`; a `Broken` (the graph up to a
+    construct capture does not cover, and the code that runs it and resumes after it: see
+    `ember.capture.resume`); or, where the frame cannot be split there, an `Unhandled` naming
+    the construct and the user's source line.
     """
     tx = Tracer(graph_name(target))
     code = target_code(target)
@@ -97,12 +110,46 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Captu
             file, line = _split_where(e.stack[-1])
         elif file is None and code is not None:
             file, line = code.co_filename, code.co_firstlineno
-        return Unhandled(e.reason, file or "<unknown>", line, e.opname, tuple(e.stack),
-                         tuple(tx.guards.guards))
+        un = Unhandled(e.reason, file or "<unknown>", line, e.opname, tuple(e.stack),
+                       tuple(tx.guards.guards))
+        return _graph_break(target, args, kwargs, code, e, un)
     except UserError as e:
         file = e.file or (code.co_filename if code else "<unknown>")
         return Unhandled(f"the function raises {type(e.exc).__name__}: {e.exc}", file, e.line,
                          None, tuple(e.stack), tuple(tx.guards.guards))
+
+
+def _graph_break(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 code: types.CodeType | None, e: CaptureUnhandled, un: Unhandled
+                 ) -> Broken | Unhandled:
+    """Capture again, stopping before the break site in the compiled function's own frame,
+    and split the frame there; `un` when it cannot be split."""
+    fn = target_function(target)
+    site = find_site(code, e) if code is not None and fn is not None else None
+    if site is None or fn is None:
+        return un
+    tx = Tracer(graph_name(target))
+    tx.stop_at = site.step
+    entry_grad = torch.is_grad_enabled()
+    try:
+        _capture(tx, target, args, kwargs, code)
+    except StopCapture as stop:
+        if stop.frame.code != code:  # (equal code objects share their decoded form)
+            return un
+        try:
+            return split(tx, stop.frame, fn, site, un, entry_grad)
+        except CaptureUnhandled as why:
+            return replace(un, reason=f"{un.reason} (and no graph break there: {why.reason})")
+    except (CaptureUnhandled, UserError):
+        pass
+    return un
+
+
+def target_function(target: Any) -> types.FunctionType | None:
+    """The Python function whose code a capture of `target` starts in."""
+    fn = type(target).forward if isinstance(target, torch.nn.Module) else getattr(
+        target, "__func__", target)
+    return fn if isinstance(fn, types.FunctionType) else None
 
 
 def _split_where(entry: str) -> tuple[str, int]:
@@ -139,32 +186,38 @@ def _capture(tx: Tracer, target: Any, args: tuple[Any, ...], kwargs: dict[str, A
         raise unhandled("torch.set_grad_enabled(...) outside a `with` (a global state change)")
     if tx.autocast:
         raise unhandled("an autocast context left open")
+    contexts.check_context_vars(tx)
+    effects = collect_effects(tx)
     outputs: list[Value] = []
     spec = _output(tx, ret, outputs, {})
-    tx.recorder.output(outputs)
+    if effects:  # the return value, then each effect's target and value (result.Captured)
+        parts = [spec]
+        for eff in effects:
+            parts += [OutSource(eff.target),
+                      value_spec(eff, lambda v: _output(tx, v, outputs, {}))]
+        spec = OutSeq(tuple, tuple(parts))
+    tx.recorder.output()
     _prune_inputs(tx)
     rec = tx.recorder
+    rec.finish()
     return Captured(rec.module, list(rec.input_sources), list(rec.input_examples), spec,
-                    list(tx.guards.guards), code, rec.op_counts)
+                    list(tx.guards.guards), code, rec.op_counts, rec.plan, rec.updates,
+                    effects)
 
 
 def _output(tx: Tracer, v: Var, outputs: list[Value], index: dict[int, int]) -> OutSpec:
-    if isinstance(v, TensorVar):
-        key = id(v.value)
-        if key not in index:
-            index[key] = len(outputs)
-            outputs.append(v.value)
-        return OutTensor(index[key])
+    if isinstance(v, TensorVar):  # an index into the output plan (views replay as views)
+        return tx.recorder.output_tensor(v.fake)
     if isinstance(v, ConstVar):
         return OutConst(v.value)
     if isinstance(v, TupleVar):
         return OutSeq(v.cls, tuple(_output(tx, i, outputs, index) for i in v.items))
     if isinstance(v, ListVar):
-        if v.source is not None and not v.mutated:
+        if v.source is not None:  # the caller's list (changed in place by side effects)
             return OutSource(v.source)
         return OutSeq(list, tuple(_output(tx, i, outputs, index) for i in v.items))
     if isinstance(v, DictVar):
-        if v.source is not None and not v.mutated:
+        if v.source is not None:
             return OutSource(v.source)
         return OutDict(v.cls, tuple(v.items), tuple(_output(tx, i, outputs, index)
                                                     for i in v.items.values()))
@@ -176,8 +229,10 @@ def _output(tx: Tracer, v: Var, outputs: list[Value], index: dict[int, int]) -> 
     if isinstance(v, FunctionVar):
         return OutConst(v.fn)
     if isinstance(v, NewObjectVar):
+        items = None if v.dict is None else tuple(
+            (k, _output(tx, a, outputs, index)) for k, a in v.dict.items.items())
         return OutObject(v.cls, tuple((k, _output(tx, a, outputs, index))
-                                      for k, a in v.attrs.items()))
+                                      for k, a in v.attrs.items()), items)
     raise unhandled(f"returning a {v.describe()}")
 
 
@@ -185,7 +240,7 @@ def _prune_inputs(tx: Tracer) -> None:
     """Drop graph inputs nothing uses (read but unused tensors), with their metadata guards."""
     rec = tx.recorder
     g = rec.module.graph()
-    used: set[int] = {id(o) for o in g.outputs}
+    used: set[int] = {id(o) for o in g.outputs} | {id(p) for p in rec.pinned}
     for n in g.nodes:
         used.update(id(v) for v in n.operands())
     keep = [i for i, p in enumerate(g.params) if id(p) in used]

@@ -9,10 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.errors import UserError, unhandled
+from ember.capture.guards import Guard, GuardKind
+from ember.capture.sources import DictItemSource
 from ember.capture.variables import (
     ConstVar,
     DictVar,
     ListVar,
+    ObjectVar,
     SetVar,
     TupleVar,
     Var,
@@ -26,9 +29,11 @@ CONTAINER_TYPES = (list, dict, set, frozenset, tuple)
 
 
 def mutate(v: ListVar | DictVar | SetVar) -> None:
-    if getattr(v, "readonly", False):
+    # a list or dict from outside the frame (it has a source) changes symbolically and is
+    # written back after the graph (ember.capture.side_effects)
+    if getattr(v, "readonly", False) and (isinstance(v, SetVar) or v.source is None):
         raise unhandled(f"mutating a {v.python_type().__name__} from outside the compiled "
-                        f"function (side effects come with graph breaks, capture part 3)")
+                        f"function (a set, or a container capture cannot reach again)")
     if isinstance(v, ListVar | DictVar):
         v.mutated = True
 
@@ -140,7 +145,24 @@ def _dict_method(tx: Tracer, obj: DictVar, name: str, args: list[Var],
         return getitem(tx, obj, args[0])
     if name == "__contains__":
         return ConstVar(set_key(args[0]) in obj.items)
+    if name == "__len__":
+        return ConstVar(len(obj.items))
+    if name == "__iter__":
+        from ember.capture.variables import IteratorVar
+
+        return IteratorVar([ConstVar(k) for k in obj.items])
     mutate(obj)
+    if name == "__setitem__":
+        _n(args, 2, 2, name)
+        obj.items[set_key(args[0])] = args[1]
+        return ConstVar(None)
+    if name == "__delitem__":
+        _n(args, 1, 1, name)
+        k = set_key(args[0])
+        if k not in obj.items:
+            raise UserError(KeyError(k))
+        del obj.items[k]
+        return ConstVar(None)
     if name == "pop":
         _n(args, 1, 2, name)
         k = set_key(args[0])
@@ -232,3 +254,57 @@ def _const(v: Var) -> Any:
     if isinstance(v, ConstVar):
         return v.value
     raise unhandled(f"a {v.describe()} where a constant is needed")
+
+
+_DICT_READS = ("get", "__getitem__", "__contains__")
+_DICT_VIEWS = ("keys", "values", "items", "__iter__", "__len__")
+
+
+def real_dict_read(tx: Tracer, obj: ObjectVar, name: str, args: list[Var]) -> Var | None:
+    """dict's own read methods on a real dict of the caller's that capture does not copy (a
+    dict subclass: a library's registry, a ModelOutput passed in). `d.get(k)`, `d[k]`, `k in d`
+    with one constant key read and guard only that key (present: its value; absent: `k not in
+    d`), so entries added for other keys later do not invalidate the graph; `keys()`,
+    `values()`, `items()`, `iter(d)`, `len(d)` guard the keys. Values are read as dict's methods
+    read them (`DictItemSource`, past a subclass's __getitem__). None when this does not apply."""
+    d = obj.value
+    src = obj.source
+    if not isinstance(d, dict):
+        return None
+
+    def value(key: Any) -> Var:
+        return tx.wrap(d[key] if type(d) is dict else dict.__getitem__(d, key),
+                       DictItemSource(src, key) if src is not None else None)
+
+    if name in _DICT_VIEWS and not args:
+        if not all(type(k) in (str, int) for k in d):
+            return None
+        if src is not None:
+            tx.guard(Guard(GuardKind.DICT_KEYS, src, tuple(d)))
+        keys = list(d)
+        if name == "__len__":
+            return ConstVar(len(keys))
+        if name == "__iter__":
+            from ember.capture.variables import IteratorVar
+
+            return IteratorVar([ConstVar(k) for k in keys])
+        if name == "keys":
+            return TupleVar([ConstVar(k) for k in keys])
+        if name == "values":
+            return TupleVar([value(k) for k in keys])
+        return TupleVar([TupleVar([ConstVar(k), value(k)]) for k in keys])
+    if name not in _DICT_READS or not args or len(args) > 2:
+        return None
+    if not isinstance(args[0], ConstVar) or type(args[0].value) not in (str, int):
+        return None
+    key = args[0].value
+    if dict.__contains__(d, key):
+        v = value(key)  # read (and guarded) even for `in`: the guard checks it is still there
+        return ConstVar(True) if name == "__contains__" else v
+    if src is not None:
+        tx.guard(Guard(GuardKind.NOT_IN, src, key))
+    if name == "__getitem__":
+        raise UserError(KeyError(key))
+    if name == "__contains__":
+        return ConstVar(False)
+    return args[1] if len(args) > 1 else ConstVar(None)

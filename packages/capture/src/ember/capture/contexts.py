@@ -1,4 +1,4 @@
-"""Context managers capture understands: grad mode, autocast, nullcontext.
+"""Context managers capture understands: grad mode, autocast, nullcontext; and ContextVars.
 
 Grad mode and autocast are symbolic state of the tracer, applied while torch code runs on fake
 tensors. Autocast's casts are recorded as explicit `_to_copy` nodes. A `no_grad` region entered
@@ -9,6 +9,8 @@ so the graph, run under grad mode, computes exactly what eager computes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -118,3 +120,78 @@ def call_context_method(tx: Tracer, ctx: ContextVar, name: str, args: list[Var])
     if name == "__exit__":
         return exit_(tx, ctx)
     raise unhandled(f"method {name} of {ctx.cls.__qualname__}")
+
+
+# -- contextvars.ContextVar ------------------------------------------------------------------
+# Library code sets a ContextVar around a call and resets it afterwards (transformers does, for
+# its output collectors). Capture keeps such values symbolically, per tracer: `set` records the
+# new value and returns a token, `get` reads it, `reset(token)` restores the previous one. A
+# value still set when capture ends would be a lost side effect: capture refuses it.
+_CTXVARS: weakref.WeakKeyDictionary[Tracer, dict[int, tuple[contextvars.ContextVar[Any], Var]]] \
+    = weakref.WeakKeyDictionary()
+
+
+class TokenVar(Var):
+    """The token ContextVar.set returned during capture."""
+
+    def __init__(self, var: contextvars.ContextVar[Any], previous: Var | None):
+        self.var = var
+        self.previous = previous  # None: the variable had no symbolic value before the set
+        self.used = False
+
+    def python_type(self) -> type:
+        return contextvars.Token
+
+
+def _cv(args: list[Var]) -> contextvars.ContextVar[Any]:
+    from ember.capture.variables import ObjectVar
+
+    if not args or not isinstance(args[0], ObjectVar) or not isinstance(
+            args[0].value, contextvars.ContextVar):
+        raise unhandled("a ContextVar method on something that is not a ContextVar")
+    return args[0].value
+
+
+def contextvar_set(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    var = _cv(args)
+    state = _CTXVARS.setdefault(tx, {})
+    prev = state.get(id(var))
+    state[id(var)] = (var, args[1])
+    return TokenVar(var, prev[1] if prev is not None else None)
+
+
+def contextvar_get(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    var = _cv(args)
+    entry = _CTXVARS.get(tx, {}).get(id(var))
+    if entry is not None:
+        return entry[1]
+    from ember.capture.sources import ContextVarSource
+
+    default = args[1] if len(args) > 1 else None
+    missing = object()
+    real = var.get(missing)
+    if real is missing:
+        if default is None:
+            raise unhandled(f"reading ContextVar {var.name!r}, which has no value")
+        return default
+    return tx.wrap(real, ContextVarSource(var))
+
+
+def contextvar_reset(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    var = _cv(args)
+    token = args[1] if len(args) > 1 else None
+    if not isinstance(token, TokenVar) or token.var is not var or token.used:
+        raise unhandled(f"ContextVar {var.name!r} reset with a token not made during capture")
+    token.used = True
+    state = _CTXVARS.setdefault(tx, {})
+    if token.previous is None:
+        state.pop(id(var), None)
+    else:
+        state[id(var)] = (var, token.previous)
+    return ConstVar(None)
+
+
+def check_context_vars(tx: Tracer) -> None:
+    """Refuse a capture that leaves a ContextVar set (a side effect capture would lose)."""
+    for var, _ in _CTXVARS.pop(tx, {}).values():
+        raise unhandled(f"ContextVar {var.name!r} set and not reset (a side effect)")

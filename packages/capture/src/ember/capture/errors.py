@@ -40,6 +40,11 @@ class CaptureUnhandled(Exception):
         self.file: str | None = None
         self.line = 0
         self.stack: list[str] = []
+        # where the compiled function's own frame was when this happened (for a graph break):
+        # the instruction index and how many of its instructions had started, this one included
+        self.top_index: int | None = None
+        self.top_step = 0
+        self.breakable = True  # False: a graph break cannot help (capture-wide limits)
 
     def locate(self, file: str, line: int, fn: str, user_code: bool = True) -> None:
         """Called by each frame it unwinds through, innermost first: the innermost frame of
@@ -51,6 +56,15 @@ class CaptureUnhandled(Exception):
 
 def unhandled(reason: str, opname: str | None = None) -> CaptureUnhandled:
     return CaptureUnhandled(reason, opname)
+
+
+class StopCapture(Exception):
+    """Raised by the tracer where a restarted capture must stop: right before the break
+    instruction(s) of the compiled function's own frame (see `ember.capture.resume`)."""
+
+    def __init__(self, frame: Any):
+        super().__init__("stopped at a graph break")
+        self.frame = frame
 
 
 class UserError(Exception):

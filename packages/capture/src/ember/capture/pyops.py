@@ -186,8 +186,7 @@ def truth(tx: Tracer, v: Var) -> bool:
     if isinstance(v, ConstVar):
         return bool(real(bool, v.value))
     if isinstance(v, TensorVar):
-        raise unhandled("a branch on a tensor's value (data-dependent control flow becomes a "
-                        "graph break in capture part 3)")
+        raise unhandled("a branch on a tensor's value (data-dependent control flow)")
     if isinstance(v, TupleVar | ListVar):
         return bool(v.items)
     if isinstance(v, DictVar | SetVar):

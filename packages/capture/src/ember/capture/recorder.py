@@ -6,10 +6,11 @@ The mode sits above torch's FakeTensorMode, so it sees ATen after composite ops 
 tensors that reach an operator (`torch.tensor([...])` literals, tensors held by library code) are
 lifted to graph inputs that the compiled code holds by reference.
 
-In-place operators on fresh intermediates that nothing else aliases (what dropout, `x += 1` on a
-temporary, or cross_entropy's internals do) become their functional form, and the tensor's value
-is rebound to the result. In-place updates of inputs or of views are refused here: full
-functionalization (alias tracking, view inverses, write-back) is capture part 2.
+Mutation is functionalized (`functionalize.py`): a view operator's results remember their parent
+and how they were made; an in-place operator, an `out=` operator or batch norm's running-stat
+update becomes its functional form, and the new value flows to the written tensor's root through
+view inverses. Written graph inputs become `input_updates`; returned tensors that alias inputs or
+each other become an output plan the runtime replays as views (`result.OutAlias`).
 """
 
 from __future__ import annotations
@@ -24,11 +25,19 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.capture.errors import unhandled
+from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
+from ember.capture.result import OutAlias, OutResult, OutSpec, OutTensor, Update
 from ember.capture.sources import ConstantSource, Source, param_name
 from ember.ir import DType, GraphBuilder, Loc, Module, TensorType, Value
 from ember.ir.types import device_text
 
 _LIFT = ("aten::lift_fresh", "aten::lift_fresh_copy")
+# batch norm overloads that update running statistics in training (native_batch_norm's schema
+# does not say so): (index of `training` or None when always training, of momentum, of eps)
+_BATCH_NORMS = {"aten.native_batch_norm.default": (5, 6, 7),
+                "aten._native_batch_norm_legit.default": (5, 6, 7),
+                "aten._batch_norm_with_update.default": (None, 5, 6)}
+_BN_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
 
 
 class Recorder:
@@ -48,8 +57,15 @@ class Recorder:
         self.entry_grad = torch.is_grad_enabled()
         self.grad_region = 0  # bumped at every grad-mode change: detaches are per region
         self._detached: dict[tuple[int, int], Value] = {}
-        self._storage_users: dict[int, int] = {}  # storage -> how many tensors view it
-        self._input_storages: set[int] = set()
+        self.aliases = Aliases(self)
+        self._param_of: dict[int, Value] = {}  # input fake id -> its graph parameter
+        # what the caller gets back, by OutTensor index: before `output`, (fake, root, steps)
+        self._plan_keys: dict[int, int] = {}
+        self._plan_src: list[tuple[torch.Tensor, torch.Tensor, list[ViewStep]]] = []
+        self.plan: list[OutResult | OutAlias] = []
+        self.updates: list[Update] = []
+        self.pinned: list[Value] = []  # parameters the runtime reads (view bases): never pruned
+        self._pending: list[tuple[str, Value, int, bool]] = []
 
     # -- inputs -----------------------------------------------------------------------------
     def lift(self, real: torch.Tensor, source: Source) -> FakeTensor:
@@ -64,7 +80,8 @@ class Recorder:
         name = param_name(source)
         v = self.gb.param(name, _type_of(fake))
         self._bind(fake, v)
-        self._input_storages.add(_storage_key(fake))
+        self._param_of[id(fake)] = v
+        self.aliases.add_input(fake)
         self.input_sources.append(source)
         self.input_examples.append(real)
         return fake
@@ -78,15 +95,28 @@ class Recorder:
     def _bind(self, fake: torch.Tensor, v: Value) -> None:
         if id(fake) not in self._values:
             self._keep.append(fake)
-            key = _storage_key(fake)
-            self._storage_users[key] = self._storage_users.get(key, 0) + 1
         self._values[id(fake)] = v
 
+    def rebind(self, fake: torch.Tensor, v: Value) -> None:
+        """`fake` now holds `v` (after a write, or a view regenerated after one)."""
+        self._bind(fake, v)
+
     def value_of(self, fake: torch.Tensor) -> Value | None:
-        return self._values.get(id(fake))
+        v = self._values.get(id(fake))
+        if v is None:
+            return None
+        return self.aliases.current(fake, v)
 
     def is_fake(self, t: Any) -> bool:
         return isinstance(t, FakeTensor) and t.fake_mode is self.fake_mode
+
+    def emit(self, op: str, args: list[Any], kwargs: dict[str, Any], type: TensorType,
+             name: str) -> Value:
+        """One node whose tensor arguments are IR values already (functionalization's own)."""
+        ir_args = [a if isinstance(a, Value) else self._arg(a) for a in args]
+        ir_kwargs = {k: a if isinstance(a, Value) else self._arg(a) for k, a in kwargs.items()}
+        self.op_counts[op] += 1
+        return self.gb.op(op, ir_args, ir_kwargs, type=type, name=name, loc=self.where())
 
     # -- running torch code -----------------------------------------------------------------
     @contextlib.contextmanager
@@ -94,8 +124,69 @@ class Recorder:
         with self.fake_mode, self.mode:
             yield
 
-    def output(self, outputs: list[Value]) -> None:
-        self.gb.ret(outputs)
+    # -- outputs ----------------------------------------------------------------------------
+    def output_tensor(self, fake: torch.Tensor) -> OutSpec:
+        """The caller's view of a returned tensor: an index into the output plan."""
+        key = id(fake)
+        if key not in self._plan_keys:
+            if self.value_of(fake) is None:
+                raise unhandled("returning a tensor made outside the recorded operators")
+            root, steps = self.aliases.chain(fake)
+            self._plan_keys[key] = len(self._plan_src)
+            self._plan_src.append((fake, root, steps))
+        return OutTensor(self._plan_keys[key])
+
+    def output(self) -> None:
+        """End the graph: the returned tensors' values (a view's base, for views), then the new
+        values of the written graph inputs."""
+        results: list[Value] = []
+        index: dict[int, int] = {}
+
+        def result(v: Value) -> int:
+            if id(v) not in index:
+                index[id(v)] = len(results)
+                results.append(v)
+            return index[id(v)]
+
+        for fake, root, steps in self._plan_src:
+            if id(root) in self.aliases.inputs:  # a view of (or the very) caller's tensor
+                p = self._param_of[id(root)]
+                self.pinned.append(p)
+                self._pending.append(("alias-input", p, len(self.plan), False))
+                self.plan.append(OutAlias(None, None, tuple(steps), None))
+                continue
+            base = fake if not steps else root
+            v = self.value_of(base)
+            assert v is not None
+            r = result(v)
+            stride = _stride(base)
+            self.plan.append(OutResult(r, stride) if not steps else
+                             OutAlias(None, r, tuple(steps), stride))
+        for root in self.aliases.written.values():
+            if id(root) not in self.aliases.inputs:
+                continue
+            p = self._param_of[id(root)]
+            v = self.value_of(root)
+            assert v is not None
+            if v is p:
+                continue
+            self._pending.append(("update", p, len(results), bool(root.requires_grad)))
+            results.append(v)  # never shared: an update result is not returned to the caller
+        self.gb.ret(results)
+
+    def finish(self) -> None:
+        """After inputs are pruned: parameter indices for updates and aliased outputs."""
+        g = self.module.graph()
+        pindex = {id(p): i for i, p in enumerate(g.params)}
+        for kind, p, at, grad in self._pending:
+            if kind == "update":
+                self.updates.append(Update(pindex[id(p)], at, grad))
+            else:
+                a = self.plan[at]
+                assert isinstance(a, OutAlias)
+                self.plan[at] = OutAlias(pindex[id(p)], None, a.steps, None)
+        if self.updates:
+            g.attrs["input_updates"] = [[u.param, u.result] for u in self.updates]
 
     # -- the dispatch hook ------------------------------------------------------------------
     def dispatch(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
@@ -117,23 +208,39 @@ class Recorder:
             self._bind(out, v)
             return out
         args, kwargs = self._lift_reals((args, kwargs))
+        name = _ir_name(func)
+        if name in _BATCH_NORMS:
+            out = self._batch_norm(func, args, kwargs)
+            if out is not None:
+                return out
         if func._schema.is_mutable:
-            return self._inplace(func, args, kwargs)
+            return self._mutation(func, args, kwargs)
         out = func(*args, **kwargs)
         results = _flat_results(out)
         if results is None:
-            raise unhandled(f"operator {_ir_name(func)} returned {type(out).__name__}, "
+            raise unhandled(f"operator {name} returned {type(out).__name__}, "
                             f"which a graph node cannot hold")
         if not results:  # a query that returns a Python value: nothing to record
             return out
         ir_args = [self._arg(a) for a in args]
         ir_kwargs = {k: self._arg(v) for k, v in kwargs.items()}
-        name = _ir_name(func)
+        base = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        is_view = base is not None and any(storage_key(r) == storage_key(base)
+                                           for r in results)
+        if base is not None and is_view and self.aliases.written_since_made(base) and \
+                name in ("aten.view.default", "aten._unsafe_view.default"):
+            name = "aten.reshape.default"  # the written base's value may have any layout
+        if is_view and name == "aten.as_strided.default":
+            assert base is not None
+            base, ir_args[0] = self.aliases.as_strided_base(base)
         hint = schema_name.split("::")[-1]
         vals = self.gb.emit(name, ir_args, ir_kwargs, types=[_type_of(r) for r in results],
                             names=[hint] * len(results), loc=self.where())
         for r, v in zip(results, vals, strict=True):
             self._bind(r, v)
+        if is_view:
+            assert base is not None
+            self.aliases.add_views(base, results, view_steps(func, args, kwargs, results))
         self.op_counts[name] += 1
         return out
 
@@ -149,45 +256,123 @@ class Recorder:
             return {k: self._lift_reals(v) for k, v in tree.items()}
         return tree
 
-    def _inplace(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-        """`self.op_(...)` on a fresh, unaliased intermediate: emit `op(...)` and rebind."""
+    def _mutation(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+        """An operator that writes its arguments: `self.op_(...)` or `op(..., out=t)` runs as
+        its functional form, and each written tensor takes the result through its views."""
         name = _ir_name(func)
-        written = [a.name for a in func._schema.arguments
+        schema = func._schema
+        written = [a for a in schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
-        target: Any = args[0] if args else None
-        why = None
+        functional: torch._ops.OpOverload | None
         if torch.Tag.inplace_view in func.tags:
-            why = "it changes the tensor's shape or strides"
-        elif written != [func._schema.arguments[0].name] or not isinstance(target, torch.Tensor):
-            why = f"it writes {', '.join(written) or 'nothing visible'}"
-        elif self.value_of(target) is None:
-            why = "its target is not a recorded tensor"
-        elif _storage_key(target) in self._input_storages:
-            why = "it writes a graph input or a view of one"
-        elif self._storage_users.get(_storage_key(target), 0) > 1:
-            why = "its target shares memory with another tensor (a view)"
-        elif not torch.is_grad_enabled() and target.requires_grad:
-            why = "under no_grad it would hide the update from autograd"
-        functional = None if why else functional_variant(func)
+            raise unhandled(f"in-place operator {name}: it changes the tensor's shape or "
+                            f"strides (metadata mutation is not functionalized)")
+        if name == "aten.index_put_.default":
+            out = self._masked_put(func, args, kwargs)
+            if out is not None:
+                return out
+        if [a.name for a in written] == [schema.arguments[0].name] and \
+                schema.name.endswith("_"):
+            functional = functional_variant(func)
+            targets = [args[0]] if args else []
+            fargs, fkwargs = _with_defaults(func, args, kwargs), kwargs
+        elif written and all(a.kwarg_only for a in written):
+            functional = out_variant_functional(func)
+            outs = {a.name for a in written}
+            targets = [kwargs.get(a.name) for a in written]
+            fargs, fkwargs = args, {k: v for k, v in kwargs.items() if k not in outs}
+        else:
+            raise unhandled(f"operator {name} writes "
+                            f"{', '.join(a.name for a in written) or 'its arguments'}")
         if functional is None:
-            why = why or "it has no functional variant"
-            raise unhandled(f"in-place operator {name}: {why} (functionalization of inputs "
-                            f"and views comes with capture part 2)")
-        out = func(*args, **kwargs)  # keep the fake tensor's state as eager's
-        args = _with_defaults(func, args, kwargs)
-        res = functional(*args, **kwargs)
-        ir_args = [self._arg(a) for a in args]
-        ir_kwargs = {k: self._arg(v) for k, v in kwargs.items()}
+            raise unhandled(f"in-place operator {name}: it has no functional variant")
+        if not all(isinstance(t, torch.Tensor) and self.value_of(t) is not None
+                   for t in targets):
+            raise unhandled(f"operator {name}: its target is not a recorded tensor")
+        out = func(*args, **kwargs)  # the fake tensors' state and errors are eager's
+        res = _flat_results(functional(*fargs, **fkwargs))
+        if not res or len(res) != len(targets):
+            raise unhandled(f"operator {name}: its functional form {_ir_name(functional)} "
+                            f"returns {len(res or [])} tensors for {len(targets)} targets")
+        for t, r in zip(targets, res, strict=True):
+            if tuple(r.shape) != tuple(t.shape):
+                raise unhandled(f"operator {name} resizes its output tensor")
         fname = _ir_name(functional)
-        v = self.gb.op(fname, ir_args, ir_kwargs, type=_type_of(res),
-                       name=func._schema.name.split("::")[-1].rstrip("_"), loc=self.where())
+        vals = self.gb.emit(fname, [self._arg(a) for a in fargs],
+                            {k: self._arg(v) for k, v in fkwargs.items()},
+                            types=[_type_of(r) for r in res],
+                            names=[schema.name.split("::")[-1].rstrip("_")] * len(res),
+                            loc=self.where())
         self.op_counts[fname] += 1
-        if res.dtype != target.dtype or tuple(res.shape) != tuple(target.shape):
-            v = self.gb.op("aten._to_copy.default", [v], {"dtype": DType.from_torch(
-                target.dtype)}, type=_type_of(target), name="cast", loc=self.where())
-            self.op_counts["aten._to_copy.default"] += 1
-        self._values[id(target)] = v
+        for t, r, v in zip(targets, res, vals, strict=True):
+            if r.dtype != t.dtype:
+                v = self.emit("aten._to_copy.default", [v], {"dtype": t.dtype}, _type_of(t),
+                              "cast")
+            self.aliases.write(t, v)
+        return out
+
+    def _masked_put(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """`x[mask] = v` (one boolean mask over x's leading dims, one value): a `where`, which
+        has no data-dependent size, unlike index_put with a mask. None: not such a call."""
+        x, indices, values, accumulate = _bound(func, args, kwargs)
+        if accumulate or len(indices) != 1 or not isinstance(indices[0], torch.Tensor):
+            return None
+        m = indices[0]
+        if m.dtype != torch.bool or values.numel() != 1 or \
+                tuple(m.shape) != tuple(x.shape[:m.dim()]) or self.value_of(x) is None:
+            return None
+        out = func(*args, **kwargs)
+        mv = self._arg(m)
+        if m.dim() < x.dim():
+            shape = list(m.shape) + [1] * (x.dim() - m.dim())
+            mv = self.emit("aten.reshape.default", [mv, shape], {},
+                           TensorType(DType.b8, tuple(shape), None, device_text(m.device)),
+                           "mask")
+        vv = self._arg(values)
+        if values.dim() or values.dtype != x.dtype:
+            vv = self.emit("aten._to_copy.default", [vv], {"dtype": x.dtype},
+                           TensorType(DType.from_torch(x.dtype), tuple(values.shape), None,
+                                      device_text(values.device)), "value")
+            if values.dim():
+                vv = self.emit("aten.reshape.default", [vv, []], {},
+                               TensorType(DType.from_torch(x.dtype), (), None,
+                                          device_text(values.device)), "value")
+        self.aliases.write(x, self.emit("aten.where.self", [mv, vv, self._arg(x)], {},
+                                        _type_of(x), "index_put"))
+        return out
+
+    def _batch_norm(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """Batch norm in training with running statistics: the functional form, whose updated
+        statistics are written to running_mean and running_var. None: not such a call."""
+        i_train, i_mom, i_eps = _BATCH_NORMS[_ir_name(func)]
+        a = _bound(func, args, kwargs)
+        training = True if i_train is None else bool(a[i_train])
+        rm, rv = a[3], a[4]
+        if not training or not isinstance(rm, torch.Tensor) or not isinstance(rv, torch.Tensor):
+            return None
+        out = func(*args, **kwargs)
+        fargs = (a[0], a[1], a[2], rm, rv, True, a[i_mom], a[i_eps])
+        res = _flat_results(_BN_FUNCTIONAL(*fargs))
+        assert res is not None
+        fname = _ir_name(_BN_FUNCTIONAL)
+        vals = self.gb.emit(fname, [self._arg(x) for x in fargs], {},
+                            types=[_type_of(r) for r in res],
+                            names=["bn", "mean", "invstd", "running_mean", "running_var"],
+                            loc=self.where())
+        self.op_counts[fname] += 1
+        orig = _flat_results(out) or []
+        for i, o in enumerate(orig):
+            if i < 3 and _type_of(o) == _type_of(res[i]):
+                self._bind(o, vals[i])
+            else:  # the reserve buffer of _batch_norm_with_update: empty
+                self._bind(o, self.emit("aten.empty.memory_format", [list(o.shape)],
+                                        {"dtype": o.dtype, "device": o.device}, _type_of(o),
+                                        "reserve"))
+        self.aliases.write(rm, vals[3])
+        self.aliases.write(rv, vals[4])
         return out
 
     def _arg(self, a: Any) -> Any:
@@ -196,6 +381,7 @@ class Recorder:
             if v is None:
                 raise unhandled("a tensor made outside the recorded operators reached an "
                                 "operator")
+            self.aliases.check_read(a)
             if not torch.is_grad_enabled() and self.entry_grad and a.requires_grad:
                 v = self._detach(v)
             return v
@@ -255,10 +441,6 @@ def _flat_results(out: Any) -> list[torch.Tensor] | None:
     return []
 
 
-def _storage_key(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
-
-
 def _with_defaults(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
                    ) -> tuple[Any, ...]:
     """Positional arguments with the schema's defaults filled in (the functional variant may
@@ -269,6 +451,20 @@ def _with_defaults(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dic
             break
         out.append(a.default_value)
     return tuple(out)
+
+
+def _bound(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> list[Any]:
+    """Every argument of a call, positional, by the schema (defaults filled in)."""
+    out: list[Any] = []
+    for i, a in enumerate(op._schema.arguments):
+        if i < len(args):
+            out.append(args[i])
+        elif a.name in kwargs:
+            out.append(kwargs[a.name])
+        else:
+            out.append(a.default_value if a.has_default_value() else None)
+    return out
 
 
 def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
@@ -289,6 +485,27 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
         if [(a.name, str(a.type)) for a in sch.arguments] == want:
             return cand  # type: ignore[no-any-return]
     return None
+
+
+def out_variant_functional(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The functional overload of an `out=` overload (add.out -> add.Tensor): same packet,
+    the same arguments without the written keyword-only ones, returning new tensors."""
+    ns, name = op._schema.name.split("::")
+    packet = getattr(getattr(torch.ops, ns), name, None)
+    if packet is None:
+        return None
+    want = [(a.name, str(a.type)) for a in op._schema.arguments
+            if not (a.alias_info is not None and a.alias_info.is_write)]
+    for overload in packet.overloads():
+        cand = getattr(packet, overload)
+        sch = cand._schema
+        if not sch.is_mutable and [(a.name, str(a.type)) for a in sch.arguments] == want:
+            return cand  # type: ignore[no-any-return]
+    return None
+
+
+def _stride(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(s) for s in t.stride())
 
 
 def _type_of(t: torch.Tensor) -> TensorType:

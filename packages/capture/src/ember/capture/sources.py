@@ -120,6 +120,24 @@ class GetItemSource(Source):
 
 
 @dataclass(frozen=True)
+class DictItemSource(Source):
+    """`dict.__getitem__(of, key)`: an entry of a dict subclass read past its own __getitem__
+    (a transformers ModelOutput maps keys in one), as dict's methods read it."""
+
+    of: Source
+    key: Any  # a str or int constant
+
+    def expr(self, ref: RefFn) -> str:
+        return f"{ref(dict.__getitem__, 'F')}({self.of.expr(ref)}, {self.key!r})"
+
+    def name(self) -> str:
+        return f"{self.of.name()}_{self.key}"
+
+    def base(self) -> Source | None:
+        return self.of
+
+
+@dataclass(frozen=True)
 class CallSource(Source):
     """The result of calling the object at `of` with no arguments (a weakref's referent)."""
 
@@ -213,6 +231,25 @@ class ConstantSource(Source):
 
 
 @dataclass(frozen=True)
+class ContextVarSource(Source):
+    """The current value of a `contextvars.ContextVar` (None when it has none)."""
+
+    var: Any = field(repr=False)
+
+    def expr(self, ref: RefFn) -> str:
+        return f"{ref(self.var, 'CV')}.get(None)"
+
+    def name(self) -> str:
+        return f"cv_{self.var.name}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ContextVarSource) and other.var is self.var
+
+    def __hash__(self) -> int:
+        return hash(id(self.var))
+
+
+@dataclass(frozen=True)
 class LocalSource(Source):
     """A local variable of generated code holding an already evaluated source."""
 
@@ -272,6 +309,8 @@ def describe(source: Source) -> str:
         if isinstance(source.of, AttrSource) and source.of.attr in MODULE_TABLES:
             return f"{describe(source.of.of)}.{source.key}"  # state_dict style: self.layers.0
         return f"{describe(source.of)}[{source.key!r}]"
+    if isinstance(source, DictItemSource):
+        return f"{describe(source.of)}[{source.key!r}]"
     if isinstance(source, TypeSource):
         return f"type({describe(source.of)})"
     if isinstance(source, CallSource):
@@ -282,6 +321,8 @@ def describe(source: Source) -> str:
         return f"<closure {source.var}>"
     if isinstance(source, ConstantSource):
         return f"<constant {source.label}>"
+    if isinstance(source, ContextVarSource):
+        return f"<ContextVar {source.var.name}>"
     if isinstance(source, ArgsSource):
         return "*args"
     if isinstance(source, KwargsSource):

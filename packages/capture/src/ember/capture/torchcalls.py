@@ -88,6 +88,8 @@ def unwrap(v: Var) -> Any:
     if isinstance(v, ListVar):
         return [unwrap(i) for i in v.items]
     if isinstance(v, DictVar):
+        if v.cls is types.MappingProxyType:
+            return types.MappingProxyType({k: unwrap(x) for k, x in v.items.items()})
         return v.cls((k, unwrap(x)) for k, x in v.items.items())
     if isinstance(v, SetVar):
         return (frozenset if v.frozen else set)(unwrap(x) for x in v.items.values())
@@ -139,8 +141,7 @@ def run_real(tx: Tracer, fn: Callable[..., Any], args: list[Var], kwargs: dict[s
         raise
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
         name = what or getattr(fn, "__name__", repr(fn))
-        raise unhandled(f"{name} needs a tensor's data ({type(e).__name__}: {e}); "
-                        f"data-dependent code becomes a graph break in capture part 3") from None
+        raise unhandled(f"{name} needs a tensor's data ({type(e).__name__}: {e})") from None
     except UnsupportedFakeTensorException as e:
         raise unhandled(f"fake tensors cannot run {what or fn!r}: {e}") from None
     except Exception as e:

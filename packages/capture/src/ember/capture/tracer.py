@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
-from ember.capture.errors import CaptureUnhandled, UserError, unhandled
+from ember.capture.errors import CaptureUnhandled, StopCapture, UserError, unhandled
 from ember.capture.frame import Frame, code_info
 from ember.capture.guards import Guard, GuardSet
 from ember.capture.opcodes import Return, table
 from ember.capture.recorder import Recorder
+from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, Source
 from ember.capture.variables import (
     Cell,
@@ -56,6 +57,11 @@ class Tracer:
         self.autocast: list[CtxState] = []
         self.open_grad_changes = 0  # set_grad_enabled(b) called outside `with`
         self.steps = 0
+        # graph breaks: instructions started in the compiled function's own frame, and (in a
+        # restarted capture) the count at which to stop before the break instruction(s)
+        self.top_steps = 0
+        self.stop_at: int | None = None
+        self.side_effects = SideEffects()
 
     # -- services for handlers --------------------------------------------------------------
     def guard(self, g: Guard) -> None:
@@ -109,17 +115,28 @@ class Tracer:
             if frame.index >= len(instrs):
                 raise unhandled("ran past the end of the bytecode")
             inst = instrs[frame.index]
+            top = frame is self.frames[0]
+            if top:
+                self.top_steps += 1
+                if self.top_steps == self.stop_at:
+                    raise StopCapture(frame)
             frame.index += 1
             frame.current = inst
             self.steps += 1
             if self.steps > self.MAX_STEPS:
-                raise unhandled(f"more than {self.MAX_STEPS} instructions executed (a loop "
+                err = unhandled(f"more than {self.MAX_STEPS} instructions executed (a loop "
                                 f"that does not end on constants?)")
+                err.breakable = False
+                raise err
             fn = handlers.get(inst.opname)
             if fn is None:
                 raise unhandled(f"opcode {inst.opname}", inst.opname)
             try:
                 r = fn(self, frame, inst)
+            except CaptureUnhandled as cu:
+                if top and cu.top_index is None:  # a graph break would split the frame here
+                    cu.top_index, cu.top_step = frame.index - 1, self.top_steps
+                raise
             except UserError as err:
                 if frame.handle(err, inst):
                     continue

@@ -296,11 +296,14 @@ class ModuleVar(ObjectVar):
 
 
 class NewObjectVar(Var):
-    """An instance of a user class created during capture (its __init__ was inlined)."""
+    """An instance of a user class created during capture (its __init__ was inlined). An
+    instance of a dict subclass (transformers' ModelOutput) also holds its dict contents, which
+    the dict's own methods act on; attributes live apart, as in `__dict__`."""
 
     def __init__(self, cls: type, attrs: dict[str, Var] | None = None):
         self.cls = cls
         self.attrs: dict[str, Var] = dict(attrs or {})
+        self.dict: DictVar | None = DictVar({}) if issubclass(cls, dict) else None
 
     def python_type(self) -> type:
         return self.cls

@@ -45,7 +45,8 @@ EQUAL_TYPES = (torch.Size, torch.device, range, slice, frozenset)
 ID_TYPES = (torch.dtype, torch.layout, torch.memory_format, type, types.ModuleType,
             types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
             types.WrapperDescriptorType, types.MethodWrapperType, types.GetSetDescriptorType,
-            type(Ellipsis), type(NotImplemented), torch.finfo, torch.iinfo)
+            type(Ellipsis), type(NotImplemented), torch.finfo, torch.iinfo,
+            types.CodeType)
 
 # Python modules whose attributes and globals are not guarded: the standard library and torch
 # are not monkeypatched between calls (documented in docs/capture.md).
@@ -135,6 +136,10 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
                 raise unhandled(f"a dict with a {type(k).__name__} key")
         return DictVar({k: wrap(tx, v, _item(source, k)) for k, v in value.items()},
                        type(value), source, readonly=source is not None)
+    if isinstance(value, types.MappingProxyType) and source is None:
+        # a class's or a signature's read-only mapping, made during capture: a read-only dict
+        return DictVar({k: wrap(tx, v, None) for k, v in value.items()}, types.MappingProxyType,
+                       None, readonly=True)
     if type(value) in (set, frozenset):
         if not all(type(x) in SCALARS for x in value):
             raise unhandled("a set of non-constant values")
@@ -142,7 +147,7 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
             g(Guard(GuardKind.EQUALS_MATCH, source, frozenset(value)))
         return SetVar([ConstVar(x) for x in value], frozen=type(value) is frozenset,
                       source=source)
-    if isinstance(value, types.CellType | types.CodeType | types.FrameType |
+    if isinstance(value, types.CellType | types.FrameType |
                   types.GeneratorType | types.TracebackType):
         raise unhandled(f"a {type(value).__name__} object")
     if isinstance(value, BaseException):

@@ -3,7 +3,7 @@ and fusion passes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ember.inductor.indexing import index_text
 from ember.ir import Builder, Graph, Loc, Module, Node, Ref, TensorType, Value
@@ -74,3 +74,19 @@ def body_names(module: Module) -> set[str]:
     `loop.reduce` inside another body)."""
     return {a.name for g in module.graphs.values() for n in g.nodes if n.op in BODY_OPS
             for a in n.args if isinstance(a, Ref)}
+
+
+def body_signature(items: Mapping[str, object], g: Graph) -> tuple[object, ...]:
+    """A body's structure, equal for bodies that compute the same thing whatever their names
+    (fusion copies bodies; duplicates are merged, and C++ computes a reduction once)."""
+    pos: dict[Value, str] = {p: f"p{k}:{p.type}" for k, p in enumerate(g.params)}
+    out: list[object] = []
+    for k, n in enumerate(g.nodes):
+        args: list[object] = []
+        for a in n.args:
+            sub = items.get(a.name) if isinstance(a, Ref) else None
+            args.append(pos[a] if isinstance(a, Value) else
+                        body_signature(items, sub) if isinstance(sub, Graph) else repr(a))
+        out.append((n.op, tuple(args), repr(sorted(n.kwargs.items())), str(n.results[0].type)))
+        pos[n.results[0]] = f"n{k}"
+    return (tuple(out), tuple(pos[o] for o in g.outputs))

@@ -4,21 +4,21 @@
 integer, "b" bool); `{0}`, `{1}`, `{2}` are the operands, `{T}` the result's compute type.
 f16 and bf16 are stored as `_Float16` / `uint16_t` and computed in float, rounded back to their
 precision after every op (as eager rounds each op's result). Integer ops wrap (`-fwrapv`);
-integer division and modulo by zero give 0 instead of trapping (eager raises). One `extern "C"`
+integer division and modulo by zero set a flag that the caller turns into eager's error. One `extern "C"`
 function per kernel, named after the kernel, with comments naming the IR nodes it computes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import sympy
 import torch
 
-from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar
-from ember.ir import DType, Graph, Node, Ref, TensorType, Value
+from ember.inductor.indexing import flat_offset, parse_index
+from ember.ir import DType, Graph, Node, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod
 
 # dtype -> (storage C type, compute C type)
@@ -100,6 +100,24 @@ PRELUDE = r"""// ember.inductor C++ prelude: helpers the kernels below share.
 #include <limits>
 #include <algorithm>
 #include <type_traits>
+#ifdef EMBER_MVEC
+// glibc's vector math library (libmvec, <= 4 ulp): declaring the SIMD variants lets g++
+// vectorise loops that call these functions (math.h declares them only under -ffast-math)
+extern "C" {
+#define EMBER_SIMD(fn) float fn##f(float) __attribute__((simd("notinbranch"))); \
+  double fn(double) __attribute__((simd("notinbranch")));
+EMBER_SIMD(sin) EMBER_SIMD(cos) EMBER_SIMD(tan) EMBER_SIMD(asin) EMBER_SIMD(acos)
+EMBER_SIMD(atan) EMBER_SIMD(sinh) EMBER_SIMD(cosh) EMBER_SIMD(tanh) EMBER_SIMD(asinh)
+EMBER_SIMD(acosh) EMBER_SIMD(atanh) EMBER_SIMD(exp) EMBER_SIMD(exp2) EMBER_SIMD(expm1)
+EMBER_SIMD(log) EMBER_SIMD(log2) EMBER_SIMD(log10) EMBER_SIMD(log1p) EMBER_SIMD(erf)
+EMBER_SIMD(erfc)
+#undef EMBER_SIMD
+float atan2f(float, float) __attribute__((simd("notinbranch")));
+double atan2(double, double) __attribute__((simd("notinbranch")));
+float powf(float, float) __attribute__((simd("notinbranch")));
+double pow(double, double) __attribute__((simd("notinbranch")));
+}
+#endif
 static inline float ember_bf16_to_float(uint16_t b) {
   uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
@@ -108,13 +126,22 @@ static inline uint16_t ember_float_to_bf16(float f) {
   u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
 static inline float ember_round_bf16(float f) { return ember_bf16_to_float(ember_float_to_bf16(f)); }
 static inline float ember_round_f16(float f) { return (float)(_Float16)f; }
+// integer division or modulo by zero: eager raises; the kernel sets this flag, returns 0 for
+// the element, and the caller raises after the call (ember_take_errors)
+static int ember_errors = 0;
+extern "C" int ember_take_errors() { int e = ember_errors; ember_errors = 0; return e; }
+static inline void ember_zero_division() { __atomic_store_n(&ember_errors, 1, __ATOMIC_RELAXED); }
 template <typename T> static inline T ember_div_trunc(T a, T b) {
-  if (b == 0) return 0; if (std::is_signed<T>::value && b == (T)-1) return (T)(0 - (uint64_t)a);
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return (T)(0 - (uint64_t)a);
   return a / b; }
 template <typename T> static inline T ember_fmod(T a, T b) {
-  if (b == 0 || (std::is_signed<T>::value && b == (T)-1)) return 0; return a % b; }
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return 0; return a % b; }
 template <typename T> static inline T ember_pymod(T a, T b) {
-  if (b == 0 || (std::is_signed<T>::value && b == (T)-1)) return 0; T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return 0;
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
 template <typename T> static inline T ember_remainder(T a, T b) {
   T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
 template <typename T> static inline T ember_ipow(T a, T b) {
@@ -207,16 +234,23 @@ def _cname(v: Value, pre: str = "v_") -> str:
 
 
 def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
-                    nodes: Sequence[Node] | None = None) -> list[str]:
+                    reduce_value: Callable[[Node], str] | None = None) -> list[str]:
     """One C++ statement per body node (loads read `args[param]` at the row-major offset);
-    C++ names are the values' names after `pre`."""
+    C++ names are the values' names after `pre`. A `loop.reduce` node reads the variable that
+    `reduce_value(node)` names (computed before the loops that need it)."""
     out: list[str] = []
-    for n in body.nodes if nodes is None else nodes:
+    for n in body.nodes:
         r = n.results[0]
         dt = _tensor(r).dtype
         ct = ctypes_of(dt)[1]
         out.append(f"// {_describe(n)}")
-        out.append(f"{ct} {_cname(r, pre)} = {_rhs(n, args, pre)};")
+        if n.op == "loop.reduce":
+            if reduce_value is None:
+                raise CodegenError("loop.reduce outside a kernel that computes it")
+            rhs = reduce_value(n)
+        else:
+            rhs = _rhs(n, args, pre)
+        out.append(f"{ct} {_cname(r, pre)} = {rhs};")
     return out
 
 
@@ -260,101 +294,6 @@ def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
     return _round(dt, text)
 
 
-def _reduce_lines(kind: str, elem: DType, stmts: list[str], result: str,
-                  red: Sequence[int]) -> tuple[list[str], str]:
-    """Statements accumulating `result` (computed by `stmts`) over the r-loops `red`, and the
-    reduced value as a C++ expression of the element's compute type (i64 for argmax/argmin)."""
-    cls = dclass(elem)
-    if kind not in COMBINE or cls not in COMBINE[kind]:
-        raise CodegenError(f"reduction {kind} over {elem.name} has no C++ form yet")
-    acc_t = "double" if cls == _F else "int64_t"
-    if kind in ("amax", "amin", "argmax", "argmin"):
-        acc_t = ctypes_of(elem)[1]
-    init = ACC_INIT[kind][cls].format(S=acc_t)
-    roff = cexpr(flat_offset([rvar(k) for k in range(len(red))], red))
-    body_loop = _loops("r", red, [*stmts, f"{acc_t} v = {result};",
-                                  f"int64_t r = {roff}; (void)r;", COMBINE[kind][cls]])
-    final = "arg" if kind in ("argmax", "argmin") else f"({ctypes_of(elem)[1]})acc"
-    return [f"{acc_t} acc = {init};", "int64_t arg = 0; (void)arg;", *body_loop], final
-
-
-def _fused_reductions(body: Graph, args: dict[Value, str], bodies: Mapping[str, object],
-                      ranges: Sequence[int]) -> tuple[int, list[str], int]:
-    """For a pointwise body holding `loop.reduce` nodes: the number k of outer loops, the
-    statements computing each reduction once per outer index, and their work."""
-    reduces = [n for n in body.nodes if n.op == "loop.reduce"]
-    ks = {len(n.kwargs["ranges"]) for n in reduces}  # type: ignore[arg-type]
-    if len(ks) != 1:
-        raise CodegenError("fused reductions over different outer domains")
-    k = ks.pop()
-    out: list[str] = []
-    work = 0
-    for j, n in enumerate(reduces):
-        ref = n.args[0]
-        sub = bodies.get(ref.name) if isinstance(ref, Ref) else None
-        if not isinstance(sub, Graph):
-            raise CodegenError(f"loop.reduce: body {ref} not found")
-        sargs = {sp: args[a] for sp, a in zip(sub.params, n.args[1:], strict=True)
-                 if isinstance(a, Value)}
-        pre = f"n{j}_"
-        red = [_int(d) for d in n.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
-        selem = _tensor(sub.outputs[0]).dtype
-        lines, final = _reduce_lines(str(n.kwargs["reduction"]), selem,
-                                     body_statements(sub, sargs, pre),
-                                     _cname(sub.outputs[0], pre), red)
-        r = n.results[0]
-        rdt = _tensor(r).dtype
-        # the value a buffer write and read would give (f16/bf16 rounded)
-        out += [f"// {_describe(n)} @{sub.name}: a reduction fused here",
-                f"{ctypes_of(rdt)[1]} {_cname(r)};", "{", *["  " + x for x in lines],
-                f"  {_cname(r)} = {_round(rdt, final)};", "}"]
-        work += math.prod(ranges[:k]) * max(1, math.prod(red))
-    return k, out, work
-
-
-def kernel_source(name: str, node: Node, body: Graph, provenance: str,
-                  bodies: Mapping[str, object] | None = None) -> str:
-    """One `extern "C"` function computing the loop node `node` whose body is `body`
-    (`bodies`: the module's items, where `loop.reduce` nodes find their bodies)."""
-    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
-           for k, p in enumerate(body.params)]
-    out_t = _tensor(node.results[0])
-    out_store = ctypes_of(out_t.dtype)[0]
-    sig = ", ".join([*ins, f"{out_store}* __restrict__ out0"])
-    args = {p: f"in{k}" for k, p in enumerate(body.params)}
-    ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
-    lines = [f"// kernel @{name}: {node.op} of {provenance}",
-             f"// computes %{node.results[0].name}: {out_t}",
-             f'extern "C" void {name}({sig}) {{']
-    numel = math.prod(ranges)
-    result = _cname(body.outputs[0])
-    elem = _tensor(body.outputs[0]).dtype
-    off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
-    if node.op == "loop.pointwise" and any(n.op == "loop.reduce" for n in body.nodes):
-        k, pre, rwork = _fused_reductions(body, args, bodies or {}, ranges)
-        stmts = body_statements(body, args, nodes=[n for n in body.nodes
-                                                   if n.op != "loop.reduce"])
-        store = [*stmts, f"out0[{off}] = {_store(elem, result)};"]
-        loops = _loops("i", ranges[:k], [*pre, *_loops("i", ranges[k:], store, start=k)])
-        work = numel + rwork
-    elif node.op == "loop.pointwise":
-        stmts = body_statements(body, args)
-        loops = _loops("i", ranges, [*stmts, f"out0[{off}] = {_store(elem, result)};"])
-        work = numel
-    else:
-        red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
-        acc, final = _reduce_lines(str(node.kwargs["reduction"]), elem,
-                                   body_statements(body, args), result, red)
-        value = final if final == "arg" else _store(elem, final)
-        loops = _loops("i", ranges, [*acc, f"out0[{off}] = {value};"])
-        work = numel * max(1, math.prod(red))
-    if ranges and work >= 32768:
-        lines.append("  #pragma omp parallel for")
-    lines += ["  " + x for x in loops]
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
 def _store(dt: DType, text: str) -> str:
     if dt == DType.bf16:
         return f"ember_float_to_bf16({text})"
@@ -367,12 +306,3 @@ def _int(d: object) -> int:
     if not isinstance(d, int):
         raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
     return d
-
-
-def _loops(var: str, ranges: Sequence[int], inner: list[str], start: int = 0) -> list[str]:
-    if not ranges:
-        return ["{", *["  " + x for x in inner], "}"]
-    head = [f"for (int64_t {var}{k} = 0; {var}{k} < {cexpr(n)}; ++{var}{k}) {{"
-            for k, n in enumerate(ranges, start)]
-    tail = ["}"] * len(ranges)
-    return head + ["  " + x for x in inner] + tail

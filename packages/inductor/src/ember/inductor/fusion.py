@@ -1,31 +1,53 @@
 """The `fuse` pass: merge loop kernels so intermediate buffers are never written.
 
-Rule 1: a `loop.pointwise` kernel whose buffer is read by exactly one other kernel
-(pointwise or reduction) and is not a graph output is inlined into that reader: each load of the
-buffer becomes the producer's body, with the producer's loop variables replaced by the load's
-index expressions (a view between them is already part of that index). Applied until nothing
-changes, this fuses pointwise chains into one kernel and pointwise producers into reductions. A
-fused body may hold at most `max_nodes` computing nodes. `why_not_fused` says, for two kernels,
-which rule kept them apart.
+The kernels of a graph and their buffers form a dependency graph (networkx, `dependency_graph`).
+Three rules run to a fixpoint:
 
-Rule 2, after rule 1 reaches its fixpoint: a `loop.reduction` whose buffer is not a graph output
-and whose readers are all `loop.pointwise` kernels of the same outer domain (the reduction's
-`ranges` a prefix of the reader's, each load of the buffer at `i0..i<k-1>`) is fused into each
-reader: the load becomes `loop.reduce(@reduction_body, bufs..., ranges=, reduce_ranges=,
-reduction=)`, computed once per outer index by the C++ kernel before its inner loops. Softmax and
-layernorm become two kernels instead of four or more. A body holding a `loop.reduce` is not
-inlined further.
+1. **Inline** a `loop.pointwise` kernel whose buffer is read by exactly one other kernel and is
+   not a graph output into that reader: each load of the buffer (also inside the bodies of
+   reductions the reader holds) becomes the producer's body, its loop variables replaced by the
+   load's index. A producer holding fused reductions (`loop.reduce`, computed per outer index)
+   is inlined only where it is read at that outer index.
+2. **Fuse a reduction into its readers**: a `loop.reduction` that is not a graph output, whose
+   readers all cover its outer domain (their `ranges` start with its `ranges`) and read it only
+   at the outer index `i0..i<k-1>`, becomes `loop.reduce(@its_body, bufs..., ranges=,
+   reduce_ranges=, reduction=)` in each reader's body, also inside the reader's own reductions
+   (variance's sum of squares reads the mean). A `loop.reduction` reader is first rewritten as a
+   `loop.pointwise` whose body is its `loop.reduce`.
+3. **Horizontal fusion** (`horizontal=true`): kernels over the same `ranges` that read a common
+   buffer and do not depend on each other become one kernel whose body returns several values
+   (a multi-output kernel); the C++ kernel then reads the common input once per outer index and
+   computes independent reductions over the same domain in one pass (mean and var of a row).
+
+Softmax, layernorm(+gelu) and var become one kernel each. A fused body holds at most `max_nodes`
+computing nodes. `why_not_fused` names the rule that keeps two kernels apart; `fuse{explain=true}`
+prints it for every producer -> consumer edge left unfused (stderr).
 """
 
 from __future__ import annotations
 
-from ember.inductor.body import BodyBuilder, body_names, body_size
+import sys
+from collections.abc import Callable, Sequence
+
+import networkx as nx
+
+from ember.inductor.body import (
+    BodyBuilder,
+    body_names,
+    body_signature,
+    body_size,
+    fresh_body_name,
+)
 from ember.inductor.indexing import index_text, ivar, parse_index
 from ember.inductor.indexing import substitute as subst_index
-from ember.ir import Graph, Module, Node, Ref, Value
+from ember.ir import Graph, Module, Node, Ref, TensorType, Value
+from ember.ir.expr import Dim
 from ember.ir.passes import register_pass
 
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
+
+# replace(buffer, index, builder) -> the value a load of `buffer` at `index` becomes, or None
+Replace = Callable[[Value, list[Dim], BodyBuilder], Value | None]
 
 
 def _body(m: Module, n: Node) -> Graph:
@@ -36,181 +58,327 @@ def _body(m: Module, n: Node) -> Graph:
     return g
 
 
-def _has_reduce(g: Graph) -> bool:
-    return any(n.op == "loop.reduce" for n in g.nodes)
+def _loads(m: Module, body: Graph, outer: dict[Value, Value], depth: int | None = None
+           ) -> list[tuple[Value, list[str], int | None]]:
+    """Every load in `body` and the bodies of its reductions: (outer buffer, index, the outer
+    depth of the reduction it sits in, None at the top)."""
+    out: list[tuple[Value, list[str], int | None]] = []
+    for n in body.nodes:
+        if n.op == "loop.load":
+            out.append((outer[n.args[0]], [str(s) for s in n.kwargs["index"]],  # type: ignore
+                        depth))
+        elif n.op == "loop.reduce":
+            sub = _body(m, n)
+            souter = {p: outer[a] for p, a in zip(sub.params, n.args[1:], strict=True)
+                      if isinstance(a, Value)}
+            k = len(n.kwargs["ranges"])  # type: ignore[arg-type]
+            out += _loads(m, sub, souter, k if depth is None else min(depth, k))
+    return out
 
 
-def _outer_index(k: int) -> list[str]:
-    return [f"i{j}" for j in range(k)]
+def _reduce_depth(m: Module, body: Graph) -> int:
+    """The longest outer domain of the reductions a body holds (0 if none)."""
+    return max((len(n.kwargs["ranges"]) for n in body.nodes  # type: ignore[arg-type]
+                if n.op == "loop.reduce"), default=0)
+
+
+def _outer(body: Graph, node: Node) -> dict[Value, Value]:
+    return {p: a for p, a in zip(body.params, node.args[1:], strict=True)
+            if isinstance(a, Value)}
+
+
+def _readers(g: Graph, v: Value) -> list[Node]:
+    return [n for n in g.nodes if v in list(n.operands())]
+
+
+def _at_outer(index: list[str], k: int) -> bool:
+    return index[:k] == [f"i{j}" for j in range(k)]
 
 
 def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes: int = 64
                   ) -> str | None:
     """None if `fuse` may fuse `producer` into `consumer`, else the reason it may not."""
-    if producer.op == "loop.reduction":
-        return _why_not_reduction(m, g, producer, consumer, max_nodes)
-    if producer.op != "loop.pointwise":
+    if producer.op not in KERNEL_OPS:
         return f"the producer is {producer.op}; only loop kernels are fused"
     if consumer.op not in KERNEL_OPS:
         return f"the consumer is {consumer.op}, not a loop kernel"
     r = producer.results[0]
     if r in g.outputs:
         return f"%{r.name} is a graph output and must be written anyway"
-    if _has_reduce(_body(m, producer)) or _has_reduce(_body(m, consumer)):
-        return "a body holding a fused reduction (loop.reduce) is not inlined further"
-    readers = {id(n) for n in g.nodes if r in list(n.operands())}
-    if readers != {id(consumer)}:
-        return f"%{r.name} has {len(readers)} readers (inlining would recompute it)"
-    size = body_size(_body(m, producer)) + body_size(_body(m, consumer))
-    if size > max_nodes:
-        return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
-    return None
-
-
-def _why_not_reduction(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes: int
-                       ) -> str | None:
-    r = producer.results[0]
-    if r in g.outputs:
-        return f"%{r.name} is a graph output and must be written anyway"
-    if consumer.op != "loop.pointwise":
-        return f"a reduction fuses only into loop.pointwise readers, not {consumer.op}"
-    ranges = list(producer.kwargs["ranges"])  # type: ignore[arg-type]
-    k = len(ranges)
-    if list(consumer.kwargs["ranges"])[:k] != ranges:  # type: ignore[arg-type]
-        return (f"the reader's domain {consumer.kwargs['ranges']} does not start with the "
-                f"reduction's outer domain {ranges}")
-    cbody = _body(m, consumer)
-    outer = dict(zip(cbody.params, consumer.args[1:], strict=True))
-    for n in cbody.nodes:
-        if n.op == "loop.load" and outer[n.args[0]] is r:  # type: ignore[index]
-            if list(n.kwargs["index"]) != _outer_index(k):  # type: ignore[arg-type]
-                return (f"the reader loads %{r.name} at {n.kwargs['index']}, not at its outer "
-                        f"index {_outer_index(k)}")
-        if n.op == "loop.reduce" and len(n.kwargs["ranges"]) != k:  # type: ignore[arg-type]
-            return "the reader already holds a fused reduction over another outer domain"
-    size = body_size(_body(m, producer)) + body_size(cbody)
-    if size > max_nodes:
-        return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
-    return None
-
-
-def fuse_reduction(m: Module, producer: Node, consumer: Node) -> tuple[Graph, list[Value]]:
-    """The consumer's body with each load of the reduction's buffer replaced by one
-    `loop.reduce` of the reduction's body, and the outer buffers the new body reads."""
-    cbody = _body(m, consumer)
-    ref = producer.args[0]
-    assert isinstance(ref, Ref)
-    bb = BodyBuilder(m, cbody.name)
-    outer_c: dict[Value, Value] = {p: a for p, a in zip(cbody.params, consumer.args[1:],
-                                                        strict=True) if isinstance(a, Value)}
-    r = producer.results[0]
-    vals: dict[Value, Value] = {}
-    reduced: Value | None = None
-    for n in cbody.nodes:
-        if n.op == "loop.load":
-            buf = outer_c[n.args[0]]  # type: ignore[index]
-            if buf is r:
-                if reduced is None:
-                    args = [bb.buffer(a) for a in producer.args[1:] if isinstance(a, Value)]
-                    reduced = bb.b.op("loop.reduce", [ref, *args],
-                                      {k: producer.kwargs[k] for k in
-                                       ("ranges", "reduce_ranges", "reduction")},
-                                      type=n.results[0].type, name=r.name, loc=producer.loc)
-                vals[n.results[0]] = reduced
-                continue
-            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            vals[n.results[0]] = bb.load(buf, index, n.loc)
-            continue
-        args2: list[object] = [vals.get(a, a) if isinstance(a, Value) else a for a in n.args]
-        if n.op == "loop.reduce":
-            args2 = [n.args[0], *[bb.buffer(outer_c[a]) for a in n.args[1:]
-                                  if isinstance(a, Value)]]
-        vals[n.results[0]] = bb.b.op(n.op, args2, dict(n.kwargs),
-                                     type=n.results[0].type, name=n.results[0].name, loc=n.loc)
-    return bb.finish(vals[cbody.outputs[0]]), bb.outer_args()
-
-
-def fuse_reductions(m: Module, g: Graph, max_nodes: int) -> None:
-    for p in [n for n in g.nodes if n.op == "loop.reduction"]:
-        readers = [n for n in g.nodes if p.results[0] in list(n.operands())]
-        if not readers or any(why_not_fused(m, g, p, c, max_nodes) is not None
-                              for c in readers):
-            continue
-        for c in readers:
-            body, outer = fuse_reduction(m, p, c)
-            m.items[body.name] = body
-            c.args = [c.args[0], *outer]
-        g.nodes.remove(p)
-
-
-def inline(m: Module, producer: Node, consumer: Node) -> tuple[Graph, list[Value]]:
-    """The consumer's body with every load of the producer's buffer replaced by its body, and
-    the outer buffers the new body reads."""
     pbody, cbody = _body(m, producer), _body(m, consumer)
-    bb = BodyBuilder(m, cbody.name)
-    outer_c = dict(zip(cbody.params, consumer.args[1:], strict=True))
-    outer_p = dict(zip(pbody.params, producer.args[1:], strict=True))
+    if producer.op == "loop.pointwise":
+        if len(producer.results) > 1:
+            return "the producer is a multi-output kernel"
+        readers = _readers(g, r)
+        if [id(n) for n in readers] != [id(consumer)]:
+            return f"%{r.name} has {len(readers)} readers (inlining would recompute it)"
+        k = _reduce_depth(m, pbody)
+    else:
+        k = len(producer.kwargs["ranges"])  # type: ignore[arg-type]
+        if list(consumer.kwargs["ranges"])[:k] != list(producer.kwargs["ranges"]):  # type: ignore
+            return (f"the reader's domain {consumer.kwargs['ranges']} does not start with the "
+                    f"reduction's outer domain {producer.kwargs['ranges']}")
+    for buf, index, depth in _loads(m, cbody, _outer(cbody, consumer)):
+        if buf is not r or k == 0:
+            continue
+        if not _at_outer(index, k):
+            return (f"the reader loads %{r.name} at {index}, not at its outer index "
+                    f"{[f'i{j}' for j in range(k)]}")
+        if depth is not None and depth < k:
+            return f"%{r.name} is read inside a reduction over a shorter outer domain"
+    size = body_size(pbody) + body_size(cbody)
+    if size > max_nodes:
+        return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
+    return None
+
+
+# ---- rebuilding bodies -------------------------------------------------------------------------
+
+class _Rebuild:
+    """Copies bodies into a builder, replacing loads (`replace`) and rebuilding the bodies of
+    the reductions they hold the same way (new graphs of the module)."""
+
+    def __init__(self, m: Module, base: str, taken: set[str]):
+        self.m, self.base, self.taken = m, base, taken
+
+    def copy(self, body: Graph, outer: dict[Value, Value], bb: BodyBuilder,
+             replace: Replace | None, subst: dict | None = None) -> dict[Value, Value]:
+        vals: dict[Value, Value] = {}
+        for n in body.nodes:
+            res = n.results[0]
+            if n.op == "loop.load":
+                buf = outer[n.args[0]]  # type: ignore[index]
+                index = [subst_index(parse_index(str(s)), subst or {})
+                         for s in n.kwargs["index"]]  # type: ignore[union-attr]
+                new = replace(buf, index, bb) if replace is not None else None
+                vals[res] = new if new is not None else bb.load(buf, index, n.loc)
+                continue
+            kwargs = dict(n.kwargs)
+            if n.op == "loop.reduce":
+                sub = _body(self.m, n)
+                sbb = BodyBuilder(self.m, fresh_body_name(self.m, self.base, self.taken))
+                souter = {p: outer[a] for p, a in zip(sub.params, n.args[1:], strict=True)
+                          if isinstance(a, Value)}
+                svals = self.copy(sub, souter, sbb, replace)
+                newsub = sbb.finish(svals[sub.outputs[0]])
+                self.m.items[newsub.name] = newsub
+                args: list[object] = [Ref(newsub.name),
+                                      *[bb.buffer(x) for x in sbb.outer_args()]]
+            else:
+                if n.op == "loop.index":
+                    kwargs["index"] = index_text(subst_index(parse_index(str(kwargs["index"])),
+                                                             subst or {}))
+                args = [vals.get(a, a) if isinstance(a, Value) else a for a in n.args]
+            vals[res] = bb.b.op(n.op, args, kwargs, type=res.type, name=res.name, loc=n.loc)
+        return vals
+
+    def producer_at(self, producer: Node, index: list[Dim], bb: BodyBuilder) -> Value:
+        """The producer's value at `index` (its loop variables substituted)."""
+        pbody = _body(self.m, producer)
+        sub = {ivar(k): e for k, e in enumerate(index)}
+        vals = self.copy(pbody, _outer(pbody, producer), bb, None, sub)
+        return vals[pbody.outputs[0]]
+
+    def reduce_of(self, producer: Node, bb: BodyBuilder) -> Value:
+        """The reduction `producer` as a `loop.reduce` of its body."""
+        res = producer.results[0]
+        args = [bb.buffer(a) for a in producer.args[1:] if isinstance(a, Value)]
+        kw = {k: producer.kwargs[k] for k in ("ranges", "reduce_ranges", "reduction")}
+        return bb.b.op("loop.reduce", [producer.args[0], *args], kw,
+                       type=TensorType(_tt(res).dtype, (), None, _tt(res).device),
+                       name=res.name, loc=producer.loc)
+
+
+def _tt(v: Value) -> TensorType:
+    assert isinstance(v.type, TensorType)
+    return v.type
+
+
+def _set_body(m: Module, node: Node, bb: BodyBuilder, results: Sequence[Value]) -> None:
+    body = Graph(bb.name, list(bb.params.values()), [r.type for r in results], bb.b.nodes,
+                 list(results))
+    m.items[body.name] = body
+    node.args = [Ref(body.name), *bb.outer_args()]
+
+
+def fuse_into(m: Module, producer: Node, consumer: Node, taken: set[str]) -> None:
+    """Rule 1 (pointwise producer) or rule 2 (reduction producer): rewrite the consumer."""
     r = producer.results[0]
-    vals: dict[Value, Value] = {}
+    rb = _Rebuild(m, _base(m, consumer), taken)
 
-    def copy(n: Node, vmap: dict[Value, Value], outer: dict[Value, object],
-             sub: dict | None) -> None:
-        if n.op == "loop.load":
-            buf = outer[n.args[0]]  # type: ignore[index]
-            assert isinstance(buf, Value)
-            index = [subst_index(parse_index(str(s)), sub or {})
-                     for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            vmap[n.results[0]] = bb.load(buf, index, n.loc)
-            return
-        kwargs = dict(n.kwargs)
-        if n.op == "loop.index":
-            kwargs["index"] = index_text(subst_index(parse_index(str(kwargs["index"])),
-                                                     sub or {}))
-        args = [vmap.get(a, a) if isinstance(a, Value) else a for a in n.args]
-        vmap[n.results[0]] = bb.b.op(n.op, args, kwargs, type=n.results[0].type,
-                                     name=n.results[0].name, loc=n.loc)
-
-    for n in cbody.nodes:
-        if n.op == "loop.load" and outer_c[n.args[0]] is r:  # type: ignore[index]
-            sub = {ivar(k): parse_index(str(s))
-                   for k, s in enumerate(n.kwargs["index"])}  # type: ignore[arg-type]
-            pvals: dict[Value, Value] = {}
-            for pn in pbody.nodes:
-                copy(pn, pvals, outer_p, sub)
-            vals[n.results[0]] = pvals[pbody.outputs[0]]
-        else:
-            copy(n, vals, outer_c, None)
-    return bb.finish(vals[cbody.outputs[0]]), bb.outer_args()
+    def replace(buf: Value, index: list[Dim], bb: BodyBuilder) -> Value | None:
+        if buf is not r:
+            return None
+        if producer.op == "loop.reduction":
+            return rb.reduce_of(producer, bb)
+        return rb.producer_at(producer, index, bb)
+    cbody = _body(m, consumer)
+    bb = BodyBuilder(m, cbody.name)  # the consumer keeps its body's name
+    vals = rb.copy(cbody, _outer(cbody, consumer), bb, replace)
+    _set_body(m, consumer, bb, [vals[o] for o in cbody.outputs])
 
 
-def fuse_graph(m: Module, g: Graph, max_nodes: int) -> None:
-    changed = True
-    while changed:
-        changed = False
+def _as_pointwise(m: Module, node: Node, taken: set[str]) -> None:
+    """A `loop.reduction` as the `loop.pointwise` whose body is its `loop.reduce`."""
+    bb = BodyBuilder(m, fresh_body_name(m, _base(m, node), taken))
+    v = _Rebuild(m, bb.name, taken).reduce_of(node, bb)
+    ranges = node.kwargs["ranges"]
+    _set_body(m, node, bb, [v])
+    node.op = "loop.pointwise"
+    node.kwargs = {"ranges": ranges}
+
+
+def _base(m: Module, node: Node) -> str:
+    name = _body(m, node).name
+    return name.rsplit("_k", 1)[0]
+
+
+# ---- the rules -----------------------------------------------------------------------------------
+
+def dependency_graph(g: Graph) -> nx.DiGraph:
+    """Kernel nodes (by position) with an edge producer -> reader for every buffer read."""
+    dg = nx.DiGraph()
+    where = {r: i for i, n in enumerate(g.nodes) for r in n.results}
+    for i, n in enumerate(g.nodes):
+        dg.add_node(i)
+        for v in n.operands():
+            if v in where:
+                dg.add_edge(where[v], i)
+    return dg
+
+
+def _vertical(m: Module, g: Graph, max_nodes: int, reductions: bool, taken: set[str]) -> bool:
+    for p in list(g.nodes):
+        if p.op == "loop.pointwise":
+            readers = _readers(g, p.results[0])
+            if len(readers) == 1 and why_not_fused(m, g, p, readers[0], max_nodes) is None:
+                fuse_into(m, p, readers[0], taken)
+                g.nodes.remove(p)
+                return True
+        elif p.op == "loop.reduction" and reductions:
+            readers = _readers(g, p.results[0])
+            if readers and all(why_not_fused(m, g, p, c, max_nodes) is None for c in readers):
+                for c in readers:
+                    fuse_into(m, p, c, taken)
+                g.nodes.remove(p)
+                return True
+    return False
+
+
+def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> bool:
+    dg = dependency_graph(g)
+    kernels = [i for i, n in enumerate(g.nodes) if n.op in KERNEL_OPS]
+    for a in kernels:
+        for b in kernels:
+            if b <= a:
+                continue
+            na, nb = g.nodes[a], g.nodes[b]
+            if na.kwargs["ranges"] != nb.kwargs["ranges"]:
+                continue
+            if not set(na.operands()) & set(nb.operands()):
+                continue
+            if nx.has_path(dg, a, b) or nx.has_path(dg, b, a):
+                continue
+            if body_size(_body(m, na)) + body_size(_body(m, nb)) > max_nodes:
+                continue
+            _merge(m, g, a, b, dg, taken)
+            return True
+    return False
+
+
+def _merge(m: Module, g: Graph, a: int, b: int, dg: nx.DiGraph, taken: set[str]) -> None:
+    """Kernels a and b as one multi-output kernel, placed where every producer precedes it and
+    every reader follows it (a topological order of the contracted dependency graph)."""
+    na, nb = g.nodes[a], g.nodes[b]
+    for n in (na, nb):
+        if n.op == "loop.reduction":
+            _as_pointwise(m, n, taken)
+    ba, bb_ = _body(m, na), _body(m, nb)
+    rb = _Rebuild(m, _base(m, na), taken)
+    bb = BodyBuilder(m, ba.name)
+    va = rb.copy(ba, _outer(ba, na), bb, None)
+    vb = rb.copy(bb_, _outer(bb_, nb), bb, None)
+    _set_body(m, na, bb, [va[o] for o in ba.outputs] + [vb[o] for o in bb_.outputs])
+    na.results = [*na.results, *nb.results]
+    for r in na.results:
+        r.node = na
+    merged = nx.contracted_nodes(dg, a, b, self_loops=False)
+    order = list(nx.lexicographical_topological_sort(merged))
+    g.nodes = [g.nodes[i] for i in order]
+
+
+def _reachable_bodies(m: Module, tops: list[Graph]) -> set[str]:
+    seen: set[str] = set()
+    stack = [a.name for g in tops for n in g.nodes for a in n.args if isinstance(a, Ref)]
+    while stack:
+        name = stack.pop()
+        if name in seen or not isinstance(m.items.get(name), Graph):
+            continue
+        seen.add(name)
+        body = m.items[name]
+        assert isinstance(body, Graph)
+        stack += [a.name for n in body.nodes for a in n.args if isinstance(a, Ref)]
+    return seen
+
+
+def _merge_duplicate_bodies(m: Module, tops: list[Graph]) -> None:
+    """Point every `loop.reduce` at the first body of the same structure (fusion copies the
+    body of a reduction into each reader)."""
+    first: dict[tuple[object, ...], str] = {}
+    alias: dict[str, str] = {}
+    for name in sorted(_reachable_bodies(m, tops), key=_body_order):
+        body = m.items[name]
+        assert isinstance(body, Graph)
+        alias[name] = first.setdefault(body_signature(m.items, body), name)
+    # only references from inside bodies: a top-level kernel keeps its own body (and name)
+    for g in [g for g in m.graphs.values() if g.name in alias]:
+        for n in g.nodes:
+            n.args = [Ref(alias[a.name]) if isinstance(a, Ref) and a.name in alias else a
+                      for a in n.args]
+
+
+def _body_order(name: str) -> tuple[int, str]:
+    tail = name.rsplit("_k", 1)[-1]
+    return (int(tail), name) if tail.isdigit() else (-1, name)
+
+
+def explain_fusion(m: Module, max_nodes: int = 64) -> list[str]:
+    """For every producer -> reader edge between kernels of a (fused) module: why it was not
+    fused."""
+    out: list[str] = []
+    bodies = body_names(m)
+    for g in m.graphs.values():
+        if g.name in bodies:
+            continue
         for p in g.nodes:
-            if p.op != "loop.pointwise":
+            if p.op not in KERNEL_OPS:
                 continue
-            readers = [n for n in g.nodes if p.results[0] in list(n.operands())]
-            if len(readers) != 1 or why_not_fused(m, g, p, readers[0], max_nodes) is not None:
-                continue
-            c = readers[0]
-            body, outer = inline(m, p, c)
-            del m.items[_body(m, p).name]
-            m.items[body.name] = body
-            c.args = [c.args[0], *outer]
-            g.nodes.remove(p)
-            changed = True
-            break
+            for c in _readers(g, p.results[0]):
+                why = why_not_fused(m, g, p, c, max_nodes)
+                if why is not None:
+                    names = ", ".join("%" + r.name for r in c.results)
+                    out.append(f"@{g.name}: %{p.results[0].name} -> {names}: {why}")
+    return out
 
 
-@register_pass("fuse", "fuse loop kernels: pointwise chains, pointwise producers into "
-               "reductions, reductions into their pointwise readers of the same outer domain")
-def fuse(module: Module, *, max_nodes: int = 64, reductions: bool = True) -> Module:
+@register_pass("fuse", "fuse loop kernels: pointwise chains, pointwise producers and reductions "
+               "into their readers (softmax, layernorm as one kernel), horizontal multi-output "
+               "kernels; explain=true prints why the remaining edges were not fused")
+def fuse(module: Module, *, max_nodes: int = 64, reductions: bool = True,
+         horizontal: bool = True, explain: bool = False) -> Module:
     out = module.clone()
     bodies = body_names(out)
-    for g in list(out.graphs.values()):
-        if g.name not in bodies:
-            fuse_graph(out, g, max_nodes)
-            if reductions:
-                fuse_reductions(out, g, max_nodes)
+    taken: set[str] = set()
+    tops = [g for g in out.graphs.values() if g.name not in bodies]
+    for g in tops:
+        while _vertical(out, g, max_nodes, reductions, taken) \
+                or (horizontal and _horizontal(out, g, max_nodes, taken)):
+            pass
+    _merge_duplicate_bodies(out, tops)
+    live = _reachable_bodies(out, tops)
+    for name in [n for n in bodies | taken if n not in live and n in out.items]:
+        del out.items[name]
+    if explain:
+        for line in explain_fusion(out, max_nodes):
+            print(f"fuse: {line}", file=sys.stderr)
     return out

@@ -16,14 +16,17 @@ kernel the C++ tables cannot express yet keeps its `loop.pointwise`/`loop.reduct
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping, Sequence
+import math
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ember.inductor import cache
 from ember.inductor.body import body_names
-from ember.inductor.cpp import PRELUDE, CodegenError, kernel_source
+from ember.inductor.cpp import PRELUDE, CodegenError
+from ember.inductor.cppkernel import kernel_source
 from ember.inductor.indexing import row_major_strides
 from ember.ir import (
     Arg,
@@ -42,6 +45,7 @@ from ember.ir import (
     TensorType,
     Type,
     Value,
+    default_registry,
 )
 from ember.ir.backends import Backend, Runner, default_backends
 from ember.ir.passes import register_pass, run_pipeline
@@ -68,21 +72,67 @@ def _call_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
             for d, s in zip(dts, shapes, strict=True)]
 
 
+KERNELS_PER_UNIT = 6  # kernels per translation unit before a module's C++ is split
+# kernels whose integer division or modulo may divide by zero (they set the error flag)
+_CHECKED_OPS = ("ember_div_trunc<", "ember_fmod<", "ember_pymod<")
+
+
 def module_source(m: Module) -> str:
     return "\n".join(k.source for k in m.kernels.values() if k.lang == "cpp")
+
+
+def module_units(m: Module) -> list[list[Kernel]]:
+    """The module's kernel blocks split into translation units compiled in parallel: each
+    unit is the prelude plus a contiguous run of kernels (at most one unit per compile job)."""
+    blocks = [k for k in m.kernels.values() if k.lang == "cpp"]
+    prelude = [k for k in blocks if k.name == PRELUDE_NAME]
+    rest = [k for k in blocks if k.name != PRELUDE_NAME]
+    n = max(1, min(cache.jobs(), math.ceil(len(rest) / KERNELS_PER_UNIT)))
+    size = math.ceil(len(rest) / n) if rest else 0
+    return [prelude + rest[i:i + size] for i in range(0, len(rest), size)] if rest else []
+
+
+def load_module(m: Module) -> dict[str, tuple[Any, Any]]:
+    """Build (or find in the cache) a module's C++ units, in parallel; kernel name -> (its
+    function, the library's error-flag reader if the kernel may divide by zero, else None)."""
+    units = module_units(m)
+    libs = cache.load_all(["\n".join(k.source for k in u) for u in units])
+    table: dict[str, tuple[Any, Any]] = {}
+    for unit, lib in zip(units, libs, strict=True):
+        for k in unit:
+            if k.name != PRELUDE_NAME:
+                fn = getattr(lib, k.name)
+                fn.restype = None
+                checks = any(op in k.source for op in _CHECKED_OPS)
+                table[k.name] = (fn, lib.ember_take_errors if checks else None)
+    return table
+
+
+_TABLES: weakref.WeakKeyDictionary[Interpreter, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def _call_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     ref = args[0]
     assert isinstance(ref, Ref)
-    lib = cache.load(module_source(interp.module))
-    fn = getattr(lib, ref.name)
+    table = _TABLES.get(interp)
+    if table is None:
+        table = _TABLES[interp] = dict(load_module(interp.module))
+    fn, take_errors = table[ref.name]
     ins = [a.contiguous() for a in args[1:]]
-    outs = [torch.empty([int(x) for x in s], dtype=d.torch)
-            for d, s in zip(kw["out_dtypes"], kw["out_shapes"], strict=True)]
-    fn.argtypes = [ctypes.c_void_p] * (len(ins) + len(outs))
-    fn.restype = None
-    fn(*[t.data_ptr() for t in ins + outs])
+    reuse = list(kw.get("reuse") or [])
+    outs = []
+    for j, (d, s) in enumerate(zip(kw["out_dtypes"], kw["out_shapes"], strict=True)):
+        shape = [int(x) for x in s]
+        old = reuse[j] if j < len(reuse) else None
+        if isinstance(old, torch.Tensor) and old.dtype == d.torch and old.is_contiguous() \
+                and old.numel() == math.prod(shape):
+            outs.append(old.view(shape))  # a dead buffer's storage (see plan_buffers)
+        else:
+            outs.append(torch.empty(shape, dtype=d.torch))
+    fn(*[ctypes.c_void_p(t.data_ptr()) for t in ins + outs])
+    if take_errors is not None and take_errors():
+        # eager's message for an integer division or modulo by zero on the CPU
+        raise RuntimeError("ZeroDivisionError")
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -93,6 +143,31 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
         raise OpTypeError(f"kernels.extern: op= must name a registered op, got {name!r}")
     types = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "op"})
     return [buffer_type(t) if isinstance(t, TensorType) else t for t in types]
+
+
+# extern ops whose result is a view of their operand (kernels.view: no copy is made)
+VIEW_EXTERNS = ("prims.permute",)
+
+
+def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    name = kw.get("op")
+    if name not in VIEW_EXTERNS or len(args) != 1 or not isinstance(args[0], Value) \
+            or not isinstance(args[0].type, TensorType):
+        raise OpTypeError(f"kernels.view: op= must be one of {', '.join(VIEW_EXTERNS)}, on "
+                          f"one buffer")
+    target = ctx.registry.lookup(name) if ctx.registry else None
+    assert target is not None
+    t = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "op"})[0]
+    assert isinstance(t, TensorType)
+    src = row_major_strides(args[0].type.shape)
+    dims = [int(d) for d in kw["dims"]]  # type: ignore[union-attr,arg-type]
+    return [TensorType(t.dtype, t.shape, tuple(src[d] for d in dims), t.device)]
+
+
+def _view_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    target = interp.registry.lookup(kw["op"])
+    assert target is not None
+    return target.reference(interp, args, {k: v for k, v in kw.items() if k != "op"})
 
 
 def _extern_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
@@ -109,6 +184,8 @@ KERNEL_OPS = (
           _call_infer, _call_run),
     OpDef("kernels.extern", "call an op's own implementation on buffers (matmul, sort, ...)",
           _extern_infer, _extern_run),
+    OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\"), no copy",
+          _view_infer, _view_run),
 )
 
 
@@ -149,31 +226,44 @@ def codegen_cpp(module: Module) -> Module:
 
 def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph]
                 ) -> Node:
+    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
+        # a strided view of a buffer (matmul reads it as it is); its type says its strides
+        ctx = InferContext(module=m, registry=default_registry())
+        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
+            r.type = t
+        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
     if n.op == "loop.extern":
-        res = [_retype(r) for r in n.results]
-        return _node("kernels.extern", n.args, n.kwargs, n, res)
+        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
     if n.op not in ("loop.pointwise", "loop.reduction"):
         return n
     ref = n.args[0]
     assert isinstance(ref, Ref)
     body = m.items[ref.name]
     assert isinstance(body, Graph)
+    name = ref.name
+    while any(k.name == name for k in kernels):  # two loop nodes may share one body
+        name += "_"
     try:
-        source = kernel_source(ref.name, n, body, f"@{g.name}", m.items)
+        source = kernel_source(name, n, body, f"@{g.name}", m.items)
     except CodegenError as e:
         body.attrs["cpp_fallback"] = str(e)
         fallback.append(body)
-        for r in body.nodes:  # the bodies of fused reductions run on the reference too
-            if r.op == "loop.reduce" and isinstance(r.args[0], Ref):
-                sub = m.items[r.args[0].name]
+        stack = [body]  # the bodies of fused reductions (nested too) run on the reference
+        while stack:
+            for bn in stack.pop().nodes:
+                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
+                    and isinstance(bn.args[0], Ref) else None
                 if isinstance(sub, Graph) and sub not in fallback:
                     fallback.append(sub)
+                    stack.append(sub)
         return n
-    kernels.append(Kernel(ref.name, "cpp", source))
-    t = n.results[0].type
-    assert isinstance(t, TensorType)
-    kw: dict[str, Arg] = {"out_dtypes": [t.dtype], "out_shapes": [list(t.shape)]}
-    return _node("kernels.call", n.args, kw, n, [_retype(n.results[0])])
+    kernels.append(Kernel(name, "cpp", source))
+    types = [r.type for r in n.results]
+    assert all(isinstance(t, TensorType) for t in types)
+    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
+                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
+    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
+                 [_retype(r) for r in n.results])
 
 
 def _retype(v: Value) -> Value:
@@ -196,19 +286,31 @@ def compile_module(module: Module, pipeline: str = DEFAULT_PIPELINE) -> Module:
     """The compiled (kernels.*) module, its C++ already built (or found in the cache)."""
     out = run_pipeline(module, pipeline)
     if out.kernels:
-        cache.load(module_source(out))
+        load_module(out)
     return out
 
 
 def compiled_runner(compiled: Module) -> Runner:
     """The runner of an already compiled (kernels.*) module: random prims draw from torch's
     seed with a philox offset that advances from call to call."""
+    from ember.inductor.wrapper import WrapperUnsupported, generate
     from ember.prims.decomp.random import run_with_philox
 
     interp = Interpreter(compiled)
     offset = [0]
+    # Per graph: its generated straight-line call (wrapper.py), or None where the interpreter
+    # runs it (symbolic shapes, random ops).
+    calls: dict[str | None, Callable[[Sequence[Any]], RunResult] | None] = {}
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        if graph not in calls:
+            try:
+                calls[graph] = generate(compiled, graph, interp).call
+            except WrapperUnsupported:
+                calls[graph] = None
+        fast = calls[graph]
+        if fast is not None:
+            return fast(inputs)
         res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
         return res
     return run
@@ -228,6 +330,8 @@ def summary(compiled: Module) -> str:
         if g.name in bodies:
             continue
         for n in g.nodes:
+            if n.op == "kernels.view":  # a strided view of a buffer: nothing runs
+                continue
             if n.op in counts:
                 counts[n.op] += 1
             elif n.op in ("loop.pointwise", "loop.reduction"):

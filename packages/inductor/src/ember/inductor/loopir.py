@@ -1,6 +1,7 @@
 """The `loop` dialect: ember's loop-level IR, as ir-v1 text.
 
-A lowered graph computes every buffer with one of three ops:
+A lowered graph computes every buffer with one of three ops (a `pointwise` body may return
+several values: one kernel computing several buffers over the same domain, see fuse):
 
     %y = loop.pointwise(@f_k0, %x, %b, ranges=[4, 8]) : f32[4, 8]
     %s = loop.reduction(@f_k1, %y, ranges=[4], reduce_ranges=[8], reduction="sum") : f32[4]
@@ -70,7 +71,7 @@ def _dims(v: Any, what: str) -> list[Any]:
     return v
 
 
-def _check_body(op: str, g: Graph, args: Sequence[Arg]) -> TensorType:
+def _check_body(op: str, g: Graph, args: Sequence[Arg], multi: bool = False) -> TensorType:
     if len(args) != len(g.params):
         raise OpTypeError(f"{op}: body @{g.name} reads {len(g.params)} buffers, got {len(args)}")
     for i, (a, p) in enumerate(zip(args, g.params, strict=True)):
@@ -78,9 +79,11 @@ def _check_body(op: str, g: Graph, args: Sequence[Arg]) -> TensorType:
             have = a.type if isinstance(a, Value) else a
             raise OpTypeError(f"{op}: buffer {i} is {have}, body @{g.name} reads %{p.name}: "
                               f"{p.type}")
-    if len(g.result_types) != 1 or not isinstance(g.result_types[0], TensorType) \
-            or g.result_types[0].rank != 0:
-        raise OpTypeError(f"{op}: body @{g.name} must return one 0-dim value")
+    if not (len(g.result_types) == 1 or (multi and g.result_types)) \
+            or not all(isinstance(t, TensorType) and t.rank == 0 for t in g.result_types):
+        raise OpTypeError(f"{op}: body @{g.name} must return "
+                          f"{'0-dim values' if multi else 'one 0-dim value'}")
+    assert isinstance(g.result_types[0], TensorType)
     return g.result_types[0]
 
 
@@ -92,9 +95,10 @@ def _pointwise_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
                      ) -> list[Type]:
     op = "loop.pointwise"
     g = body_of(ctx.module, args[0] if args else None, op)
-    elem = _check_body(op, g, args[1:])
+    _check_body(op, g, args[1:], multi=True)
     ranges = _dims(kw.get("ranges"), f"{op} ranges=")
-    return [TensorType(elem.dtype, tuple(ranges), None, elem.device)]
+    return [TensorType(t.dtype, tuple(ranges), None, t.device) for t in g.result_types
+            if isinstance(t, TensorType)]
 
 
 def _reduction_types(op: str, ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg],
@@ -166,8 +170,9 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
 # ---- references ------------------------------------------------------------------------------
 
 def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequence[int],
-              reduce_ranges: Sequence[int] = ()) -> Any:
-    """The body's value at every point of the domain `ranges + reduce_ranges`, as one tensor."""
+              reduce_ranges: Sequence[int] = (), all_outputs: bool = False) -> Any:
+    """The body's value at every point of the domain `ranges + reduce_ranges`, as one tensor
+    (`all_outputs`: the list of every result's values)."""
     domain = list(ranges) + list(reduce_ranges)
     env: dict[str, Any] = dict(bind_symbols(g, bufs)) if bufs else {}
     n = len(domain)
@@ -206,13 +211,16 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
             if isinstance(out, torch.Tensor) and list(out.shape) != domain:
                 out = out.expand(domain)
         values[node.results[0]] = out
+    if all_outputs:
+        return [values[o] for o in g.outputs]
     return values[g.outputs[0]]
 
 
 def _pointwise_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     g = body_of(interp.module, args[0], "loop.pointwise")
     ranges = [int(r) for r in kw["ranges"]]
-    return eval_body(interp, g, args[1:], ranges).contiguous()
+    outs = [v.contiguous() for v in eval_body(interp, g, args[1:], ranges, all_outputs=True)]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 def _reduction_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:

@@ -135,10 +135,29 @@ class _Lowering:
                               "reduce_ranges": [x.type.shape[d] for d in red], "reduction": kind}
         self.env[n.results[0]] = self.kernel("loop.reduction", bb, val, kw, t, n.results[0].name)
 
+    def extern_operand(self, v: Value) -> Value:
+        """A real buffer for an extern op: a permutation of a buffer's dims stays a view
+        (`loop.extern(op="prims.permute")`, no copy: matmul reads transposed weights as they
+        are); any other view is materialised by a copy kernel."""
+        lazy = self.env.get(v, v)
+        if isinstance(lazy, View) and isinstance(lazy.src.type, TensorType) \
+                and lazy.src.type.rank == lazy.type.rank:
+            where = {ivar(j): d for j in range(lazy.type.rank)
+                     for d, e in enumerate(lazy.index) if e == ivar(j)}
+            if len(where) == lazy.type.rank:
+                dims = [where[ivar(j)] for j in range(lazy.type.rank)]
+                out = self.b.emit("loop.extern", [lazy.src], {"op": "prims.permute",
+                                                               "dims": dims},
+                                  types=[lazy.type], names=[f"{v.name}.view"])[0]
+                self.env[v] = out
+                return out
+        return self.materialize(v)
+
     def passthrough(self, n: Node, op: str | None = None) -> None:
         """An extern call of the prim (op given), or a node of another dialect, on real buffers."""
-        args = [map_args(a, self.materialize) for a in n.args]
-        kwargs = {k: map_args(a, self.materialize) for k, a in n.kwargs.items()}
+        real = self.extern_operand if op is not None else self.materialize
+        args = [map_args(a, real) for a in n.args]
+        kwargs = {k: map_args(a, real) for k, a in n.kwargs.items()}
         if op is not None:
             kwargs = {"op": op, **kwargs}
             name = "loop.extern"

@@ -19,12 +19,15 @@ from torch import nn
 
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
+from ember.capture.resume import Broken
 from ember.inductor.kernels import compile_module, compiled_runner, summary
 from ember.ir import Module
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
+from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.dump import dump_capture, dump_outputs
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
+from ember.runtime.writeback import Epilogue, backend_module
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DEFAULT_CACHE_LIMIT = 8
@@ -45,11 +48,21 @@ class _GraphEntry:
         self.code = CallCode(cap.guards, cap.input_sources, cap.output)
         self.runner = runner
         self.captured = cap
+        self.epilogue = Epilogue(cap)  # input write-back, outputs as eager's (views, strides)
+        self.matches = self.epilogue.matches
 
     def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
         outs = self.runner(inputs)
+        return self.resume(outs, S, A, K, inputs)
+
+    def resume(self, outs: list[Any], S: Any, A: tuple[Any, ...], K: dict[str, Any],
+               inputs: list[Any]) -> Any:
+        """The caller's return value from the graph's results (and side effects applied)."""
+        results = self.epilogue(outs, inputs)
+        if self.captured.effects:
+            return run_with_effects(self.code, self.captured, results, S, A, K)
         assert self.code.output is not None
-        return self.code.output(outs, S, A, K)
+        return self.code.output(results, S, A, K)
 
 
 class _EagerEntry:
@@ -57,6 +70,9 @@ class _EagerEntry:
         self.code = CallCode(list(unhandled.guards), [], None)
         self.call = call
         self.unhandled = unhandled
+
+    def matches(self, inputs: list[Any]) -> bool:
+        return True
 
     def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
         return self.call(*A, **K)
@@ -82,11 +98,14 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.options = dict(options or {})
         self.cache_limit = int(self.options.pop("cache_limit", DEFAULT_CACHE_LIMIT))
-        self.entries: list[_GraphEntry | _EagerEntry] = []
+        self.entries: list[_GraphEntry | _EagerEntry | BreakEntry] = []
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
         self._gave_up = False
+        # resume functions and callees compiled for graph breaks: id -> (object, compiled)
+        self._spawned: dict[int, tuple[Any, CompiledFunction]] = {}
+        self._child = False
         if isinstance(target, nn.Module):
             self.self_obj: Any = target
             self.eager: Callable[..., Any] = target
@@ -147,7 +166,7 @@ class CompiledFunction:
         self.history.calls += 1
         for e in self.entries:
             inputs = e.code.guard(S, args, kwargs)
-            if inputs.__class__ is list:
+            if inputs.__class__ is list and e.matches(inputs):
                 self.history.cache_hits += 1
                 return e.run(S, args, kwargs, inputs)
         return self._miss(args, kwargs)
@@ -167,31 +186,70 @@ class CompiledFunction:
                 self.history.note(msg)
                 return self.eager(*args, **kwargs)
             self.history.recompilations.append(reason)
-        res = capture(self.target, args, kwargs)
+        got = capture(self.target, args, kwargs)
+        brk = got if isinstance(got, Broken) else None
+        res: Captured | Unhandled
+        if brk is not None:  # the graph up to a graph break, then the break and a resume
+            if self.fullgraph:
+                raise CaptureError(brk.unhandled)
+            u = brk.unhandled
+            self.history.breaks.append(Fallback(u.reason, u.file, u.line, u.stack))
+            res = brk.captured
+        else:
+            assert not isinstance(got, Broken)
+            res = got
         if isinstance(res, Unhandled):
             if self.fullgraph:
                 raise CaptureError(res)
             self.history.fallbacks.append(Fallback(res.reason, res.file, res.line, res.stack))
-            entry: _GraphEntry | _EagerEntry = _EagerEntry(res, self.eager)
+            entry: _GraphEntry | _EagerEntry | BreakEntry = _EagerEntry(res, self.eager)
             self.entries.append(entry)
             return entry.run(S, args, kwargs, [])
-        runner = self.backend(res.module, res.input_examples)
-        graph_entry = _GraphEntry(res, runner)
+        # nothing captured before a break, or in a resume function: no graph to speak of
+        empty = (brk is not None or self._child) and not res.graph.nodes
+        backend = eager_backend if empty else self.backend
+        runner = backend(backend_module(res), res.input_examples)
+        graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
+            brk, runner, [self.child(r) for r in brk.resumes], self.callee)
         self.entries.append(graph_entry)
         inputs = graph_entry.code.guard(S, args, kwargs)
         if not isinstance(inputs, list):
             raise RuntimeError(f"ember: the guards of a fresh capture of {self.name} fail on "
                                f"the call that produced them: "
                                f"{graph_entry.code.failure(S, args, kwargs)}")
-        dumped = dump_capture(res, inputs)
-        self.history.graphs.append(GraphRecord(
-            res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
-            [describe(s) for s in res.input_sources], str(dumped) if dumped else None))
+        dumped = None if empty else dump_capture(res, inputs)
+        if not empty:
+            self.history.graphs.append(GraphRecord(
+                res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
+                [describe(s) for s in res.input_sources], str(dumped) if dumped else None))
         outs = runner(inputs)
         if dumped is not None:
-            dump_outputs(dumped, outs)
-        assert graph_entry.code.output is not None
-        return graph_entry.code.output(outs, S, args, kwargs)
+            dump_outputs(dumped, outs, res.graph)
+        return graph_entry.resume(outs, S, args, kwargs, inputs)
+
+    # -- graph breaks -----------------------------------------------------------------------
+    def _spawn(self, target: Any) -> CompiledFunction:
+        """A compiled function for a resume function or a callee: this one's backend and
+        options, and its history (so `explain` reports every graph and break)."""
+        cf = CompiledFunction(target, backend="eager", mode=self.mode, dynamic=self.dynamic,
+                              options={"cache_limit": self.cache_limit})
+        cf.backend, cf.backend_name = self.backend, self.backend_name
+        cf.history = self.history
+        cf._spawned = self._spawned
+        cf._child = True
+        return cf
+
+    def child(self, fn: Any) -> CompiledFunction:
+        """The compiled resume function `fn` (one per function object, shared by all entries)."""
+        got = self._spawned.get(id(fn))
+        if got is None or got[0] is not fn:
+            got = self._spawned[id(fn)] = (fn, self._spawn(fn))
+        return got[1]
+
+    def callee(self, obj: Any) -> Any:
+        """`obj` (a user function or module whose body broke) through ember's compile wrapper;
+        a module keeps its `__call__`, so the wrapper runs the module's capture."""
+        return self.child(obj)
 
 
 class CompiledModule(nn.Module):

@@ -1,9 +1,11 @@
 """EMBER_DUMP=dir: write each captured graph (ir-v1 text), its inputs (safetensors, keyed by
 parameter name), the outputs of the call that captured it, and its guards, so that
 
-    ember run dir/NAME.ir --inputs dir/NAME.inputs.safetensors
+    ember run dir/NAME.ir --inputs dir/NAME.inputs.safetensors --out o.safetensors
 
-replays it from the shell."""
+replays it from the shell: a graph that writes its inputs keeps `input_updates`, so the run
+writes the same updated inputs (by parameter name) as the live call did. The inputs are
+written before the call, which may update them in place."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.capture import Captured
+from ember.ir import Graph
 from ember.runtime.tensors import save_tensors
 
 ENV = "EMBER_DUMP"
@@ -45,7 +48,12 @@ def dump_capture(cap: Captured, inputs: Sequence[Any]) -> Path | None:
     return ir_path
 
 
-def dump_outputs(ir_path: Path, outputs: Sequence[Any]) -> None:
+def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
+    """Every result of the call, named as `ember run --out` names them: `outN` for the N-th
+    returned result, the parameter's name for a result written back into a graph input."""
     stem = ir_path.name.removesuffix(".ir")
-    save_tensors(str(ir_path.parent / f"{stem}.outputs.safetensors"),
-                 {f"out{i}": o for i, o in enumerate(outputs)})
+    updated = {r: graph.params[p].name for p, r in graph.input_updates}
+    returned = [o for i, o in enumerate(results) if i not in updated]
+    named = {f"out{i}": o for i, o in enumerate(returned)}
+    named.update({name: results[r] for r, name in updated.items()})
+    save_tensors(str(ir_path.parent / f"{stem}.outputs.safetensors"), named)

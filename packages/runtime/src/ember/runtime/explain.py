@@ -2,8 +2,10 @@
 
 Compiles `fn` with the eager backend (or reads an already compiled function's history), calls
 it with the arguments, and reports the graphs (ir-v1 text) with their op counts, guards and
-inputs; the recompilations and why; every fallback to eager with its reason and source line; and
-notes (such as a requested backend that is not built yet). `str(report)` is readable.
+inputs; every graph break with its reason and source line (the graphs of resume functions and
+of callees compiled at a break are listed with the rest); the recompilations and why; every
+fallback to eager with its reason and source line; and notes (such as a requested backend that
+is not built yet). `str(report)` is readable.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class ExplainReport:
     fallbacks: list[Fallback] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     calls: int = 0
+    breaks: list[Fallback] = field(default_factory=list)  # graph breaks: reason and line
+
+    @property
+    def break_count(self) -> int:
+        return len(self.breaks)
 
     @property
     def graph_count(self) -> int:
@@ -50,7 +57,7 @@ class ExplainReport:
     def __str__(self) -> str:
         out = [f"ember explain: {len(self.graphs)} graph(s), {len(self.recompilations)} "
                f"recompilation(s), {len(self.fallbacks)} fallback(s) to eager, "
-               f"{self.calls} call(s)"]
+               f"{len(self.breaks)} graph break(s), {self.calls} call(s)"]
         for n in self.notes:
             out.append(f"note: {n}")
         for i, g in enumerate(self.graphs):
@@ -62,6 +69,12 @@ class ExplainReport:
             out.append(g.ir.rstrip())
             out.append(f"guards ({len(g.guards)}):")
             out += [f"  {t}" for t in g.guards]
+        if self.breaks:
+            out.append("\n-- graph breaks:")
+            for b in self.breaks:
+                out.append(f"  {b.reason}")
+                out.append(f"    at {b.where}")
+                out += [f"    via {s}" for s in b.stack if not s.startswith(b.where + " ")]
         if self.recompilations:
             out.append("\n-- recompilations:")
             out += [f"  {i + 1}. {r}" for i, r in enumerate(self.recompilations)]
@@ -76,7 +89,8 @@ class ExplainReport:
 
 def report_of(history: History) -> ExplainReport:
     return ExplainReport(list(history.graphs), list(history.recompilations),
-                         list(history.fallbacks), list(history.notes), history.calls)
+                         list(history.fallbacks), list(history.notes), history.calls,
+                         list(history.breaks))
 
 
 def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:

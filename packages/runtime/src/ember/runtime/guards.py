@@ -51,8 +51,15 @@ class _Namespace:
         return name
 
 
-def _new_object(cls: type, attrs: dict[str, Any]) -> Any:
-    obj: Any = object.__new__(cls)
+def _new_object(cls: type, attrs: dict[str, Any],
+                items: list[tuple[Any, Any]] | None = None) -> Any:
+    if items is None:
+        obj: Any = object.__new__(cls)
+    else:  # a dict subclass (a ModelOutput): contents set through the dict base's own methods
+        base: Any = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections"))
+        obj = base.__new__(cls)
+        for k, v in items:
+            base.__setitem__(obj, k, v)
     obj.__dict__.update(attrs)
     return obj
 
@@ -154,5 +161,8 @@ def _out(spec: OutSpec, ref: Any) -> str:
         return f"{ref(spec.cls, 'T')}([{pairs}])"
     if isinstance(spec, OutObject):
         attrs = ", ".join(f"{k!r}: {_out(v, ref)}" for k, v in spec.attrs)
-        return f"_new({ref(spec.cls, 'T')}, {{{attrs}}})"
+        if spec.items is None:
+            return f"_new({ref(spec.cls, 'T')}, {{{attrs}}})"
+        entries = ", ".join(f"({ref(k, 'Key')}, {_out(v, ref)})" for k, v in spec.items)
+        return f"_new({ref(spec.cls, 'T')}, {{{attrs}}}, [{entries}])"
     raise TypeError(f"unknown output spec {spec!r}")

@@ -39,6 +39,7 @@ class History:
     graphs: list[GraphRecord] = field(default_factory=list)
     recompilations: list[str] = field(default_factory=list)  # why each capture after the first
     fallbacks: list[Fallback] = field(default_factory=list)
+    breaks: list[Fallback] = field(default_factory=list)  # graph breaks, one per split capture
     notes: list[str] = field(default_factory=list)
     calls: int = 0
     cache_hits: int = 0

@@ -62,7 +62,6 @@ NOT_HANDLED: dict[str, str] = {
     "LOAD_NAME": "name lookup of a module or class body",
     "STORE_NAME": "name binding of a module or class body",
     "DELETE_NAME": "name binding of a module or class body",
-    "STORE_GLOBAL": "writing a global (side effects come with graph breaks)",
     "DELETE_GLOBAL": "deleting a global (side effects come with graph breaks)",
     "GET_AWAITABLE": "async code",
     "GET_AITER": "async code",

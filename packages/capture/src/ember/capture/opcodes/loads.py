@@ -56,6 +56,9 @@ def delete_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
 
 
 def load_global_value(tx: Tracer, frame: Frame, name: str) -> Var:
+    written = tx.side_effects.load_global(frame, name)  # a global written during capture
+    if written is not None:
+        return written
     if name in frame.globals:
         src = None if frame.trusted else GlobalSource(frame.globals, name, frame.fn_module)
         return tx.wrap(frame.globals[name], src)
@@ -74,6 +77,11 @@ def load_global(tx: Tracer, frame: Frame, inst: Instr) -> None:
     if inst.arg & 1:
         frame.push(NULL)
     frame.push(v)
+
+
+@handler("STORE_GLOBAL", versions=ALL)
+def store_global(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    tx.side_effects.store_global(frame, inst.argval, frame.pop())  # replayed after the graph
 
 
 @handler("MAKE_CELL", versions=ALL)

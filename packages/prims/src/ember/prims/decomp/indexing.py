@@ -363,6 +363,16 @@ def as_strided(ctx: DecompContext, self: Value, size: list[Dim], stride: list[Di
                storage_offset: Dim | None = None) -> Value:
     if len(size) != len(stride):
         raise DecompositionError(f"{ctx.node.op}: size and stride differ in length")
+    flat = _reshape(ctx, self, [ctx.numel(self)])
+    out = ctx.prim("gather", flat, _strided_positions(ctx, self, size, stride, storage_offset),
+                   dim=0)
+    return _reshape(ctx, out, size)
+
+
+def _strided_positions(ctx: DecompContext, self: Value, size: list[Dim], stride: list[Dim],
+                       storage_offset: Dim | None) -> Value:
+    """The flat (row-major) positions in `self` that as_strided(size, stride, offset) reads,
+    as a 1-d i64 tensor."""
     dev = ctx.device(self)
     offset = storage_offset or 0
     pos: Value | None = None
@@ -374,10 +384,21 @@ def as_strided(ctx: DecompContext, self: Value, size: list[Dim], stride: list[Di
         pos = ctx.full([], offset, I64, dev)
     elif not (isinstance(offset, int) and offset == 0):
         pos = ctx.prim("add", pos, offset)
-    total = _prod(size)
+    return _reshape(ctx, pos, [_prod(size)])
+
+
+@register_decomposition("aten.as_strided_scatter.default")
+def as_strided_scatter(ctx: DecompContext, self: Value, src: Value, size: list[Dim],
+                       stride: list[Dim], storage_offset: Dim | None = None) -> Value:
+    """self (read as its row-major storage) with the elements as_strided reads replaced by
+    src; functionalization's inverse of a write through as_strided."""
+    if len(size) != len(stride):
+        raise DecompositionError(f"{ctx.node.op}: size and stride differ in length")
+    pos = _strided_positions(ctx, self, size, stride, storage_offset)
     flat = _reshape(ctx, self, [ctx.numel(self)])
-    out = ctx.prim("gather", flat, _reshape(ctx, pos, [total]), dim=0)
-    return _reshape(ctx, out, size)
+    v = _reshape(ctx, ctx.convert(src, ctx.dtype(self)), [_prod(size)])
+    out = ctx.prim("scatter", flat, pos, v, dim=0)
+    return _reshape(ctx, out, list(ctx.shape(self)))
 
 
 # ---- sort, topk ---------------------------------------------------------------------------

@@ -328,8 +328,11 @@ def flash_attention_for_cpu(ctx: DecompContext, query: Value, key: Value, value:
                             attn_mask: Value | None = None, scale: float | None = None
                             ) -> tuple[Value, Value]:
     """(output, logsumexp f32[B, H, L]); the CPU kernel stores 0 as the logsumexp of a fully
-    masked row (and zeros as its output)."""
-    out, lse = attention(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale)
+    masked row (and zeros as its output). Fewer key/value heads than query heads is GQA: the
+    kernel groups them itself (sdpa's enable_gqa=True arrives so on CPU)."""
+    gqa = ctx.rank(query) >= 3 and not dims_equal(ctx.shape(key)[-3], ctx.shape(query)[-3])
+    out, lse = attention(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                         enable_gqa=gqa)
     return out, _as_result(ctx, _lse_masked_rows(ctx, lse, 0.0), 1)
 
 

@@ -278,6 +278,26 @@ def _as_strided(draw: Draw) -> Sample:
                   else {})
 
 
+@st.composite
+def _as_strided_scatter(draw: Draw) -> Sample:
+    """Non-overlapping windows (eager's result is unspecified where positions repeat): row-major
+    strides of `size`, spread by a factor, in a random dim order, into a contiguous self."""
+    size = list(draw(S.shapes(0, 3, 4)))
+    spread = draw(st.integers(1, 2))
+    stride, acc = [0] * len(size), spread
+    for d in reversed(range(len(size))):
+        stride[d], acc = acc, acc * max(size[d], 1)
+    order = draw(st.permutations(range(len(size))))
+    size, stride = [size[d] for d in order], [stride[d] for d in order]
+    offset = draw(st.integers(0, 3))
+    extent = offset + 1 + (sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+                           if all(size) else 0) + draw(st.integers(0, 3))
+    shape = [extent] if extent % 2 or draw(st.booleans()) else [2, extent // 2]
+    x = _tensor(draw, shape, layout="contiguous")
+    src = draw(S.tensors(tuple(size), x.dtype))
+    return Sample((x, src, size, stride, offset))
+
+
 # ---- sort, topk, cummax, cummin, logcumsumexp ---------------------------------------------
 
 
@@ -361,6 +381,7 @@ _ix("aten.select_scatter.default", lambda: _select_scatter())
 _ix("aten.slice_scatter.default", lambda: _slice_scatter())
 _ix("aten.diagonal_scatter.default", lambda: _diagonal_scatter())
 _ix("aten.as_strided.default", lambda: _as_strided(), symbolic=False)
+_ix("aten.as_strided_scatter.default", lambda: _as_strided_scatter(), symbolic=False)
 _ix("aten.sort.default", lambda: _sort(), compare=_compare_sort)
 _ix("aten.sort.stable", lambda: _sort_stable(), compare=_compare_sort)
 _ix("aten.topk.default", lambda: _topk(), compare=_compare_topk)

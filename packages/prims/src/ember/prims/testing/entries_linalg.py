@@ -156,13 +156,13 @@ _mm_entry("aten.linear.default", lambda: _linear())
 def _attention(draw: st.DrawFn, form: str) -> Sample:
     """q [B, Hq, L, E], k [B, Hk, S, E], v [B, Hk, S, Ev]; a bool or float mask broadcastable
     to [B, Hq, L, S] (float masks hold -inf, bool masks fully masked rows), or is_causal.
-    `form`: "sdpa" (3-D or 4-D, 0-sized L/S, GQA, Ev != E), "cpu" (4-D, no 0 sizes: the CPU
-    kernel crashes on them, E == Ev), "efficient" and "cudnn" (float bias only), "flash" (no
+    `form`: "sdpa" (3-D or 4-D, 0-sized L/S, GQA, Ev != E), "cpu" (4-D, GQA, no 0 sizes: the
+    CPU kernel crashes on them, E == Ev), "efficient" and "cudnn" (float bias only), "flash" (no
     mask, E == Ev)."""
     dt = draw(S.dtypes(FLOATS))
     empty = form == "sdpa"
     B, Hk = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    gqa = form == "sdpa" and draw(st.booleans())
+    gqa = form in ("sdpa", "cpu") and draw(st.booleans())  # the CPU kernel groups heads too
     if gqa:  # real grouping: 2 key/value heads serve 2 or 3 query heads each
         Hk = 2
     Hq = Hk * (draw(st.integers(2, 3)) if gqa else 1)

@@ -1,0 +1,223 @@
+"""Straight-line Python for a compiled (kernels.*) graph: TorchInductor's output code `call()`.
+
+The interpreter pays, on every node of every call, an op lookup, argument binding, a result type
+check and (for `kernels.call`) the kernel's lookup and argument conversion. The wrapper does that
+work once: it generates one Python function per graph that unpacks the inputs,
+checks their dtypes and shapes, allocates each kernel's output with a constant shape, and calls
+the kernel's ctypes function pointer (argument types set once) on the buffers' addresses. Nodes
+other than `kernels.call` (`kernels.extern`, ops the C++ tables left to the reference) call their
+op's reference directly, their tensor results checked like the interpreter checks them.
+
+Graphs it does not cover (symbolic shapes, random ops with philox inputs) raise
+`WrapperUnsupported`; the caller runs those through the interpreter. The generated source comes
+only from this module's templates, value numbers and the graph's integer shapes; every other
+constant is passed in the function's namespace, never printed into the source.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
+from ember.prims.decomp.random import philox_params
+
+
+class WrapperUnsupported(Exception):
+    """The graph needs the interpreter (the reason is the message)."""
+
+
+@dataclass
+class Wrapper:
+    graph: str
+    source: str  # the generated Python, for dumps and debugging
+    call: Callable[[Sequence[Any]], RunResult]
+
+
+def _concrete(t: TensorType) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in t.shape):
+        raise WrapperUnsupported(f"symbolic shape {t}")
+    return tuple(int(d) for d in t.shape)
+
+
+class _Gen:
+    def __init__(self, module: Module, graph: Graph, interp: Interpreter):
+        self.m, self.g, self.interp = module, graph, interp
+        self.ns: dict[str, Any] = {"_empty": torch.empty, "RunResult": RunResult,
+                                   "_interp": interp, "_unpack": _unpack, "_bad": _bad,
+                                   "_contiguous": _contiguous}
+        self.names: dict[Value, str] = {}
+        self.buffers: set[Value] = set()  # contiguous by construction (kernel outputs)
+        self.lines: list[str] = []
+        self.table: dict[str, tuple[Any, Any]] | None = None  # kernels.load_module
+
+    def const(self, x: Any) -> str:
+        name = f"_c{len(self.ns)}"
+        self.ns[name] = x
+        return name
+
+    def dtype(self, t: TensorType) -> str:
+        name = f"_dt_{t.dtype.name}"
+        self.ns[name] = t.dtype.torch
+        return name
+
+    def check(self, var: str, t: TensorType, what: str) -> None:
+        shape = _concrete(t)
+        self.lines.append(f"    if {var}.dtype is not {self.dtype(t)} or {var}.shape != "
+                          f"{shape!r}: _bad({what!r}, {var}, {self.const(t)})")
+
+    def name(self, v: Value) -> str:
+        if v not in self.names:
+            raise WrapperUnsupported(f"%{v.name} is used but not defined by the graph")
+        return self.names[v]
+
+    def arg(self, a: Any) -> str:
+        if isinstance(a, Value):
+            return self.name(a)
+        if isinstance(a, list):
+            return "[" + ", ".join(self.arg(x) for x in a) + "]"
+        if isinstance(a, sympy.Expr) and not a.is_number:
+            raise WrapperUnsupported(f"symbolic argument {a}")
+        if isinstance(a, bool) or a is None or (isinstance(a, int) and not isinstance(a, bool)):
+            return repr(a)
+        return self.const(a)
+
+    def generate(self) -> str:
+        g = self.g
+        if philox_params(g) is not None:
+            raise WrapperUnsupported("random ops (philox seed and offset inputs)")
+        params = [f"p{i}" for i in range(len(g.params))]
+        for p, n in zip(g.params, params, strict=True):
+            self.names[p] = n
+        self.lines = ["def call(inputs):",
+                      f"    if len(inputs) != {len(params)}: "
+                      f"_bad('inputs', inputs, {len(params)})"]
+        if params:
+            self.lines.append(f"    {', '.join(params)}, = inputs")
+        for p, n in zip(g.params, params, strict=True):
+            if isinstance(p.type, TensorType):
+                self.lines.append(f"    if {n}.__class__ is not _Tensor and not isinstance("
+                                  f"{n}, _Tensor): _bad('input %{p.name}', {n}, "
+                                  f"{self.const(p.type)})")
+                self.check(n, p.type, f"input %{p.name}")
+        self.ns["_Tensor"] = torch.Tensor
+        for i, node in enumerate(g.nodes):
+            if node.op == "kernels.call":
+                self.kernel_call(i, node)
+            else:
+                self.other(i, node)
+        skip = {r for _, r in g.input_updates}
+        outs = [self.name(o) for k, o in enumerate(g.outputs) if k not in skip]
+        ups = ", ".join(f"{p}: {self.name(g.outputs[r])}" for p, r in g.input_updates)
+        self.lines.append(f"    return RunResult([{', '.join(outs)}], {{{ups}}})")
+        return "\n".join(self.lines) + "\n"
+
+    def kernel_call(self, i: int, node: Node) -> None:
+        ref = node.args[0]
+        assert isinstance(ref, Ref)
+        if not isinstance(self.m.items.get(ref.name), Kernel):
+            raise WrapperUnsupported(f"@{ref.name} is not a kernel")
+        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse"}
+        if unknown:
+            raise WrapperUnsupported(f"kernels.call with {', '.join(sorted(unknown))}")
+        if self.table is None:
+            from ember.inductor.kernels import load_module
+            self.table = load_module(self.m)
+        fn, take_errors = self.table[ref.name]
+        ins: list[str] = []
+        for j, a in enumerate(node.args[1:]):
+            if not isinstance(a, Value):
+                raise WrapperUnsupported(f"kernels.call takes buffers, got {a!r}")
+            if a in self.buffers:
+                ins.append(self.name(a))
+            else:  # bound to a name, so the copy lives until the kernel has run
+                name = f"c{i}_{j}"
+                self.lines.append(f"    {name} = {self.name(a)}.contiguous()")
+                ins.append(name)
+        reuse = node.kwargs.get("reuse")
+        reuse = reuse if isinstance(reuse, list) else []
+        outs: list[str] = []
+        for j, r in enumerate(node.results):
+            if not isinstance(r.type, TensorType):
+                raise WrapperUnsupported("kernels.call with a scalar result")
+            name, shape, dt = f"v{i}_{j}", _concrete(r.type), self.dtype(r.type)
+            new = f"_empty({shape!r}, dtype={dt})"
+            old = reuse[j] if j < len(reuse) else None
+            if isinstance(old, Value) and isinstance(old.type, TensorType):
+                # a dead buffer's storage (as kernels._call_run: same dtype, size, contiguous)
+                o = self.name(old)
+                new = (f"{o}.view({shape!r}) if {o}.dtype is {dt} and {o}.is_contiguous() and "
+                       f"{o}.numel() == {math.prod(shape)} else {new}")
+            self.lines.append(f"    {name} = {new}")
+            self.names[r] = name
+            self.buffers.add(r)
+            outs.append(name)
+        fn.argtypes = [ctypes.c_void_p] * (len(ins) + len(outs))
+        fn.restype = None
+        self.lines.append(f"    {self.const(fn)}({', '.join(f'{x}.data_ptr()' for x in ins + outs)})")
+        if take_errors is not None:
+            # eager's message for an integer division or modulo by zero on the CPU
+            self.lines.append(f"    if {self.const(take_errors)}(): "
+                              f"raise RuntimeError('ZeroDivisionError')")
+
+    def other(self, i: int, node: Node) -> None:
+        kw = dict(node.kwargs)
+        name = kw.pop("op") if node.op == "kernels.extern" else node.op
+        op = self.interp.registry.lookup(name) if isinstance(name, str) else None
+        if op is None:
+            raise WrapperUnsupported(f"unknown op {name}")
+        args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
+        kwargs = "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in kw.items()) + "}"
+        ref = self.const(op.reference)
+        names = [f"v{i}_{j}" for j in range(len(node.results))]
+        call = f"{ref}(_interp, {args}, {kwargs})"
+        if node.op == "kernels.extern":  # extern results are buffers (as kernels._extern_run)
+            call = f"_contiguous({call})"
+        self.lines.append(f"    {', '.join(names)}, = _unpack({call}, {len(names)})" if names
+                          else f"    {call}")
+        for r, n in zip(node.results, names, strict=True):
+            self.names[r] = n
+            if isinstance(r.type, TensorType):
+                self.check(n, r.type, f"result of {node.op}")
+
+
+def _unpack(out: Any, n: int) -> list[Any]:
+    """An op reference's return value as the node's list of results (as the interpreter does)."""
+    if n == 1:
+        if isinstance(out, (list, tuple)) and len(out) == 1:
+            return [out[0]]
+        return [out]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if len(outs) != n:
+        raise RuntimeError(f"an op returned {len(outs)} results, the node declares {n}")
+    return outs
+
+
+def _contiguous(out: Any) -> Any:
+    if isinstance(out, (list, tuple)):
+        return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in out)
+    return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
+def _bad(what: str, x: Any, want: Any) -> None:
+    got = (f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor)
+           else f"{len(x)}" if what == "inputs" else type(x).__name__)
+    raise RuntimeError(f"ember compiled graph: {what} is {got}, expected {want}")
+
+
+def generate(module: Module, graph: str | None = None,
+             interp: Interpreter | None = None) -> Wrapper:
+    """The straight-line `call(inputs) -> RunResult` of one graph of a compiled module."""
+    g = module.graph(graph)
+    gen = _Gen(module, g, interp or Interpreter(module))
+    source = gen.generate()
+    code = compile(source, f"<ember wrapper @{g.name}>", "exec")
+    ns = dict(gen.ns)
+    exec(code, ns)  # our own generated source (see the module docstring), not user text
+    return Wrapper(g.name, source, ns["call"])

@@ -1,0 +1,118 @@
+"""After a compiled graph ran: write the mutated inputs back and give the caller eager's tensors.
+
+A captured graph is pure; its `input_updates` (capture's `Update`s) say which results are the new
+values of which inputs. The runtime copies them into the caller's tensors in place (`copy_`:
+the tensor object, its data_ptr and its views stay), then builds the returned tensors from the
+capture's output plan: a graph result, laid out with eager's strides where a backend chose
+another layout, or a view replayed on the caller's (updated) tensor or on another result, so
+`out._base is x` holds where it holds in eager.
+
+Backends run the graph without `input_updates` (every result comes back as an output): the
+write-back is the runtime's, the same for every backend; a dumped graph keeps the attribute, so
+`ember run` replays the mutation too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ember.capture import Captured
+from ember.capture.result import OutAlias, OutResult
+from ember.ir import Module
+
+
+def backend_module(cap: Captured) -> Module:
+    """The module a backend runs: the captured one, with input updates as plain outputs."""
+    if not cap.updates:
+        return cap.module
+    m = cap.module.clone()
+    m.graph().attrs.pop("input_updates", None)
+    return m
+
+
+def aliasing(inputs: Sequence[Any]) -> tuple[int, ...]:
+    """Which inputs share memory: for each, the index of the first input with its storage."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(x.untyped_storage()._cdata, i)
+                 if isinstance(x, torch.Tensor) else i for i, x in enumerate(inputs))
+
+
+class Epilogue:
+    """Write-back and output building for one capture."""
+
+    def __init__(self, cap: Captured):
+        self.updates = [(u.param, u.result, u.grad) for u in cap.updates]
+        self.plan = list(cap.plan)
+        # A graph that writes its inputs was captured for one pattern of inputs sharing memory
+        # (usually none): another pattern would need other updates, so it is a cache miss.
+        self.aliasing = aliasing(cap.input_examples) if cap.updates else None
+
+    def matches(self, inputs: Sequence[Any]) -> bool:
+        return self.aliasing is None or aliasing(inputs) == self.aliasing
+
+    def __call__(self, results: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
+        for p, r, grad in self.updates:
+            write_back(inputs[p], results[r], grad)
+        laid: dict[int, Any] = {}
+
+        def result(i: int, stride: tuple[int, ...] | None) -> Any:
+            if i not in laid:
+                laid[i] = restride(results[i], stride)
+            return laid[i]
+
+        out: list[Any] = []
+        for e in self.plan:
+            if isinstance(e, OutResult):
+                out.append(result(e.result, e.stride))
+                continue
+            assert isinstance(e, OutAlias)
+            if e.input is not None:
+                t = inputs[e.input]
+            else:
+                assert e.result is not None
+                t = result(e.result, e.stride)
+            for s in e.steps:
+                t = s.replay(t)
+            out.append(t)
+        return out
+
+
+def write_back(old: Any, new: Any, grad: bool) -> None:
+    """`old.copy_(new)`, recorded by autograd only where eager's in-place op would be."""
+    if new is old or not isinstance(old, torch.Tensor):
+        return
+    record = grad and torch.is_grad_enabled() and not (old.is_leaf and old.requires_grad)
+    with torch.set_grad_enabled(record):
+        old.copy_(new)
+
+
+def restride(x: Any, stride: tuple[int, ...] | None) -> Any:
+    """`x` with eager's strides (a copy only where the backend's layout differs)."""
+    if stride is None or not isinstance(x, torch.Tensor) or _same_layout(x, stride) \
+            or not _dense(x.shape, stride):
+        return x
+    y = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+    return y.copy_(x)
+
+
+def _same_layout(x: torch.Tensor, stride: tuple[int, ...]) -> bool:
+    """Strides agree on every dim of size > 1 (other dims' strides are not observable)."""
+    if x.numel() <= 1:
+        return True
+    have = x.stride()
+    return len(have) == len(stride) and all(
+        n <= 1 or a == b for n, a, b in zip(x.shape, have, stride, strict=True))
+
+
+def _dense(shape: Sequence[int], stride: Sequence[int]) -> bool:
+    """The strides lay the elements out without gaps or overlap (a permuted row-major)."""
+    dims = sorted((s, n) for n, s in zip(shape, stride, strict=True) if n != 1)
+    expect = 1
+    for s, n in dims:
+        if s != expect:
+            return False
+        expect *= n
+    return True
