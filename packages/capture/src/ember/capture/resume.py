@@ -31,7 +31,7 @@ import inspect
 import re
 import types
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,7 +48,7 @@ from ember.capture.result import (
     OutSource,
     OutSpec,
 )
-from ember.capture.side_effects import Effect, value_spec
+from ember.capture.side_effects import Effect, collect, value_spec
 from ember.capture.variables import (
     ConstVar,
     ContextVar,
@@ -96,8 +96,6 @@ class Broken:
     nargs: int
     wrap: list[int]
     unhandled: Unhandled  # the construct, its line and the inlined calls
-    graph_ops: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -195,7 +193,7 @@ def split(tx: Tracer, frame: Frame, fn: types.FunctionType, site: Site, un: Unha
     nlower = sum(1 for s in lower_slots if s.kind in ("value", "iter"))
     for name in live:
         call_args.append(specs.value(frame.locals[name]))
-    effects = tx_effects(tx)
+    effects = collect(tx)
     values = list(call_args)
     for eff in effects:
         values.append(OutSource(eff.target))
@@ -211,14 +209,7 @@ def split(tx: Tracer, frame: Frame, fn: types.FunctionType, site: Site, un: Unha
     name = f"__break_{fn.__code__.co_name}_at_{last.line}"
     brk = types.FunctionType(_cached_break(fn.__code__, plan, name), fn.__globals__, name)
     captured = specs.finish(OutSeq(tuple, tuple(values)), fn.__code__)
-    return Broken(captured, effects, brk, resumes, len(call_args), wrap, un,
-                  sum(captured.op_counts.values()))
-
-
-def tx_effects(tx: Tracer) -> list[Effect]:
-    from ember.capture.side_effects import collect
-
-    return collect(tx)
+    return Broken(captured, effects, brk, resumes, len(call_args), wrap, un)
 
 
 # -- checks ---------------------------------------------------------------------------------

@@ -358,6 +358,36 @@ def diagonal_scatter(ctx: DecompContext, self: Value, src: Value, offset: int = 
     return _permute(ctx, ctx.prim("where", hit, s, x), _inverse(perm))
 
 
+@register_decomposition("aten.diagonal.default")
+def diagonal(ctx: DecompContext, self: Value, offset: int = 0, dim1: int = 0,
+             dim2: int = 1) -> Value:
+    """self.diagonal(offset, dim1, dim2): dim1 and dim2 moved last and flattened, the diagonal is
+    the strided slice of that flat dim from its first element, step n2 + 1. Its length is the
+    declared result's last dim (no min/max of sizes needed)."""
+    shape = ctx.shape(self)
+    rank = len(shape)
+    d1, d2 = ctx.norm_dim(dim1, rank), ctx.norm_dim(dim2, rank)
+    if d1 == d2:
+        raise DecompositionError(f"{ctx.node.op}: dim1 and dim2 must differ")
+    out_shape = list(ctx.ttype(ctx.node.results[0]).shape)
+    length = out_shape[-1]
+    if simplify_dim(as_sympy(length)) == 0:
+        return ctx.full(out_shape, 0, ctx.dtype(self), ctx.device(self))
+    x = _permute(ctx, self, [d for d in range(rank) if d not in (d1, d2)] + [d1, d2])
+    xs = ctx.shape(x)
+    n2 = xs[-1]
+    flat = _reshape(ctx, x, [*xs[:-2], _mul(xs[-2], n2)])
+    start = offset if offset >= 0 else _mul(-offset, n2)
+    step = simplify_dim(as_sympy(n2) + 1)
+    if not isinstance(step, int):
+        raise DecompositionError(f"{ctx.node.op}: needs a concrete size for dim {d2} "
+                                 f"(prims.slice takes integer steps), got {n2}")
+    limit = simplify_dim(as_sympy(start) + (as_sympy(length) - 1) * as_sympy(step) + 1)
+    lead = list(xs[:-2])
+    return ctx.prim("slice", flat, start=[0] * len(lead) + [start], limit=[*lead, limit],
+                    step=[1] * len(lead) + [step])
+
+
 @register_decomposition("aten.as_strided.default")
 def as_strided(ctx: DecompContext, self: Value, size: list[Dim], stride: list[Dim],
                storage_offset: Dim | None = None) -> Value:

@@ -265,6 +265,15 @@ def _diagonal_scatter(draw: Draw) -> Sample:
 
 
 @st.composite
+def _diagonal(draw: Draw) -> Sample:
+    x = _tensor(draw, draw(S.shapes(2, 4, 4)))
+    rank = x.dim()
+    d1, d2 = draw(st.permutations(range(rank)))[:2]
+    offset = draw(st.integers(-3, 3))
+    return Sample((x, offset, _neg(draw, d1, rank), _neg(draw, d2, rank)))
+
+
+@st.composite
 def _as_strided(draw: Draw) -> Sample:
     size = list(draw(S.shapes(0, 3, 4)))
     stride = [draw(st.integers(0, 4)) for _ in size]
@@ -380,6 +389,7 @@ _ix("aten.embedding.default", lambda: _embedding())
 _ix("aten.select_scatter.default", lambda: _select_scatter())
 _ix("aten.slice_scatter.default", lambda: _slice_scatter())
 _ix("aten.diagonal_scatter.default", lambda: _diagonal_scatter())
+_ix("aten.diagonal.default", lambda: _diagonal(), symbolic=False)
 _ix("aten.as_strided.default", lambda: _as_strided(), symbolic=False)
 _ix("aten.as_strided_scatter.default", lambda: _as_strided_scatter(), symbolic=False)
 _ix("aten.sort.default", lambda: _sort(), compare=_compare_sort)
