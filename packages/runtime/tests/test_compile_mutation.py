@@ -208,11 +208,13 @@ class Counter(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
         self.register_buffer("ema", torch.zeros(4))
         self.lin = nn.Linear(4, 4)
 
     def forward(self, x):
-        self.count.add_(1)  # (`self.count += 1` stores the attribute: a graph break today)
+        self.count.add_(1)
+        self.steps += 1  # in place, then STORE_ATTR of the same tensor: no side effect to replay
         with torch.no_grad():
             self.ema.mul_(0.9).add_(x.mean(0) * 0.1)
         return self.lin(x) + self.ema
@@ -392,7 +394,7 @@ def test_dumped_graph_replays_updates_from_the_shell(
     capsys.readouterr()
     assert rc == 0
     live, replay = load_file(stem + ".outputs.safetensors"), load_file(str(out))
-    assert set(live) == set(replay) == {"out0", "l_self_count", "l_self_ema"}
+    assert set(live) == set(replay) == {"out0", "l_self_count", "l_self_steps", "l_self_ema"}
     for k in live:
         torch.testing.assert_close(replay[k], live[k], msg=k)
     torch.testing.assert_close(replay["l_self_count"], before["count"] + 1)

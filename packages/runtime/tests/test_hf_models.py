@@ -174,6 +174,21 @@ class Registry(dict[str, Any]):
 _REGISTRY = Registry(a=2, b=3)
 
 
+def test_is_autocast_enabled_reads_the_symbolic_state() -> None:
+    # transformers (>= 5.1x) decides `maybe_autocast` for RoPE by torch.is_autocast_enabled(dev)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a = torch.is_autocast_enabled("cpu")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            b = torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda")
+            y = x @ x
+        return y.float() + (1.0 if a else 0.0) + (2.0 if b else 0.0)
+
+    c = er.compile(f, backend="eager")
+    x = torch.randn(4, 4)
+    torch.testing.assert_close(c(x), f(x))
+    _single_graph(c)
+
+
 def test_dict_subclass_registry_read_by_key() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * _REGISTRY.get("A") + len(inspect.signature(f).parameters)

@@ -355,6 +355,10 @@ def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
         return
     if isinstance(obj, TensorVar):
         raise unhandled(f"setting tensor attribute .{name}")
+    if isinstance(obj, ObjectVar) and _stores_back_same_tensor(tx, obj.value, name, value):
+        # `self.count += 1` on a buffer: `+=` updated the tensor in place (functionalized into an
+        # input update) and STORE_ATTR puts the same object back: nothing to replay.
+        return
     if isinstance(obj, ObjectVar) and (
             (not isinstance(obj.value, torch.nn.Module) and _plain_slot(obj.value, name))
             or module_attr_writable(obj.value, name, value)):
@@ -376,6 +380,21 @@ def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
 # restore the old value vanish, lasting ones are replayed (ember.capture.side_effects.collect).
 _WRITES: weakref.WeakKeyDictionary[Tracer, dict[tuple[int, str], tuple[Any, Var, Any]]] = \
     weakref.WeakKeyDictionary()
+
+
+def _stores_back_same_tensor(tx: Tracer, owner: Any, name: str, value: Var) -> bool:
+    """`owner.name = value` where value is the symbolic tensor that reading `owner.name` gave."""
+    if not isinstance(value, TensorVar):
+        return False
+    try:
+        current = getattr(owner, name)
+    except Exception:  # a property that raises, say: not the simple case
+        return False
+    if not isinstance(current, torch.Tensor):
+        return False
+    cached = tx.wrapped.get(id(current))
+    held = cached[0] if cached is not None and cached[1] is current else None
+    return isinstance(held, TensorVar) and held.fake is value.fake
 
 
 def _plain_slot(value: Any, name: str) -> bool:

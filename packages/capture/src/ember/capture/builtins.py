@@ -504,6 +504,17 @@ def _is_grad_enabled(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var
     return ConstVar(tx.grad_enabled)
 
 
+@builtin(torch.is_autocast_enabled)
+def _is_autocast_enabled(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """The symbolic autocast state (autocast at the call site is refused at capture entry, so
+    only contexts entered during capture count). No argument means CUDA, as in torch."""
+    dev = args[0] if args else kwargs.get("device_type", ConstVar("cuda"))
+    if not isinstance(dev, ConstVar) or not isinstance(dev.value, str):
+        raise unhandled("torch.is_autocast_enabled with a non-constant device type")
+    states = [st for st in tx.autocast if st.device == dev.value]
+    return ConstVar(bool(states and states[-1].enabled))
+
+
 @builtin(torch.get_default_dtype)
 def _default_dtype(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     return ConstVar(torch.get_default_dtype())  # guarded for every capture
