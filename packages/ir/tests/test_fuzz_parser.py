@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ember.ir import IRParseError, Module, parse, print_module
 from ember.ir.expr import INT64_MIN
+from packages.ir.tests import runnable_modules as R
 from packages.ir.tests import strategies as S
 from packages.ir.tests.strategies import SPEC_EXAMPLE
 
@@ -114,7 +115,7 @@ def mutate(draw: st.DrawFn, text: str) -> str:
 
 _BASES = st.one_of(
     S.text_modules().map(print_module),
-    S.runnable_cases(max_nodes=4, updates=True).map(lambda c: print_module(c.module)),
+    R.runnable_cases(max_nodes=4, updates=True).map(lambda c: print_module(c.module)),
     st.just(SPEC_EXAMPLE),
 )
 

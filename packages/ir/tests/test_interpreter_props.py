@@ -24,18 +24,19 @@ from ember.ir import (
     symbol,
     verify,
 )
+from packages.ir.tests import runnable_modules as R
 from packages.ir.tests import strategies as S
 
-CaseInputs = tuple[S.RunnableCase, tuple[dict[str, int], list[Any]]]
+CaseInputs = tuple[R.RunnableCase, tuple[dict[str, int], list[Any]]]
 
 
 def assert_same(got: list[Any], want: list[Any]) -> None:
     assert len(got) == len(want)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
-        assert S.same_value(a, b), f"result {i}: interpreter {a!r}\ndirect torch {b!r}"
+        assert R.same_value(a, b), f"result {i}: interpreter {a!r}\ndirect torch {b!r}"
 
 
-def used_symbols(case: S.RunnableCase) -> set[str]:
+def used_symbols(case: R.RunnableCase) -> set[str]:
     out: set[str] = set()
     for p in case.graph.params:
         out |= p.type.free_symbols()
@@ -43,52 +44,52 @@ def used_symbols(case: S.RunnableCase) -> set[str]:
 
 
 @S.slow_draws
-@given(S.cases_with_inputs())
+@given(R.cases_with_inputs())
 def test_interpreter_equals_direct_torch_calls(ci: CaseInputs) -> None:
     case, (env, inputs) = ci
-    want_out, want_updates = case.expected(S.clone_inputs(inputs), env)
-    before = S.clone_inputs(inputs)
+    want_out, want_updates = case.expected(R.clone_inputs(inputs), env)
+    before = R.clone_inputs(inputs)
     res = Interpreter(case.module).run(inputs, case.entry)
     assert_same(res.outputs, want_out)
     assert sorted(res.updates) == sorted(want_updates)
     for p, v in want_updates.items():
-        assert S.same_value(res.updates[p], v)
+        assert R.same_value(res.updates[p], v)
     # symbols are bound from the actual sizes (which vary between examples, hints or not)
     assert res.env == {s: env[s] for s in used_symbols(case)}
     assert_same(inputs, before)  # without apply_updates nothing is written
 
 
 @S.slow_draws
-@given(S.cases_with_inputs())
+@given(R.cases_with_inputs())
 def test_apply_updates_writes_into_the_inputs(ci: CaseInputs) -> None:
     case, (env, inputs) = ci
-    want_out, want_updates = case.expected(S.clone_inputs(inputs), env)
+    want_out, want_updates = case.expected(R.clone_inputs(inputs), env)
     originals = list(inputs)
     res = Interpreter(case.module).run(inputs, case.entry, apply_updates=True)
     for i, x in enumerate(inputs):
         assert x is originals[i]  # in place: the very tensors the caller passed
         if i in want_updates:
-            assert S.same_value(x, want_updates[i])
+            assert R.same_value(x, want_updates[i])
     assert len(res.outputs) == len(want_out)
     for got, want in zip(res.outputs, want_out, strict=True):
         # outputs keep value semantics even where they alias an input that was written back
-        assert S.same_value(got, want)
+        assert R.same_value(got, want)
 
 
 @S.slow_draws
-@given(S.runnable_cases())
-def test_verifier_accepts_generated_modules(case: S.RunnableCase) -> None:
+@given(R.runnable_cases())
+def test_verifier_accepts_generated_modules(case: R.RunnableCase) -> None:
     verify(case.module)
 
 
 @S.slow_draws
-@given(S.cases_with_inputs())
+@given(R.cases_with_inputs())
 def test_reparsed_module_runs_the_same(ci: CaseInputs) -> None:
     case, (env, inputs) = ci
     again = parse(print_module(case.module))
     verify(again)
-    a = Interpreter(case.module).run(S.clone_inputs(inputs), case.entry)
-    b = Interpreter(again).run(S.clone_inputs(inputs), case.entry)
+    a = Interpreter(case.module).run(R.clone_inputs(inputs), case.entry)
+    b = Interpreter(again).run(R.clone_inputs(inputs), case.entry)
     assert_same(b.outputs, a.outputs)
     assert b.env == a.env
 
@@ -113,12 +114,12 @@ def test_spec_step_updates_its_parameter_in_place() -> None:
     want_p = torch.add(p, g, alpha=-0.1)
     want_l = torch.sum(want_p)
     res = Interpreter(m).run([p, g], apply_updates=True)
-    assert S.same_value(p, want_p)
+    assert R.same_value(p, want_p)
     assert_same(res.outputs, [want_l])
     q = torch.zeros(4)
     res = Interpreter(m).run([q, g])  # without apply_updates: reported, not written
     assert torch.equal(q, torch.zeros(4))
-    assert S.same_value(res.updates[0], torch.add(q, g, alpha=-0.1))
+    assert R.same_value(res.updates[0], torch.add(q, g, alpha=-0.1))
 
 
 SYMBOLIC = """\

@@ -31,6 +31,7 @@ from ember.ir import (
     to_text,
 )
 from ember.ir.expr import INT64_MAX, INT64_MIN
+from packages.ir.tests import runnable_modules as R
 from packages.ir.tests import strategies as S
 from packages.ir.tests.strategies import SPEC_EXAMPLE
 
@@ -54,8 +55,8 @@ def test_text_modules_round_trip(m: Module) -> None:
 
 
 @S.slow_draws
-@given(S.runnable_cases())
-def test_runnable_modules_round_trip(case: S.RunnableCase) -> None:
+@given(R.runnable_cases())
+def test_runnable_modules_round_trip(case: R.RunnableCase) -> None:
     assert_round_trip(case.module)
 
 
@@ -173,7 +174,7 @@ def test_float_literals_keep_their_bits(x: float) -> None:
     again = parse(assert_round_trip(m))
     got = again.graph("g").nodes[0].args[1]
     assert isinstance(got, float)
-    assert S.same_value(got, x)
+    assert R.same_value(got, x)
 
 
 def test_negative_nan_prints_with_its_sign() -> None:
