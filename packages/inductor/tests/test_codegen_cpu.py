@@ -69,6 +69,46 @@ def test_inner_loops_are_vectorised(tmp_path: Path) -> None:
         assert vectorised & set(span), f"{kernel}: the loop at line {span[0]} is not vectorised"
 
 
+def test_outer_split_and_rescale_loops_are_vectorised(tmp_path: Path) -> None:
+    # column blocks of an outer sum / amax / argmax (and the sum's flush into double), a full
+    # sum split over threads, softmax's pass storing the numerators and its rescale loop
+    m = parse(ROWS.format(
+        body="%s = prims.sum(%x, dims=[0]) : f32[256]\n"
+             "  %a = prims.amax(%x, dims=[0]) : f32[256]\n"
+             "  %i = aten.argmax.default(%x, 0) : i64[256]\n"
+             "  %t = prims.sum(%x, dims=[0, 1]) : f32[]\n"
+             "  %y = aten._softmax.default(%x, -1, false) : f32[64, 256]",
+        outs="f32[256], f32[256], i64[256], f32[], f32[64, 256]", rets="%s, %a, %i, %t, %y"
+    ).replace("f32[64, 256]) ->", "f32[512, 256]) ->").replace(
+        "f32[64, 256]", "f32[512, 256]"))
+    src = module_source(run_pipeline(m, "decompose,lower-loops,fuse{horizontal=false},"
+                                        "codegen-cpp"))
+    for marker in ("const int64_t ib = b * ", "omp_get_thread_num()",
+                   "the sum's pass stored the numerators", "if (++rows == "):
+        assert marker in src, marker
+    path = tmp_path / "k.cpp"
+    path.write_text(src)
+    res = subprocess.run([cache.CXX, *cache.flags(), "-fopt-info-vec-optimized",
+                          "-fopt-info-loop-optimized", str(path), "-o", str(tmp_path / "k.so")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    # a vectorised loop, or one g++ replaced by a library call (memcpy, memset)
+    vectorised = {int(x) for x in re.findall(
+        r"k\.cpp:(\d+):\d+: optimized: (?:loop vectorized|Loop \d+ distributed: split to 0 "
+        r"loops)", res.stderr)}
+    lines = src.splitlines()
+    spans = []
+    for k, line in enumerate(lines):
+        if "omp" in line and "simd" in line:
+            indent = len(lines[k + 1]) - len(lines[k + 1].lstrip())
+            end = next(j for j in range(k + 2, len(lines))
+                       if lines[j].strip() == "}" and len(lines[j]) - 1 == indent)
+            spans.append(range(k + 2, end + 2))  # 1-based line numbers of the loop
+    assert len(spans) >= 8, src
+    for span in spans:
+        assert vectorised & set(span), f"the loop at line {span[0]} is not vectorised:\n{src}"
+
+
 def _kernel_at(lines: list[str], k: int) -> str:
     head = next(x for x in reversed(lines[:k]) if x.startswith('extern "C" void'))
     return head.split("(")[0].split()[-1]

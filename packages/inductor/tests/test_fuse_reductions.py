@@ -142,3 +142,32 @@ graph @f(%x: f32[4, 8]) -> (f32[4], f32[8, 4]) {
     assert why is not None and "outer domain" in why
     fused = run_pipeline(low, "fuse")
     assert _kernels(fused, "f") == ["loop.reduction", "loop.pointwise"]
+
+
+def test_graph_output_is_written_by_its_reader() -> None:
+    # rule 4: y is an output and z's only input: one kernel writes both, reading x once
+    text = """ember.ir 1.0
+
+graph @f(%x: f32[5, 7]) -> (f32[5, 7], f32[5, 7]) {
+  %y = prims.exp(%x) : f32[5, 7]
+  %z = prims.mul(%y, %x) : f32[5, 7]
+  return (%y, %z)
+}
+"""
+    m = parse(text)
+    fused = run_pipeline(m, "lower-loops,fuse", verify_each=True)
+    node, = fused.graph("f").nodes
+    assert node.op == "loop.pointwise" and [r.name for r in node.results] == ["z", "y"]
+    assert str(parse(str(fused))) == str(fused)
+    x = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
+    y, z = compiled_runner(compile_module(fused, "codegen-cpp"))(None, [x]).outputs
+    torch.testing.assert_close(y, x.exp())
+    torch.testing.assert_close(z, x.exp() * x)
+    # a reader over another domain still reads the written buffer
+    other = text.replace("%z = prims.mul(%y, %x) : f32[5, 7]",
+                         "%z = prims.sum(%y, dims=[1]) : f32[5]").replace(
+        "-> (f32[5, 7], f32[5, 7])", "-> (f32[5, 7], f32[5])")
+    low = run_pipeline(parse(other), "lower-loops")
+    g = low.graph("f")
+    why = why_not_fused(low, g, g.nodes[0], g.nodes[1])
+    assert why is not None and "graph output" in why

@@ -11,7 +11,7 @@ function per kernel, named after the kernel, with comments naming the IR nodes i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sympy
@@ -27,7 +27,9 @@ CTYPES: dict[DType, tuple[str, str]] = {
     DType.f32: ("float", "float"), DType.f64: ("double", "double"),
     DType.i8: ("int8_t", "int8_t"), DType.i16: ("int16_t", "int16_t"),
     DType.i32: ("int32_t", "int32_t"), DType.i64: ("int64_t", "int64_t"),
-    DType.u8: ("uint8_t", "uint8_t"), DType.b8: ("bool", "bool"),
+    DType.u8: ("uint8_t", "uint8_t"), DType.u16: ("uint16_t", "uint16_t"),
+    DType.u32: ("uint32_t", "uint32_t"), DType.u64: ("uint64_t", "uint64_t"),
+    DType.b8: ("bool", "bool"),
 }
 
 _F, _I, _B = "f", "i", "b"
@@ -38,8 +40,9 @@ def _math(fn: str) -> dict[str, str]:
 
 
 CPP_OPS: dict[str, dict[str, str]] = {
+    "prims.exp": {_F: "ember_exp<{T}>({0})"},  # -inf without libmvec's slow path
     **{f"prims.{fn}": _math(fn) for fn in (
-        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan",
+        "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan",
         "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
         "lgamma")},
     **{f"prims.{fn}": {_F: f"std::{fn}({{0}})", _I: "{0}"} for fn in ("floor", "ceil", "trunc")},
@@ -100,6 +103,10 @@ PRELUDE = r"""// ember.inductor C++ prelude: helpers the kernels below share.
 #include <limits>
 #include <algorithm>
 #include <type_traits>
+#include <omp.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 #ifdef EMBER_MVEC
 // glibc's vector math library (libmvec, <= 4 ulp): declaring the SIMD variants lets g++
 // vectorise loops that call these functions (math.h declares them only under -ffast-math)
@@ -118,6 +125,33 @@ float powf(float, float) __attribute__((simd("notinbranch")));
 double pow(double, double) __attribute__((simd("notinbranch")));
 }
 #endif
+// a large output is faulted in as 2 MB pages (transparent huge pages, "madvise" mode) rather
+// than 4 KB ones: a fresh 64 MB buffer's page faults otherwise cost as much as softmax's math
+static inline void ember_hugepages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t H = (uintptr_t)2 << 20;  // only whole 2 MB pages inside the buffer
+  uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), e = ((uintptr_t)p + bytes) & ~(H - 1);
+  if (e > a) madvise((void*)a, e - a, MADV_HUGEPAGE);
+#else
+  (void)p; (void)bytes;
+#endif
+}
+// float exp whose vector form never meets -inf (a masked softmax's entries): libmvec sends every
+// vector holding one to its scalar slow path (4x slower softmax). Below -80 it is computed as
+// exp(max(x, -104) + 24) * e^-24 (the same 0 or denormal), times 0 below -104 so that no
+// denormal product (a microcode assist per lane) is formed where the result is 0 anyway.
+template <typename T> static inline T ember_exp(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    const bool low = x < -80.0f;
+    // the scale is 1 where x >= -80: one exp call per vector (selecting between e and e * s
+    // after the call made g++ call the vector exp twice: softmax's exp cost 2x)
+    const float y = std::max(x, -104.0f) + (low ? 24.0f : 0.0f);
+    const float s = low ? (x < -104.0f ? 0.0f : 3.77513454e-11f) : 1.0f;
+    return std::exp(y) * s;
+  } else {
+    return std::exp(x);
+  }
+}
 static inline float ember_bf16_to_float(uint16_t b) {
   uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint16_t ember_float_to_bf16(float f) {
@@ -234,17 +268,21 @@ def _cname(v: Value, pre: str = "v_") -> str:
 
 
 def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
-                    reduce_value: Callable[[Node], str] | None = None) -> list[str]:
+                    reduce_value: Callable[[Node], str] | None = None,
+                    override: Mapping[Value, str] | None = None) -> list[str]:
     """One C++ statement per body node (loads read `args[param]` at the row-major offset);
     C++ names are the values' names after `pre`. A `loop.reduce` node reads the variable that
-    `reduce_value(node)` names (computed before the loops that need it)."""
+    `reduce_value(node)` names (computed before the loops that need it); a value in
+    `override` is that C++ expression instead (softmax's rescale)."""
     out: list[str] = []
     for n in body.nodes:
         r = n.results[0]
         dt = _tensor(r).dtype
         ct = ctypes_of(dt)[1]
         out.append(f"// {_describe(n)}")
-        if n.op == "loop.reduce":
+        if override is not None and r in override:
+            rhs = override[r]
+        elif n.op == "loop.reduce":
             if reduce_value is None:
                 raise CodegenError("loop.reduce outside a kernel that computes it")
             rhs = reduce_value(n)
@@ -268,6 +306,8 @@ def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
         bt = _tensor(buf)
         index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
         text = f"{args[buf]}[{cexpr(flat_offset(index, bt.shape))}]"
+        if dt == DType.b8:  # read as bytes: g++ 12 leaves a loop selecting on a bool load scalar
+            return f"(((const unsigned char*){args[buf]})[{cexpr(flat_offset(index, bt.shape))}] != 0)"
         return f"ember_bf16_to_float({text})" if dt == DType.bf16 else \
             f"(float){text}" if dt == DType.f16 else text
     if n.op == "loop.index":

@@ -16,14 +16,27 @@ and computed at depth k = len(its ranges) of the outer loops, before what reads 
 Float sums and max/min accumulate per SIMD lane (`omp simd reduction`) in blocks of `BLOCK`
 elements whose partial sums are added in double: vectorised, and as accurate as eager's cascade
 sum. max/min propagate NaN through a separate flag. prod, argmax and argmin keep one scalar
-accumulator (double for float prod).
+accumulator (double for float prod). Three loop orders beyond that one (see docs/inductor.md):
+- **outer reductions** (the reduced dims are outer in memory, `x.sum(0)`): rows in the outer
+  loop, the kept innermost dim vectorised with an array of accumulators per block of columns,
+  OpenMP over the blocks (`_Col`);
+- **split reductions** (depth 0: a full reduction to a scalar): per-thread partials over a
+  static partition of the outermost reduced loop, combined in thread order (deterministic for a
+  thread count);
+- **rescale** (softmax's `e / sum(e)`): the sum's pass stores each `e` in the output, and the
+  output pass reads the quotient as `out * (1 / sum)` (eager's order: `e` is computed once, no
+  division per element).
+Outputs of HUGE_OUTPUT bytes or more are asked to be backed by 2 MB pages before they are first
+written (`ember_hugepages`): fewer page faults on a fresh buffer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import sympy
 
 from ember.inductor.body import body_signature
 from ember.inductor.cpp import (
@@ -41,12 +54,20 @@ from ember.inductor.cpp import (
     ctypes_of,
     dclass,
 )
-from ember.inductor.indexing import flat_offset, ivar, rvar
+from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
 from ember.ir import DType, Graph, Node, Ref, Value
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
 PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
 SIMD_KINDS = ("sum", "amax", "amin")
+COL_KINDS = ("sum", "amax", "amin", "prod", "argmax", "argmin")
+COL_BLOCK = 1024  # columns per block of an outer reduction (its accumulators stay in L1)
+COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, where it can be
+COL_BYTES = 64 << 10  # stack bytes of a block's column arrays (accumulators, results)
+COL_ROWS = 256  # rows a column's float lane sum takes before it is added into its double
+MAX_THREADS = 64  # per-thread partials of a split reduction
+HUGE_OUTPUT = 4 << 20  # output bytes from which its pages are asked to be 2 MB ones
+COLLAPSE_MIN = 64  # outer iterations enough for OpenMP's static split: collapse no deeper
 
 Key = tuple[object, ...]
 
@@ -63,6 +84,7 @@ class _Reduce:
     red: list[int]
     var: str
     deps: set[Key] = field(default_factory=set)
+    stores: list[str] = field(default_factory=list)  # extra statements in its pass (rescale)
 
     @property
     def elem(self) -> DType:
@@ -77,10 +99,24 @@ class _Reduce:
         return self.kind in SIMD_KINDS and dclass(self.elem) in ("f", "i")
 
 
+@dataclass
+class _Col:
+    """An outer reduction's loop order: blocks of `block` columns of the kept dim i<d-1>."""
+    d: int
+    extent: int
+    block: int
+    nblocks: int
+
+    @property
+    def var(self) -> str:
+        return f"i{self.d - 1}"
+
+
 class _Writer:
     def __init__(self, bodies: Mapping[str, object]):
         self.bodies = bodies
         self.reduces: dict[Key, _Reduce] = {}  # insertion order is a dependency order
+        self.col: _Col | None = None
 
     def sub(self, n: Node) -> Graph:
         ref = n.args[0]
@@ -120,8 +156,12 @@ class _Writer:
                                         red, f"red{j}", deps)
         return direct
 
-    def value(self, args: Mapping[Value, str]) -> object:
-        return lambda n: self.reduces[self.key(n, args)].var
+    def ref(self, r: _Reduce) -> str:
+        """How code reads a computed reduction: a scalar, or its column's array element."""
+        return f"{r.var}[{self.col.var} - ib]" if self.col is not None else r.var
+
+    def value(self, args: Mapping[Value, str]) -> Callable[[Node], str]:
+        return lambda n: self.ref(self.reduces[self.key(n, args)])
 
     # ---- reductions ------------------------------------------------------------------------
     def level(self, k: int) -> list[str]:
@@ -137,23 +177,32 @@ class _Writer:
                 groups.append([r])
         out: list[str] = []
         for g in groups:
-            out += self.simd_group(g) if g[0].simd else self.scalar(g[0])
+            if self.col is not None:
+                out += self.col_group(g)
+            elif not g[0].simd:
+                out += self.scalar(g[0])
+            else:
+                # depth 0 is outside every parallel loop: a large one is split over threads
+                split = k == 0 and math.prod(g[0].red) >= PARALLEL_WORK
+                out += self.simd_group(g, split)
         return out
 
     def statements(self, r: _Reduce, j: int) -> list[str]:
-        return body_statements(r.body, r.args, f"n{j}_", self.value(r.args))  # type: ignore
+        return body_statements(r.body, r.args, f"n{j}_", self.value(r.args))
 
     def header(self, g: list[_Reduce]) -> list[str]:
         out = []
         for r in g:
             out.append(f"// {_describe(r.node)} @{r.body.name}: a reduction fused here")
-            out.append(f"{ctypes_of(r.rdt)[1]} {r.var};")
+            size = f"[{self.col.block}]" if self.col is not None else ""
+            out.append(f"{ctypes_of(r.rdt)[1]} {r.var}{size};")
         return out
 
-    def simd_group(self, g: list[_Reduce]) -> list[str]:
+    def simd_group(self, g: list[_Reduce], split: bool) -> list[str]:
         red = g[0].red or [1]
         inner = red[-1]
         init, lane, step, merge, final, clauses = [], [], [], [], [], []
+        parts, keep, combine = [], [], []  # split: per-thread partials
         for r in g:
             j = r.j
             ct = ctypes_of(r.elem)[1]
@@ -164,22 +213,31 @@ class _Writer:
                 init.append(f"{acc_t} acc{j} = 0;")
                 lane.append(f"{lane_t} a{j} = 0;")
                 clauses.append(f"reduction(+:a{j})")
-                step.append(f"a{j} += {v};")
+                step += [f"a{j} += {v};", *r.stores]
                 merge.append(f"acc{j} += a{j};")
                 final.append(f"{r.var} = {_round(r.rdt, f'({ct})acc{j}')};")
+                parts.append(f"{acc_t} pacc{j}[{MAX_THREADS}];")
+                keep.append(f"pacc{j}[t] = acc{j};")
+                combine.append(f"acc{j} += pacc{j}[t];")
                 continue
             op, cmp = ("max", ">") if r.kind == "amax" else ("min", "<")
             start = ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)
             init.append(f"{ct} acc{j} = {start};")
             lane.append(f"{ct} a{j} = {start};")
             clauses.append(f"reduction({op}:a{j})")
-            step.append(f"a{j} = a{j} {cmp} {v} ? a{j} : {v};")
+            step += [f"a{j} = a{j} {cmp} {v} ? a{j} : {v};", *r.stores]
             merge.append(f"acc{j} = acc{j} {cmp} a{j} ? acc{j} : a{j};")
+            parts.append(f"{ct} pacc{j}[{MAX_THREADS}];")
+            keep.append(f"pacc{j}[t] = acc{j};")
+            combine.append(f"acc{j} = acc{j} {cmp} pacc{j}[t] ? acc{j} : pacc{j}[t];")
             if dclass(r.elem) == "f":
                 init.append(f"int nan{j} = 0;")
                 clauses.append(f"reduction(|:nan{j})")
                 step.append(f"nan{j} |= ({v} != {v});")
                 final.append(f"{r.var} = {_round(r.rdt, f'nan{j} ? ({ct})NAN : acc{j}')};")
+                parts.append(f"int pnan{j}[{MAX_THREADS}];")
+                keep.append(f"pnan{j}[t] = nan{j};")
+                combine.append(f"nan{j} |= pnan{j}[t];")
             else:
                 final.append(f"{r.var} = acc{j};")
         last = f"r{len(red) - 1}"
@@ -187,15 +245,97 @@ class _Writer:
         vec = [f"#pragma omp simd {' '.join(clauses)}",
                f"for (int64_t {last} = rb; {last} < re; ++{last}) {{",
                *["  " + s for s in [*stmts, *step]], "}"]
-        if inner > BLOCK:
-            blocked = [f"for (int64_t rb = 0; rb < {inner}; rb += {BLOCK}) {{",
-                       f"  const int64_t re = std::min<int64_t>(rb + {BLOCK}, {inner});",
-                       *["  " + s for s in [*lane, *vec, *merge]], "}"]
+        pass_ = [*lane, *vec, *merge]
+        nblk = -(-inner // BLOCK)
+        if split and len(red) == 1:  # the threads take runs of blocks of the one loop
+            body = [f"for (int64_t rk = {nblk}LL * t / nt; rk < {nblk}LL * (t + 1) / nt; ++rk) {{",
+                    f"  const int64_t rb = rk * {BLOCK}, "
+                    f"re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+                    *["  " + s for s in pass_], "}"]
         else:
-            blocked = ["{", f"  const int64_t rb = 0, re = {inner};",
-                       *["  " + s for s in [*lane, *vec, *merge]], "}"]
-        body = loops("r", red[:-1], blocked)
-        return [*self.header(g), "{", *["  " + s for s in [*init, *body, *final]], "}"]
+            if inner > BLOCK:
+                blocked = [f"for (int64_t rb = 0; rb < {inner}; rb += {BLOCK}) {{",
+                           f"  const int64_t re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+                           *["  " + s for s in pass_], "}"]
+            else:
+                blocked = ["{", f"  const int64_t rb = 0, re = {inner};",
+                           *["  " + s for s in pass_], "}"]
+            if split:  # the threads take runs of the outermost reduced loop
+                n0 = red[0]
+                body = [f"for (int64_t r0 = {n0}LL * t / nt; r0 < {n0}LL * (t + 1) / nt; ++r0) {{",
+                        *["  " + s for s in loops("r", red[1:-1], blocked, first=1)], "}"]
+            else:
+                body = loops("r", red[:-1], blocked)
+        if not split:
+            return [*self.header(g), "{", *["  " + s for s in [*init, *body, *final]], "}"]
+        region = ["const int t = omp_get_thread_num(), nt = omp_get_num_threads();",
+                  "if (t == 0) nt_used = nt;", *init, *body, *keep]
+        return [*self.header(g), "{", *["  " + s for s in [
+            *parts, "int nt_used = 1;",
+            f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))",
+            "{", *["  " + s for s in region], "}",
+            *init, "for (int t = 0; t < nt_used; ++t) {", *["  " + s for s in combine], "}",
+            *final]], "}"]
+
+    def col_group(self, g: list[_Reduce]) -> list[str]:
+        """One pass over the rows of a block of columns [ib, ie) of the kept dim: the reduced
+        loops outside, the columns inside (`omp simd`), one accumulator per column."""
+        c = self.col
+        assert c is not None
+        at, iv, size = f"{c.var} - ib", c.var, f"[{c.block}]"
+        decl, zero, step, flush, final = [], [], [], [], []
+        for r in g:
+            j = r.j
+            ct = ctypes_of(r.elem)[1]
+            v = _cname(r.body.outputs[0], f"n{j}_")
+            if r.kind == "sum" and dclass(r.elem) == "f":
+                decl += [f"double acc{j}{size};", f"{ct} a{j}{size};"]
+                zero += [f"acc{j}[l] = 0;", f"a{j}[l] = 0;"]
+                step.append(f"a{j}[{at}] += {v};")
+                flush += [f"acc{j}[l] += a{j}[l];", f"a{j}[l] = 0;"]
+                final.append(f"{r.var}[l] = {_round(r.rdt, f'({ct})(acc{j}[l] + a{j}[l])')};")
+            elif r.kind in ("sum", "prod"):
+                acc_t = "double" if dclass(r.elem) == "f" else "int64_t"
+                decl.append(f"{acc_t} acc{j}{size};")
+                zero.append(f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)]};")
+                step.append(f"acc{j}[{at}] {'+' if r.kind == 'sum' else '*'}= {v};")
+                final.append(f"{r.var}[l] = {_round(r.rdt, f'({ctypes_of(r.rdt)[1]})acc{j}[l]')};")
+            elif r.kind in ("argmax", "argmin"):
+                # the scalar COMBINE as selects: the first extreme, NaN counting as one
+                cmp = ">" if r.kind == "argmax" else "<"
+                a = f"acc{j}[{at}]"
+                decl += [f"{ct} acc{j}{size};", f"int64_t arg{j}{size};"]
+                zero += [f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)};",
+                         f"arg{j}[l] = 0;"]
+                take = f"({v} {cmp} {a} || {v} != {v}) && {a} == {a}" \
+                    if dclass(r.elem) == "f" else f"{v} {cmp} {a}"
+                roff = cexpr(flat_offset([rvar(k) for k in range(len(r.red))], r.red))
+                step += [f"const bool t{j} = {take};", f"{a} = t{j} ? {v} : {a};",
+                         f"arg{j}[{at}] = t{j} ? (int64_t){roff} : arg{j}[{at}];"]
+                final.append(f"{r.var}[l] = arg{j}[l];")
+            else:
+                cmp = ">" if r.kind == "amax" else "<"
+                decl.append(f"{ct} acc{j}{size};")
+                zero.append(f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)};")
+                step.append(f"acc{j}[{at}] = acc{j}[{at}] {cmp} {v} ? acc{j}[{at}] : {v};")
+                if dclass(r.elem) == "f":
+                    decl.append(f"int nan{j}{size};")
+                    zero.append(f"nan{j}[l] = 0;")
+                    step.append(f"nan{j}[{at}] |= ({v} != {v});")
+                    final.append(f"{r.var}[l] = "
+                                 f"{_round(r.rdt, f'nan{j}[l] ? ({ct})NAN : acc{j}[l]')};")
+                else:
+                    final.append(f"{r.var}[l] = acc{j}[l];")
+        stmts = [s for r in g for s in self.statements(r, r.j)]
+        row = ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+               *["  " + s for s in [*stmts, *step]], "}"]
+        if flush:
+            row += [f"if (++rows == {COL_ROWS}) {{", "  rows = 0;", *_lanes(flush, "  "), "}"]
+        body = loops("r", g[0].red, row)
+        init = ["for (int64_t l = 0; l < ie - ib; ++l) {", *["  " + s for s in zero], "}"]
+        return [*self.header(g), "{", *["  " + s for s in [  # (g++ makes memsets of init)
+            *decl, *init, *(["int64_t rows = 0;"] if flush else []), *body,
+            *_lanes(final)]], "}"]
 
     def scalar(self, r: _Reduce) -> list[str]:
         j = r.j
@@ -218,6 +358,12 @@ class _Writer:
                 f"  {r.var} = {final};", "}"]
 
 
+def _lanes(stmts: list[str], pad: str = "") -> list[str]:
+    """A vectorised loop over the columns of the current block."""
+    return [f"{pad}#pragma omp simd", f"{pad}for (int64_t l = 0; l < ie - ib; ++l) {{",
+            *[f"{pad}  {s}" for s in stmts], f"{pad}}}"]
+
+
 def kernel_source(name: str, node: Node, body: Graph, provenance: str,
                   bodies: Mapping[str, object] | None = None) -> str:
     """One `extern "C"` function computing the loop node `node` whose body is `body`
@@ -234,30 +380,162 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
     lines = [f"// kernel @{name}: {node.op} of {provenance}",
              *(f"// computes %{r.name}: {r.type}" for r in node.results),
              f'extern "C" void {name}({sig}) {{']
+    for j, t in enumerate(outs):
+        size = math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
+        if size >= HUGE_OUTPUT:
+            lines.append(f"  ember_hugepages(out{j}, {size}LL);")
     off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
     if node.op == "loop.pointwise":
         w.collect(body, args)
-        stmts = body_statements(body, args, reduce_value=w.value(args))  # type: ignore
+        w.col = _column_plan(w, ranges)
+        plan = _rescale_plan(w, body, args, ranges) if w.col is None else None
+        override: dict[Value, str] = {}
+        if plan is not None:  # g++ drops the numerator's now dead computation
+            r, q = plan
+            k = len(ranges) - 1
+            at_r = cexpr(flat_offset([*(ivar(d) for d in range(k)), rvar(0)], ranges))
+            r.stores.append(f"out0[{at_r}] = {_cname(r.body.outputs[0], f'n{r.j}_')};")
+            ct = ctypes_of(r.rdt)[1]
+            override[q] = f"out0[{off}] * (({ct})1 / {r.var})"
+        stmts = body_statements(body, args, reduce_value=w.value(args), override=override)
+        note = ["// the sum's pass stored the numerators of %" + plan[1].name] if plan else []
         store = [f"out{j}[{off}] = {_store(_tensor(o).dtype, _cname(o))};"
                  for j, o in enumerate(body.outputs)]
-        inner = [*stmts, *store]
+        inner = [*note, *stmts, *store]
     else:  # loop.reduction: one reduce of depth len(ranges), stored
         red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
         deps = w.collect(body, args)
         elem = _tensor(body.outputs[0]).dtype
         key: Key = ("@" + body.name, tuple(args.values()), "", "", "")
         j = len(w.reduces)
-        w.reduces[key] = _Reduce(key, j, node, body, args, str(node.kwargs["reduction"]),
-                                 len(ranges), red, f"red{j}", deps)
-        var = w.reduces[key].var
-        value = var if node.kwargs["reduction"] in ("argmax", "argmin") else _store(elem, var)
+        r = w.reduces[key] = _Reduce(key, j, node, body, args, str(node.kwargs["reduction"]),
+                                     len(ranges), red, f"red{j}", deps)
+        w.col = _column_plan(w, ranges)
+        value = w.ref(r) if r.kind in ("argmax", "argmin") else _store(elem, w.ref(r))
         inner = [f"out0[{off}] = {value};"]
     work = math.prod(ranges) + sum(math.prod(ranges[:r.k]) * max(1, math.prod(r.red))
                                    for r in w.reduces.values())
     parallel = bool(ranges) and work >= PARALLEL_WORK
-    lines += ["  " + x for x in _nest(w, ranges, inner, parallel)]
+    nest = _nest_col(w, ranges, inner, parallel) if w.col is not None else \
+        _nest(w, ranges, inner, parallel)
+    lines += ["  " + x for x in nest]
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
+    if isinstance(off, int):
+        return False
+    return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
+
+
+def _column_plan(w: _Writer, ranges: Sequence[int]) -> _Col | None:
+    """The outer-reduction loop order, where every reduction is per output element of the
+    same depth d, vectorisable, and its loads are contiguous along the kept dim i<d-1> more
+    often than along the innermost reduced dim."""
+    rs = list(w.reduces.values())
+    if not rs:
+        return None
+    d = rs[0].k
+    if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
+                     or not r.red for r in rs) or ranges[d - 1] < 2:
+        return None
+    along_i = along_r = 0
+    for r in rs:
+        for n in r.body.nodes:
+            if n.op != "loop.load":
+                continue
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            off = flat_offset(index, _tensor(buf).shape)
+            along_i += _unit_stride(off, ivar(d - 1))
+            along_r += _unit_stride(off, rvar(len(r.red) - 1))
+    if along_i <= along_r:
+        return None
+    extent, outer = ranges[d - 1], math.prod(ranges[:d - 1])
+    # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
+    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(rs))) // 16 * 16)
+    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
+    block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
+    return _Col(d, extent, block, _cdiv(extent, block))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
+          subst: Mapping[sympy.Symbol, sympy.Expr]) -> object:
+    """A value's expression tree as a comparable key: loads by buffer and index (after `subst`),
+    fused reductions by their key."""
+    made = {res: n for n in g.nodes for res in n.results}
+    memo: dict[Value, object] = {}
+
+    def go(x: Value) -> object:
+        if x in memo:
+            return memo[x]
+        n = made.get(x)
+        if n is None:
+            out: object = ("param", args.get(x))
+        elif n.op == "loop.load":
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            out = ("load", args[buf], tuple(
+                str(substitute(parse_index(str(s)), subst))
+                for s in n.kwargs["index"]))  # type: ignore[union-attr]
+        elif n.op == "loop.reduce":
+            out = ("reduce", w.key(n, args))
+        else:
+            out = (n.op, tuple(go(a) if isinstance(a, Value) else repr(a) for a in n.args),
+                   repr(sorted(n.kwargs.items())), str(n.results[0].type))
+        memo[x] = out
+        return out
+    return go(v)
+
+
+def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[int]
+                  ) -> tuple[_Reduce, Value] | None:
+    """The sum whose pass can store the kernel's numerators, and the quotient: the body holds
+    `q = e / s` where s sums e over the innermost output dim (softmax; HF's masked softmax
+    wraps q in a where), and its one output is f32/f64 like e (so e is stored exactly)."""
+    if len(body.outputs) != 1 or not ranges:
+        return None
+    dt = _tensor(body.outputs[0]).dtype
+    if dt not in (DType.f32, DType.f64):
+        return None
+    made = {res: n for n in body.nodes for res in n.results}
+    for n in body.nodes:
+        if n.op != "prims.div" or len(n.args) != 2 \
+                or not all(isinstance(a, Value) for a in n.args):
+            continue
+        num, den = n.args
+        assert isinstance(num, Value) and isinstance(den, Value)
+        dn = made.get(den)
+        if dn is None or dn.op != "loop.reduce":
+            continue
+        r = w.reduces[w.key(dn, args)]
+        if r.kind != "sum" or r.k != len(ranges) - 1 or r.red != [ranges[-1]] \
+                or r.elem != dt or r.rdt != dt or _tensor(num).dtype != dt:
+            continue
+        if _expr(w, r.body, r.body.outputs[0], r.args, {rvar(0): ivar(r.k)}) \
+                == _expr(w, body, num, args, {}):
+            return r, n.results[0]
+    return None
+
+
+def _pragma(n_par: int, simd: bool = False) -> str:
+    coll = f" collapse({n_par})" if n_par > 1 else ""
+    return f"#pragma omp parallel for{' simd' if simd else ''} schedule(static){coll}"
+
+
+def _collapse(ranges: Sequence[int], n_par: int) -> int:
+    """The fewest outer loops (at most n_par) giving OpenMP enough iterations to split well:
+    collapsing more only adds index arithmetic."""
+    for p in range(1, n_par):
+        if math.prod(ranges[:p]) >= COLLAPSE_MIN:
+            return p
+    return n_par
 
 
 def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -> list[str]:
@@ -269,15 +547,12 @@ def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -
     # the outer loops OpenMP may collapse: up to the first level that computes something
     first = next((d for d in range(depth + 1) if levels[d]), depth)
     n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
-    n_par = min(n_par, len(ranges))
+    n_par = _collapse(ranges, min(n_par, len(ranges)))
 
     def pragma(d: int) -> list[str]:
         if not parallel or d != 0 or n_par == 0:
             return []
-        coll = f" collapse({n_par})" if n_par > 1 else ""
-        if d == len(ranges) - 1 and depth == 0:
-            return [f"#pragma omp parallel for simd{coll}"]
-        return [f"#pragma omp parallel for{coll}"]
+        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0)]
 
     def build(d: int) -> list[str]:
         out = list(levels.get(d, [])) if d <= depth else []
@@ -290,6 +565,27 @@ def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -
                             *["  " + s for s in build(d + 1)], "}"]
         return out
     return build(0)
+
+
+def _nest_col(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool
+              ) -> list[str]:
+    """An outer reduction: loops i0..i<d-2> and the column blocks of i<d-1> (split by OpenMP),
+    in each the reductions' column passes, then the pointwise part over the block's columns
+    (and any deeper dims, the innermost SIMD)."""
+    c = w.col
+    assert c is not None
+    d, iv = c.d, c.var
+    body = [f"const int64_t ib = b * {c.block}, ie = std::min<int64_t>(ib + {c.block}, "
+            f"{c.extent});", *w.level(d)]
+    if d == len(ranges):
+        body += ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+                 *["  " + s for s in inner], "}"]
+    else:
+        body += [f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+                 *["  " + s for s in _simd_loops(d, ranges, inner, False)], "}"]
+    loop = [f"for (int64_t b = 0; b < {c.nblocks}; ++b) {{", *["  " + s for s in body], "}"]
+    out = loops("i", ranges[:d - 1], loop)
+    return ([_pragma(d)] if parallel else []) + out
 
 
 def _simd_loops(d: int, ranges: Sequence[int], inner: list[str], has_pragma: bool
@@ -307,9 +603,10 @@ def _simd_loops(d: int, ranges: Sequence[int], inner: list[str], has_pragma: boo
     return out
 
 
-def loops(var: str, ranges: Sequence[int], inner: list[str]) -> list[str]:
+def loops(var: str, ranges: Sequence[int], inner: list[str], first: int = 0) -> list[str]:
+    """Plain nested loops var<first>.. over `ranges`, `inner` innermost."""
     if not ranges:
         return list(inner)
-    head = [f"for (int64_t {var}{k} = 0; {var}{k} < {cexpr(n)}; ++{var}{k}) {{"
-            for k, n in enumerate(ranges)]
+    head = [f"for (int64_t {var}{k + first} = 0; {var}{k + first} < {cexpr(n)}; "
+            f"++{var}{k + first}) {{" for k, n in enumerate(ranges)]
     return head + ["  " + x for x in inner] + ["}"] * len(ranges)

@@ -1,7 +1,7 @@
 """The `fuse` pass: merge loop kernels so intermediate buffers are never written.
 
 The kernels of a graph and their buffers form a dependency graph (networkx, `dependency_graph`).
-Three rules run to a fixpoint:
+Four rules run to a fixpoint:
 
 1. **Inline** a `loop.pointwise` kernel whose buffer is read by exactly one other kernel and is
    not a graph output into that reader: each load of the buffer (also inside the bodies of
@@ -18,6 +18,12 @@ Three rules run to a fixpoint:
    buffer and do not depend on each other become one kernel whose body returns several values
    (a multi-output kernel); the C++ kernel then reads the common input once per outer index and
    computes independent reductions over the same domain in one pass (mean and var of a row).
+
+4. **A graph output written by its reader**: a `loop.pointwise` kernel that is a graph output,
+   read by exactly one kernel over the same `ranges` (a pointwise kernel, or a reduction no
+   kernel reads), is inlined into it as in rule 1, and the reader also returns the producer's
+   value at its own index (one more result): after CSE, `mean` and `var` of the same rows share
+   the mean, which is an output; they stay one kernel.
 
 Softmax, layernorm(+gelu) and var become one kernel each. A fused body holds at most `max_nodes`
 computing nodes. `why_not_fused` names the rule that keeps two kernels apart; `fuse{explain=true}`
@@ -103,7 +109,12 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
     if consumer.op not in KERNEL_OPS:
         return f"the consumer is {consumer.op}, not a loop kernel"
     r = producer.results[0]
-    if r in g.outputs:
+    # rule 4 (a graph output written by its reader) where the reader covers the same domain
+    # and is not a reduction that rule 2 may still fuse into its own readers
+    if r in g.outputs and not (producer.op == "loop.pointwise"
+                               and consumer.kwargs["ranges"] == producer.kwargs["ranges"]
+                               and (consumer.op == "loop.pointwise"
+                                    or not _readers(g, consumer.results[0]))):
         return f"%{r.name} is a graph output and must be written anyway"
     pbody, cbody = _body(m, producer), _body(m, consumer)
     if producer.op == "loop.pointwise":
@@ -218,6 +229,30 @@ def fuse_into(m: Module, producer: Node, consumer: Node, taken: set[str]) -> Non
     _set_body(m, consumer, bb, [vals[o] for o in cbody.outputs])
 
 
+def fuse_keeping(m: Module, producer: Node, consumer: Node, taken: set[str]) -> None:
+    """Rule 1 for a producer that is a graph output: the consumer (same domain) computes it
+    once at its own index, writes it as one more result, and reads it from there."""
+    if consumer.op == "loop.reduction":
+        _as_pointwise(m, consumer, taken)
+    r = producer.results[0]
+    rb = _Rebuild(m, _base(m, consumer), taken)
+    cbody = _body(m, consumer)
+    bb = BodyBuilder(m, cbody.name)
+    ident = [ivar(k) for k in range(len(producer.kwargs["ranges"]))]  # type: ignore[arg-type]
+    own = rb.producer_at(producer, ident, bb)
+
+    def replace(buf: Value, index: list[Dim], b: BodyBuilder) -> Value | None:
+        if buf is not r:
+            return None
+        if b is bb and [index_text(e) for e in index] == [index_text(e) for e in ident]:
+            return own
+        return rb.producer_at(producer, index, b)
+    vals = rb.copy(cbody, _outer(cbody, consumer), bb, replace)
+    _set_body(m, consumer, bb, [*(vals[o] for o in cbody.outputs), own])
+    consumer.results = [*consumer.results, r]
+    r.node = consumer
+
+
 def _as_pointwise(m: Module, node: Node, taken: set[str]) -> None:
     """A `loop.reduction` as the `loop.pointwise` whose body is its `loop.reduce`."""
     bb = BodyBuilder(m, fresh_body_name(m, _base(m, node), taken))
@@ -252,7 +287,10 @@ def _vertical(m: Module, g: Graph, max_nodes: int, reductions: bool, taken: set[
         if p.op == "loop.pointwise":
             readers = _readers(g, p.results[0])
             if len(readers) == 1 and why_not_fused(m, g, p, readers[0], max_nodes) is None:
-                fuse_into(m, p, readers[0], taken)
+                if p.results[0] in g.outputs:
+                    fuse_keeping(m, p, readers[0], taken)
+                else:
+                    fuse_into(m, p, readers[0], taken)
                 g.nodes.remove(p)
                 return True
         elif p.op == "loop.reduction" and reductions:

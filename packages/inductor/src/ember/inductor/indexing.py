@@ -9,6 +9,7 @@ parser here: it never evaluates anything.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -118,6 +119,145 @@ def substitute(e: Dim, subst: Mapping[sympy.Symbol, Dim]) -> Dim:
     return simplify_dim(e.xreplace({k: as_sympy(v) for k, v in subst.items()}))
 
 
+Bounds = tuple[int, int] | None  # inclusive [lo, hi] of an index expression, None: unknown
+
+
+def _bounds(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> Bounds:
+    """Interval arithmetic over loop variables (`ranges`: variable -> its extent)."""
+    if e.is_Integer:
+        return int(e), int(e)
+    if e.is_Symbol:
+        n = ranges.get(e)
+        return (0, n - 1) if n is not None and n > 0 else None
+    if isinstance(e, sympy.Add):
+        lo = hi = 0
+        for a in e.args:
+            b = _bounds(a, ranges)
+            if b is None:
+                return None
+            lo, hi = lo + b[0], hi + b[1]
+        return lo, hi
+    if isinstance(e, sympy.Mul):
+        coef, rest = e.as_coeff_Mul()
+        b = _bounds(rest, ranges) if coef.is_Integer and rest is not e else None
+        if b is None:
+            return None
+        c = int(coef)
+        return (c * b[0], c * b[1]) if c >= 0 else (c * b[1], c * b[0])
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        bs = [_bounds(a, ranges) for a in e.args]
+        if any(b is None for b in bs):
+            return None
+        fn = max if isinstance(e, sympy.Max) else min
+        return fn(b[0] for b in bs if b), fn(b[1] for b in bs if b)
+    if isinstance(e, (FloorDiv, PyMod)) and e.args[1].is_Integer and int(e.args[1]) > 0:
+        d = int(e.args[1])
+        b = _bounds(e.args[0], ranges)
+        if isinstance(e, PyMod):
+            return b if b is not None and 0 <= b[0] and b[1] < d else (0, d - 1)
+        return (b[0] // d, b[1] // d) if b is not None else None
+    return None
+
+
+def _split(e: sympy.Expr, d: int) -> tuple[sympy.Expr, sympy.Expr]:
+    """e = d * q + r, moving every term whose coefficient d divides into q (exact for // and
+    mod whatever the values: (d*q + r) // d == q + r // d)."""
+    q: list[sympy.Expr] = []
+    r: list[sympy.Expr] = []
+    for t in sympy.Add.make_args(e):
+        c, rest = t.as_coeff_Mul()
+        if c.is_Integer and int(c) % d == 0:
+            q.append(sympy.Integer(int(c) // d) * rest)
+        else:
+            r.append(t)
+    return sympy.Add(*q), sympy.Add(*r)
+
+
+def simplify_index(e: Dim, ranges: Mapping[sympy.Symbol, int] | None = None) -> Dim:
+    """Fold `//` and `mod` by positive constants that are exact over the loop variables'
+    extents (`ranges`; without them only what holds for any value): `(i0*128 + i1) // 128` is
+    `i0` when i1 < 128, `mod(i1, 128)` is `i1`, `(x // a) // b` is `x // (a*b)`. Views (reshape
+    of a contiguous buffer) then read with affine indices that C++ vectorises."""
+    if isinstance(e, int) or e.is_Atom:
+        return simplify_dim(e)
+    rng = ranges or {}
+    ones = {v: sympy.Integer(0) for v, n in rng.items() if n == 1}  # a loop of one step
+    return simplify_dim(_simp(e.xreplace(ones) if ones else e, rng))
+
+
+def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
+    if e.is_Atom:
+        return e
+    args = [_simp(a, rng) for a in e.args]
+    if isinstance(e, (sympy.Max, sympy.Min)):  # an argument that always wins
+        bs = [_bounds(a, rng) for a in args]
+        for a, b in zip(args, bs, strict=True):
+            if b is not None and all(o is not None and (b[0] >= o[1] if isinstance(e, sympy.Max)
+                                                        else b[1] <= o[0])
+                                     for o in bs if o is not b):
+                return a
+    if not isinstance(e, (FloorDiv, PyMod)) or not args[1].is_Integer or int(args[1]) <= 0:
+        return e.func(*args) if args != list(e.args) else e
+    a, d = args[0], int(args[1])
+    if isinstance(e, FloorDiv):
+        if isinstance(a, FloorDiv) and a.args[1].is_Integer and int(a.args[1]) > 0:
+            return _simp(FloorDiv(a.args[0], sympy.Integer(int(a.args[1]) * d)), rng)
+        q, r = _split(a, d)
+        if _within(r, d, rng):
+            return q
+        g = _common(r, d, rng)
+        if g is not None:  # (g*x + small) // (g*d') == x // d' when 0 <= small < g
+            return q + _simp(FloorDiv(_split(r, g)[0], sympy.Integer(d // g)), rng)
+        return q + FloorDiv(r, sympy.Integer(d)) if r != 0 else q
+    if isinstance(a, PyMod) and a.args[1].is_Integer and int(a.args[1]) % d == 0:
+        a = a.args[0]
+    _, r = _split(a, d)
+    if _within(r, d, rng):
+        return r
+    g = _common(r, d, rng)
+    if g is not None:  # mod(g*x + small, g*d') == g*mod(x, d') + small
+        x, small = _split(r, g)
+        return g * _simp(PyMod(x, sympy.Integer(d // g)), rng) + small
+    return PyMod(r, sympy.Integer(d))
+
+
+def _within(r: sympy.Expr, d: int, rng: Mapping[sympy.Symbol, int]) -> bool:
+    b = _bounds(r, rng)
+    return b is not None and 0 <= b[0] and b[1] < d
+
+
+def _common(r: sympy.Expr, d: int, rng: Mapping[sympy.Symbol, int]) -> int | None:
+    """The largest g > 1 dividing d such that r = g*x + small with 0 <= small < g."""
+    coefs = sorted({abs(int(t.as_coeff_Mul()[0])) for t in sympy.Add.make_args(r)
+                    if t.as_coeff_Mul()[0].is_Integer and not t.is_Integer}, reverse=True)
+    for c in coefs:
+        g = math.gcd(c, d)
+        if g > 1 and _within(_split(r, g)[1], g, rng):
+            return g
+    return None
+
+
+def _fold_divmod(total: sympy.Expr) -> sympy.Expr:
+    """k*d*(x // d) + k*mod(x, d) -> k*x (exact for Python // and mod): the flat offset of a
+    contiguous buffer read through a reshape is the reshape's own flat index."""
+    while True:
+        terms: dict[sympy.Expr, sympy.Expr] = {}
+        for t in sympy.Add.make_args(total):
+            c, rest = t.as_coeff_Mul()
+            terms[rest] = terms.get(rest, 0) + c
+        for rest, c in terms.items():
+            if not isinstance(rest, PyMod) or not rest.args[1].is_Integer:
+                continue
+            x, d = rest.args
+            fd = FloorDiv(x.args[0], x.args[1] * d) if isinstance(x, FloorDiv) \
+                and x.args[1].is_Integer and int(x.args[1]) > 0 < int(d) else FloorDiv(x, d)
+            if terms.get(fd) == c * d:
+                total = sympy.expand(total - c * rest - c * d * fd + c * x)
+                break
+        else:
+            return total
+
+
 def row_major_strides(shape: Sequence[Dim]) -> list[Dim]:
     out: list[Dim] = []
     acc: Dim = 1
@@ -132,6 +272,8 @@ def flat_offset(index: Sequence[Dim], shape: Sequence[Dim]) -> Dim:
     total: sympy.Expr = sympy.Integer(0)
     for i, st in zip(index, row_major_strides(shape), strict=True):
         total = total + as_sympy(i) * as_sympy(st)
+    if any(isinstance(a, PyMod) for a in sympy.preorder_traversal(total)):
+        total = _simp(_fold_divmod(sympy.expand(total)), {})
     return simplify_dim(total)
 
 
@@ -183,3 +325,33 @@ def _mod(a: Any, b: Any) -> Any:
     if isinstance(a, int) and isinstance(b, int):
         return a % b
     return torch.remainder(torch.as_tensor(a), b)
+
+
+Affine = tuple[list[int], list[list[int]]]  # offsets[d], coefficients[d][k] of i<k>
+
+
+def affine_view(index: Sequence[Dim], rank: int) -> Affine | None:
+    """`index[d] = offsets[d] + sum_k coefficients[d][k] * i<k>` with integer constants over
+    the view's own loop variables i0..i<rank-1>, or None (a `//`, `mod`, size symbol, ...)."""
+    vs = [ivar(k) for k in range(rank)]
+    offsets: list[int] = []
+    coefs: list[list[int]] = []
+    for e in index:
+        e = as_sympy(e)
+        if not e.free_symbols <= set(vs):
+            return None
+        try:
+            poly = sympy.Poly(e, *vs) if vs else None
+        except sympy.PolynomialError:
+            return None
+        if poly is None:
+            if not e.is_Integer:
+                return None
+            offsets.append(int(e))
+            coefs.append([])
+            continue
+        if poly.total_degree() > 1 or not all(c.is_Integer for c in poly.coeffs()):
+            return None
+        offsets.append(int(poly.coeff_monomial(1)))
+        coefs.append([int(poly.coeff_monomial(v)) for v in vs])
+    return offsets, coefs

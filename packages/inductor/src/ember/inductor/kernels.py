@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
+from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
 from ember.inductor import cache
 from ember.inductor.body import body_names
 from ember.inductor.cpp import PRELUDE, CodegenError
 from ember.inductor.cppkernel import kernel_source
-from ember.inductor.indexing import row_major_strides
+from ember.inductor.indexing import affine_view, parse_index, row_major_strides
 from ember.ir import (
     Arg,
     DType,
@@ -48,10 +49,12 @@ from ember.ir import (
     default_registry,
 )
 from ember.ir.backends import Backend, Runner, default_backends
+from ember.ir.expr import as_sympy, simplify_dim
 from ember.ir.passes import register_pass, run_pipeline
 
 PRELUDE_NAME = "cpp_prelude"
-DEFAULT_PIPELINE = "decompose,lower-loops,fuse,codegen-cpp"
+DEFAULT_PIPELINE = ("decompose{keep_attention=true},cse,dce,lower-loops,fuse,codegen-cpp,"
+                    "plan-buffers")
 
 
 def buffer_type(t: TensorType) -> TensorType:
@@ -146,7 +149,7 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
 
 
 # extern ops whose result is a view of their operand (kernels.view: no copy is made)
-VIEW_EXTERNS = ("prims.permute",)
+VIEW_EXTERNS = ("prims.permute", "loop.view")
 
 
 def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -159,7 +162,14 @@ def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
     assert target is not None
     t = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "op"})[0]
     assert isinstance(t, TensorType)
-    src = row_major_strides(args[0].type.shape)
+    src = row_major_strides(args[0].type.shape)  # of a buffer (graph inputs may differ)
+    if name == "loop.view":
+        aff = affine_view([parse_index(str(s)) for s in kw["index"]], t.rank)  # type: ignore
+        assert aff is not None
+        strides = [simplify_dim(sum(as_sympy(c[k]) * as_sympy(s)
+                                    for c, s in zip(aff[1], src, strict=True)))
+                   for k in range(t.rank)]
+        return [TensorType(t.dtype, t.shape, tuple(strides), t.device)]
     dims = [int(d) for d in kw["dims"]]  # type: ignore[union-attr,arg-type]
     return [TensorType(t.dtype, t.shape, tuple(src[d] for d in dims), t.device)]
 
@@ -184,7 +194,8 @@ KERNEL_OPS = (
           _call_infer, _call_run),
     OpDef("kernels.extern", "call an op's own implementation on buffers (matmul, sort, ...)",
           _extern_infer, _extern_run),
-    OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\"), no copy",
+    OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\" or \"loop.view\"), "
+          "no copy",
           _view_infer, _view_run),
 )
 

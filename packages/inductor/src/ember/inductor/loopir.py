@@ -25,13 +25,14 @@ graph it came from.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.inductor.indexing import IndexParseError, eval_index, parse_index
+from ember.inductor.indexing import IndexParseError, affine_view, eval_index, parse_index
 from ember.ir import (
     Arg,
     DType,
@@ -167,6 +168,88 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
     return target.infer(ctx, args, rest)
 
 
+@functools.lru_cache(maxsize=4096)
+def _affine(index: tuple[str, ...], rank: int) -> Any:
+    """Parsed once per distinct view (the wrapper calls loop.view's reference every call)."""
+    try:
+        return affine_view([parse_index(s) for s in index], rank)
+    except IndexParseError as e:
+        raise OpTypeError(f"loop.view: {e}") from None
+
+
+def view_index(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[list[Any], Any]:
+    """loop.view's checked attributes: (shape, (offsets, coefficients)); with concrete sizes,
+    every index of the view must fall inside the buffer."""
+    x = args[0] if len(args) == 1 else None
+    xshape = list(x.type.shape) if isinstance(x, Value) and isinstance(x.type, TensorType) else \
+        list(x.shape) if isinstance(x, torch.Tensor) else None
+    if xshape is None:
+        raise OpTypeError("loop.view takes one buffer")
+    shape, index = kw.get("shape"), kw.get("index")
+    if not isinstance(shape, list) or not isinstance(index, list) \
+            or len(index) != len(xshape) or not all(isinstance(s, str) for s in index):
+        raise OpTypeError(f"loop.view needs shape=[...] and index= with {len(xshape)} index "
+                          f"strings")
+    aff = _affine(tuple(str(s) for s in index), len(shape))
+    if aff is None:
+        raise OpTypeError(f"loop.view: index {index} is not affine in i0..i{len(shape) - 1}")
+    offsets, coefs = aff
+    sizes = [*shape, *xshape]
+    if all(isinstance(d, int) for d in sizes) and 0 not in shape:  # corners of the box
+        for d, n in enumerate(xshape):
+            lo = offsets[d] + sum(min(0, c * (k - 1)) for c, k in zip(coefs[d], shape))
+            hi = offsets[d] + sum(max(0, c * (k - 1)) for c, k in zip(coefs[d], shape))
+            if lo < 0 or hi >= n:
+                raise OpTypeError(f"loop.view: index {index[d]} leaves dim {d} (size {n}) "
+                                  f"of the buffer")
+    return shape, aff
+
+
+def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    shape, _ = view_index(args, kw)
+    t = args[0].type  # type: ignore[union-attr]
+    assert isinstance(t, TensorType)
+    return [TensorType(t.dtype, tuple(shape), None, t.device)]
+
+
+def _view_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    x = args[0]
+    shape, (offsets, coefs) = view_index(args, kw)
+    shape = [int(d) for d in shape]
+    st = x.stride()
+    strides = [sum(coefs[d][k] * st[d] for d in range(x.dim())) for k in range(len(shape))]
+    off = x.storage_offset() + sum(o * s for o, s in zip(offsets, st))
+    return x.as_strided(shape, strides, off)
+
+
+def _nchw(t: TensorType) -> TensorType:
+    n, h, w, c = t.shape
+    return TensorType(t.dtype, (n, c, h, w), None, t.device)
+
+
+def _conv_nhwc_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
+                     ) -> list[Type]:
+    x = args[0] if len(args) == 2 else None
+    if not isinstance(x, Value) or not isinstance(x.type, TensorType) or x.type.rank != 4:
+        raise OpTypeError("loop.conv2d_nhwc takes an NHWC input and an OIHW weight")
+    conv = ctx.registry.lookup("prims.convolution") if ctx.registry else None
+    assert conv is not None
+    t = conv.infer(ctx, [Value(x.name, _nchw(x.type)), args[1]], kw)[0]
+    assert isinstance(t, TensorType)
+    n, c, h, w = t.shape
+    return [TensorType(t.dtype, (n, h, w, c), None, t.device)]
+
+
+def _conv_nhwc_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    """oneDNN's channels-last convolution (much faster on CPU than NCHW): the input is an NHWC
+    buffer seen as NCHW with channels-last strides, the result comes back NHWC."""
+    x, w = args
+    y = torch.convolution(x.permute(0, 3, 1, 2), w.contiguous(memory_format=torch.channels_last),
+                          None, kw["stride"], kw["padding"], kw["dilation"], False, [0, 0],
+                          kw.get("groups", 1))
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
 # ---- references ------------------------------------------------------------------------------
 
 def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequence[int],
@@ -268,6 +351,12 @@ LOOP_OPS = (
           _index_infer, _no_direct_run("loop.index")),
     OpDef("loop.extern", "a buffer computed by another op's implementation (matmul, sort, ...)",
           _extern_infer, _extern_run),
+    OpDef("loop.conv2d_nhwc", "a 2-d convolution (prims.convolution's attributes) of an NHWC "
+          "buffer with an OIHW weight; NHWC result (channels-last, an extern's op)",
+          _conv_nhwc_infer, _conv_nhwc_run),
+    OpDef("loop.view", "a strided view of a buffer: result[i] = x[index(i)], index affine "
+          "(an extern's operand, never copied: loop.extern(%x, op=\"loop.view\", ...))",
+          _view_infer, _view_run),
 )
 
 

@@ -12,6 +12,7 @@ The lowering of each prim is found in one table, `LOWERINGS`: prim -> rule.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +20,22 @@ from typing import Any
 import sympy
 
 from ember.inductor.body import BodyBuilder, body_names, fresh_body_name
-from ember.inductor.indexing import flat_offset, index_text, ivar, row_major_strides, rvar
+from ember.inductor.indexing import (
+    affine_view,
+    flat_offset,
+    index_text,
+    ivar,
+    row_major_strides,
+    rvar,
+    simplify_index,
+)
 from ember.inductor.indexing import substitute as subst_index
 from ember.ir import Arg, Builder, DType, Graph, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, simplify_dim
 from ember.ir.graph import map_args
 from ember.ir.passes import register_pass
 from ember.prims import PRIMS_BY_OP
+from ember.prims.decomp.passes import FUSED_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -53,33 +63,39 @@ class _Lowering:
         self.taken = taken
         self.b = Builder(module, taken=(v.name for v in g.values()))
         self.env: dict[Value, Lazy] = {}
+        self.strided: dict[Value, Value] = {}  # a view -> its loop.view node (extern operands)
 
     # ---- index algebra ---------------------------------------------------------------------
-    def index_of(self, v: Value, idx: Sequence[Dim]) -> tuple[Value, list[Dim]]:
-        """The buffer and its index that reading `v` at `idx` means."""
+    def index_of(self, v: Value, idx: Sequence[Dim], ranges: Ranges) -> tuple[Value, list[Dim]]:
+        """The buffer and its index that reading `v` at `idx` means (`ranges`: the extents of
+        the loop variables in `idx`, which simplify its `//` and `mod`)."""
         lazy = self.env.get(v, v)
         if isinstance(lazy, Value):
-            return lazy, list(idx)
+            return lazy, [simplify_index(e, ranges) for e in idx]
         sub = {ivar(k): e for k, e in enumerate(idx)}
-        return lazy.src, [subst_index(e, sub) for e in lazy.index]
+        return lazy.src, [simplify_index(subst_index(e, sub), ranges) for e in lazy.index]
 
     def view(self, n: Node, x: Value, idx_of_x: Sequence[Dim]) -> None:
         """Define n's result as x read at `idx_of_x` (expressions over the result's i-vars)."""
-        src, idx = self.index_of(x, idx_of_x)
         t = n.results[0].type
         assert isinstance(t, TensorType)
+        src, idx = self.index_of(x, idx_of_x, _ranges(t.shape))
         self.env[n.results[0]] = View(src, tuple(idx), t)
 
     def materialize(self, v: Value) -> Value:
         lazy = self.env.get(v, v)
         if isinstance(lazy, Value):
             return lazy
-        bb = BodyBuilder(self.m, fresh_body_name(self.m, self.g.name, self.taken))
-        val = bb.load(lazy.src, lazy.index)
-        out = self.kernel("loop.pointwise", bb, val, {"ranges": list(lazy.type.shape)},
-                          lazy.type, f"{v.name}.copy")
+        out = self.materialize_view(lazy, f"{v.name}.copy")
         self.env[v] = out
         return out
+
+    def materialize_view(self, view: View, name: str) -> Value:
+        """A copy kernel writing `view` into a new buffer (a producer fuses into it)."""
+        bb = BodyBuilder(self.m, fresh_body_name(self.m, self.g.name, self.taken))
+        val = bb.load(view.src, view.index)
+        return self.kernel("loop.pointwise", bb, val, {"ranges": list(view.type.shape)},
+                           view.type, name)
 
     def kernel(self, op: str, bb: BodyBuilder, result: Value, kwargs: dict[str, Arg],
                type: TensorType, name: str) -> Value:
@@ -89,17 +105,20 @@ class _Lowering:
         return self.b.op(op, [Ref(body.name), *bb.outer_args()], kwargs, type=type, name=name)
 
     # ---- node kinds ------------------------------------------------------------------------
-    def pointwise(self, n: Node, emit: Callable[[BodyBuilder, list[Value]], Value]) -> None:
+    def pointwise(self, n: Node, emit: Callable[[BodyBuilder, list[Value]], Value],
+                  loads: bool = True) -> None:
+        """A pointwise kernel computing n's result; `emit` gets the operands loaded at the
+        output index (`loads=False`: none, it loads what it needs itself)."""
         t = n.results[0].type
         assert isinstance(t, TensorType)
         bb = BodyBuilder(self.m, fresh_body_name(self.m, self.g.name, self.taken))
         bb.b.loc = n.loc
         idx = [ivar(k) for k in range(t.rank)]
-        loads = []
-        for a in n.operands():
-            buf, bidx = self.index_of(a, idx)
-            loads.append(bb.load(buf, bidx, n.loc))
-        val = emit(bb, loads)
+        operands = []
+        for a in n.operands() if loads else ():
+            buf, bidx = self.index_of(a, idx, _ranges(t.shape))
+            operands.append(bb.load(buf, bidx, n.loc))
+        val = emit(bb, operands)
         self.env[n.results[0]] = self.kernel("loop.pointwise", bb, val,
                                              {"ranges": list(t.shape)}, t, n.results[0].name)
 
@@ -127,7 +146,8 @@ class _Lowering:
             idx[d] = rvar(j)
         bb = BodyBuilder(self.m, fresh_body_name(self.m, self.g.name, self.taken))
         bb.b.loc = n.loc
-        buf, bidx = self.index_of(x, idx)
+        buf, bidx = self.index_of(x, idx, _ranges([x.type.shape[d] for d in keep],
+                                                   [x.type.shape[d] for d in red]))
         val = bb.load(buf, bidx, n.loc)
         t = n.results[0].type
         assert isinstance(t, TensorType)
@@ -136,22 +156,26 @@ class _Lowering:
         self.env[n.results[0]] = self.kernel("loop.reduction", bb, val, kw, t, n.results[0].name)
 
     def extern_operand(self, v: Value) -> Value:
-        """A real buffer for an extern op: a permutation of a buffer's dims stays a view
-        (`loop.extern(op="prims.permute")`, no copy: matmul reads transposed weights as they
-        are); any other view is materialised by a copy kernel."""
+        """A real buffer for an extern op. A view whose index is affine in its loop variables
+        (slices, selects, expands, permutes, reshapes that split dims, and compositions) stays
+        a strided view of its buffer, `loop.extern(%x, op="loop.view", index=, shape=)`: no
+        copy (matmul reads transposed weights as they are). Any other view is materialised by
+        a copy kernel. Readers other than externs keep reading the view's buffer directly."""
         lazy = self.env.get(v, v)
-        if isinstance(lazy, View) and isinstance(lazy.src.type, TensorType) \
-                and lazy.src.type.rank == lazy.type.rank:
-            where = {ivar(j): d for j in range(lazy.type.rank)
-                     for d, e in enumerate(lazy.index) if e == ivar(j)}
-            if len(where) == lazy.type.rank:
-                dims = [where[ivar(j)] for j in range(lazy.type.rank)]
-                out = self.b.emit("loop.extern", [lazy.src], {"op": "prims.permute",
-                                                               "dims": dims},
-                                  types=[lazy.type], names=[f"{v.name}.view"])[0]
-                self.env[v] = out
-                return out
-        return self.materialize(v)
+        if not isinstance(lazy, View):
+            return lazy
+        out = self.strided.get(v)
+        if out is None:
+            aff = affine_view(lazy.index, lazy.type.rank)
+            if aff is None or any(c < 0 for row in aff[1] for c in row):  # torch: no stride < 0
+                return self.materialize(v)
+            kw: dict[str, Arg] = {"op": "loop.view",
+                                  "index": [index_text(e) for e in lazy.index],
+                                  "shape": list(lazy.type.shape)}
+            out = self.b.emit("loop.extern", [lazy.src], kw, types=[lazy.type],
+                              names=[f"{v.name}.view"])[0]
+            self.strided[v] = out
+        return out
 
     def passthrough(self, n: Node, op: str | None = None) -> None:
         """An extern call of the prim (op given), or a node of another dialect, on real buffers."""
@@ -176,6 +200,8 @@ class _Lowering:
             scalar_operand = any(not isinstance(v.type, TensorType) for v in n.operands())
             if n.op.startswith("prims.") and (rule is None or scalar_operand):
                 self.passthrough(n, n.op)
+            elif n.op in FUSED_ATTENTION:  # kept by decompose{keep_attention=true}
+                self.passthrough(n, n.op)
             elif rule is None:
                 self.passthrough(n)
             else:
@@ -187,6 +213,16 @@ class _Lowering:
 # ---- the table: prim -> lowering rule ----------------------------------------------------------
 
 Rule = Callable[[_Lowering, Node], None]
+
+
+Ranges = dict[sympy.Symbol, int]
+
+
+def _ranges(shape: Sequence[Dim], reduce_shape: Sequence[Dim] = ()) -> Ranges:
+    """The extents of i0.. (and r0..) for a kernel over `shape` (symbolic sizes: unknown)."""
+    out: Ranges = {ivar(k): int(d) for k, d in enumerate(shape) if isinstance(d, int)}
+    out.update({rvar(k): int(d) for k, d in enumerate(reduce_shape) if isinstance(d, int)})
+    return out
 
 
 def _attr(n: Node, key: str, default: Any = None) -> Any:
@@ -293,6 +329,140 @@ def _full(lw: _Lowering, n: Node) -> None:
     lw.pointwise(n, emit)
 
 
+def _clamp(e: sympy.Expr, lo: int, hi: int, need_lo: bool, need_hi: bool) -> Dim:
+    """e clamped to [lo, hi] where it may leave it (the loads of a `where`'s unselected side
+    still run in C++: they must stay inside the buffer)."""
+    if need_lo:
+        e = sympy.Max(e, sympy.Integer(lo))
+    if need_hi:
+        e = sympy.Min(e, sympy.Integer(hi))
+    return simplify_dim(e)
+
+
+def _in_range(bb: BodyBuilder, var: sympy.Symbol, lo: int | None, hi: int | None,
+              name: str) -> Value | None:
+    """`lo <= var < hi` as a b8 body value (None: always true)."""
+    conds = []
+    if lo is not None or hi is not None:
+        v = bb.b.op("loop.index", [], {"index": index_text(var)}, name=f"{name}.i")
+        if lo is not None:
+            conds.append(bb.b.op("prims.ge", [v, lo], {}, name=f"{name}.ge"))
+        if hi is not None:
+            conds.append(bb.b.op("prims.lt", [v, hi], {}, name=f"{name}.lt"))
+    out = conds[0] if conds else None
+    for c in conds[1:]:
+        out = bb.b.op("prims.bitwise_and", [out, c], {}, name=f"{name}.and")
+    return out
+
+
+def _concatenate(lw: _Lowering, n: Node) -> None:
+    """One pointwise kernel: piece k where its offset <= i_dim < its end (nested `where`s over
+    the pieces' loads, their indices clamped into range), fused like any pointwise kernel
+    (rotary embedding's cat becomes part of the kernel that reads it)."""
+    pieces = n.args[0]
+    t = n.results[0].type
+    assert isinstance(pieces, list) and isinstance(t, TensorType)
+    dim = int(_attr(n, "dim"))
+    sizes = [p.type.shape[dim] for p in pieces if isinstance(p, Value)
+             and isinstance(p.type, TensorType)]
+    if len(sizes) != len(pieces) or not all(isinstance(d, int) for d in sizes) \
+            or not all(isinstance(d, int) for d in t.shape):
+        lw.passthrough(n, n.op)
+        return
+    parts = [(p, off, sz) for p, off, sz in zip(pieces, itertools.accumulate([0, *sizes]),
+                                                 sizes, strict=False) if sz > 0]
+
+    def emit(bb: BodyBuilder, loads: list[Value]) -> Value:
+        o = [ivar(k) for k in range(t.rank)]
+        val: Value | None = None
+        for k in reversed(range(len(parts))):
+            p, off, sz = parts[k]
+            idx = list(o)
+            idx[dim] = _clamp(o[dim] - off, 0, sz - 1, k > 0, k < len(parts) - 1)
+            buf, bidx = lw.index_of(p, idx, _ranges(t.shape))
+            ld = bb.load(buf, bidx, n.loc)
+            if val is None:
+                val = ld
+                continue
+            cond = _in_range(bb, o[dim], None, off + sz, f"{n.results[0].name}.{k}")
+            val = bb.b.op("prims.where", [cond, ld, val], {}, name=f"{n.results[0].name}.{k}")
+        assert val is not None
+        return val
+    if not parts:  # every piece is empty: so is the result
+        lw.passthrough(n, n.op)
+        return
+    lw.pointwise(n, emit, loads=False)
+
+
+def _pad(lw: _Lowering, n: Node) -> None:
+    """`x` where the index falls inside it, else the padding value: one pointwise kernel
+    (negative padding crops; interior padding stays an extern)."""
+    x, xt = _x(n)
+    t = n.results[0].type
+    assert isinstance(t, TensorType)
+    value = n.args[1]
+    config = [[int(c) if isinstance(c, int) else c for c in cfg] for cfg in _attr(n, "config")]
+    if not isinstance(value, (bool, int, float)) or any(c[2] != 0 for c in config) \
+            or not all(isinstance(c, int) for cfg in config for c in cfg) \
+            or not all(isinstance(d, int) for d in (*xt.shape, *t.shape)):
+        lw.passthrough(n, n.op)
+        return
+
+    def emit(bb: BodyBuilder, loads: list[Value]) -> Value:
+        name = n.results[0].name
+        fill = bb.b.op("prims.full", [], {"shape": [], "value": value, "dtype": t.dtype,
+                                          "device": t.device or "cpu"}, name=f"{name}.fill")
+        if 0 in xt.shape:
+            return fill
+        o = [ivar(k) for k in range(t.rank)]
+        idx: list[Dim] = []
+        cond: Value | None = None
+        for k, ((lo, hi, _), size) in enumerate(zip(config, xt.shape, strict=True)):
+            idx.append(_clamp(o[k] - lo, 0, int(size) - 1, lo > 0, hi > 0))
+            c = _in_range(bb, o[k], lo if lo > 0 else None, lo + int(size) if hi > 0 else None,
+                          f"{name}.d{k}")
+            if c is not None:
+                cond = c if cond is None else bb.b.op("prims.bitwise_and", [cond, c], {},
+                                                      name=f"{name}.d{k}.and")
+        buf, bidx = lw.index_of(x, idx, _ranges(t.shape))
+        ld = bb.load(buf, bidx, n.loc)
+        if cond is None:
+            return ld
+        return bb.b.op("prims.where", [cond, ld, fill], {}, name=name)
+    lw.pointwise(n, emit, loads=False)
+
+
+def _convolution(lw: _Lowering, n: Node) -> None:
+    """A 2-d convolution runs channels-last (`loop.conv2d_nhwc`, oneDNN's fast layout): its
+    input is written as an NHWC buffer by a copy kernel (the kernel that computed it, e.g. the
+    previous block's BatchNorm+ReLU, fuses into that copy; no copy when it already is one) and
+    its NHWC result is read through a permuted view."""
+    x, xt = _x(n)
+    w = n.args[1]
+    t = n.results[0].type
+    assert isinstance(t, TensorType) and isinstance(w, Value)
+    if xt.rank != 4 or not all(isinstance(d, int) for d in (*xt.shape, *t.shape)) \
+            or xt.dtype != DType.f32 or 0 in (*xt.shape, *t.shape):  # oneDNN's fast path
+        lw.passthrough(n, n.op)
+        return
+    i = [ivar(k) for k in range(4)]
+    nhwc = TensorType(xt.dtype, (xt.shape[0], xt.shape[2], xt.shape[3], xt.shape[1]), None,
+                      xt.device)
+    src, idx = lw.index_of(x, [i[0], i[3], i[1], i[2]], _ranges(nhwc.shape))
+    if isinstance(src.type, TensorType) and list(src.type.shape) == list(nhwc.shape) \
+            and idx == i:
+        xb = src  # already an NHWC buffer (the previous convolution's result)
+    else:
+        xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
+    name = n.results[0].name
+    lw.b.taken.discard(f"{name}.nhwc")
+    out = lw.b.emit("loop.extern", [xb, lw.extern_operand(w)],
+                    {"op": "loop.conv2d_nhwc", **n.kwargs},
+                    types=[TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]),
+                                      None, t.device)], names=[f"{name}.nhwc"], loc=n.loc)[0]
+    lw.env[n.results[0]] = View(out, (i[0], i[2], i[3], i[1]), t)
+
+
 def _reduction(lw: _Lowering, n: Node) -> None:
     lw.reduction(n)
 
@@ -313,6 +483,9 @@ LOWERINGS: dict[str, Rule] = {
     "prims.rev": _rev,
     "prims.iota": _iota,
     "prims.full": _full,
+    "prims.concatenate": _concatenate,
+    "prims.pad": _pad,
+    "prims.convolution": _convolution,
 }
 
 

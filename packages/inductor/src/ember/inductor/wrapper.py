@@ -25,7 +25,9 @@ from typing import Any
 import sympy
 import torch
 
+from ember.inductor.buffers import last_uses
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
+from ember.ir.graph import map_args
 from ember.prims.decomp.random import philox_params
 
 
@@ -53,6 +55,7 @@ class _Gen:
                                    "_interp": interp, "_unpack": _unpack, "_bad": _bad,
                                    "_contiguous": _contiguous}
         self.names: dict[Value, str] = {}
+        self.params: set[Value] = set()
         self.buffers: set[Value] = set()  # contiguous by construction (kernel outputs)
         self.lines: list[str] = []
         self.table: dict[str, tuple[Any, Any]] | None = None  # kernels.load_module
@@ -93,6 +96,7 @@ class _Gen:
         if philox_params(g) is not None:
             raise WrapperUnsupported("random ops (philox seed and offset inputs)")
         params = [f"p{i}" for i in range(len(g.params))]
+        self.params = set(g.params)
         for p, n in zip(g.params, params, strict=True):
             self.names[p] = n
         self.lines = ["def call(inputs):",
@@ -107,11 +111,18 @@ class _Gen:
                                   f"{self.const(p.type)})")
                 self.check(n, p.type, f"input %{p.name}")
         self.ns["_Tensor"] = torch.Tensor
+        last = last_uses(g)
         for i, node in enumerate(g.nodes):
             if node.op == "kernels.call":
                 self.kernel_call(i, node)
             else:
                 self.other(i, node)
+            # drop buffers as soon as they are dead: the allocator hands their (warm) memory
+            # to the next allocations instead of faulting in fresh pages
+            dead = [v for v in _read_or_made(node) if last.get(v, i) == i
+                    and v not in self.params]
+            if dead:
+                self.lines.append(f"    del {', '.join(sorted({self.name(v) for v in dead}))}")
         skip = {r for _, r in g.input_updates}
         outs = [self.name(o) for k, o in enumerate(g.outputs) if k not in skip]
         ups = ", ".join(f"{p}: {self.name(g.outputs[r])}" for p, r in g.input_updates)
@@ -161,12 +172,44 @@ class _Gen:
         fn.argtypes = [ctypes.c_void_p] * (len(ins) + len(outs))
         fn.restype = None
         self.lines.append(f"    {self.const(fn)}({', '.join(f'{x}.data_ptr()' for x in ins + outs)})")
+        copies = [x for x in ins if x.startswith("c")]
+        if copies:
+            self.lines.append(f"    del {', '.join(copies)}")
         if take_errors is not None:
             # eager's message for an integer division or modulo by zero on the CPU
             self.lines.append(f"    if {self.const(take_errors)}(): "
                               f"raise RuntimeError('ZeroDivisionError')")
 
+    def strided_view(self, i: int, node: Node) -> None:
+        """A strided view of a buffer (any strides: an input's real ones are used); the index
+        was checked against the buffer's shape by the type rule, and shapes are checked."""
+        from ember.inductor.loopir import view_index
+        x, r = node.args[0], node.results[0]
+        if not isinstance(x, Value) or not isinstance(r.type, TensorType):
+            raise WrapperUnsupported("kernels.view takes one buffer")
+        _, (offsets, coefs) = view_index(node.args, node.kwargs)
+        name = f"v{i}_0"
+        shape = _concrete(r.type)
+        if x in self.buffers and isinstance(x.type, TensorType):
+            # a kernel or extern output: contiguous, so the strides are constants
+            st = [1] * x.type.rank
+            for d in reversed(range(x.type.rank - 1)):
+                st[d] = st[d + 1] * int(x.type.shape[d + 1])
+            strides = tuple(sum(c[k] * s for c, s in zip(coefs, st, strict=True))
+                            for k in range(len(shape)))
+            off = sum(o * s for o, s in zip(offsets, st, strict=True))
+            self.lines.append(f"    {name} = {self.name(x)}.as_strided({shape!r}, {strides!r}, "
+                              f"{self.name(x)}.storage_offset() + {off})")
+        else:  # an input: its real strides
+            self.lines.append(f"    {name} = _strided({self.name(x)}, {shape!r}, "
+                              f"{self.const(offsets)}, {self.const(coefs)})")
+        self.ns["_strided"] = _strided
+        self.names[r] = name
+
     def other(self, i: int, node: Node) -> None:
+        if node.op == "kernels.view" and node.kwargs.get("op") == "loop.view":
+            self.strided_view(i, node)
+            return
         kw = dict(node.kwargs)
         name = kw.pop("op") if node.op == "kernels.extern" else node.op
         op = self.interp.registry.lookup(name) if isinstance(name, str) else None
@@ -185,6 +228,30 @@ class _Gen:
             self.names[r] = n
             if isinstance(r.type, TensorType):
                 self.check(n, r.type, f"result of {node.op}")
+                if node.op == "kernels.extern":  # made contiguous above
+                    self.buffers.add(r)
+
+
+def _strided(x: torch.Tensor, shape: tuple[int, ...], offsets: list[int],
+             coefs: list[list[int]]) -> torch.Tensor:
+    """loop.view's strided view (loopir._view_run) with its index parsed once, when the
+    wrapper was generated; bounds were checked at lowering and the input's shape is checked."""
+    st = x.stride()
+    strides = [sum(c[k] * s for c, s in zip(coefs, st, strict=True)) for k in range(len(shape))]
+    off = x.storage_offset() + sum(o * s for o, s in zip(offsets, st, strict=True))
+    return x.as_strided(shape, strides, off)
+
+
+def _read_or_made(node: Node) -> list[Value]:
+    """The values a node reads (operands, reuse=) or defines."""
+    out: list[Value] = []
+
+    def visit(a: Value) -> Value:
+        out.append(a)
+        return a
+    for a in [*node.args, *node.kwargs.values()]:
+        map_args(a, visit)
+    return out + list(node.results)
 
 
 def _unpack(out: Any, n: int) -> list[Any]:

@@ -16,23 +16,35 @@ from ember.prims.decomp.random import PhiloxState
 from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable, values_of
 from ember.prims.rules import is_number
 
+# Fused attention kernels a backend may keep as one extern call (inductor on CPU, as
+# TorchInductor does: torch's flash kernel beats matmul + softmax + matmul ~1.4x), only without
+# dropout (eager's random numbers cannot be matched: dropout decomposes to philox).
+FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",)
 
-@register_pass("decompose", "lower aten (and other torch) ops to ember's prims")
-def decompose(module: Module, *, keep_unsupported: bool = False,
+
+@register_pass("decompose", "lower aten (and other torch) ops to ember's prims; "
+               "keep_attention=true keeps torch's fused CPU attention (no dropout) as one op")
+def decompose(module: Module, *, keep_unsupported: bool = False, keep_attention: bool = False,
               registry: OpRegistry) -> Module:
-    return decompose_module(module, DECOMPOSITIONS, keep_unsupported=keep_unsupported)
+    return decompose_module(module, DECOMPOSITIONS, keep_unsupported=keep_unsupported,
+                            keep_attention=keep_attention)
 
 
 def decompose_module(module: Module, table: DecompositionTable, *,
-                     keep_unsupported: bool = False) -> Module:
+                     keep_unsupported: bool = False, keep_attention: bool = False) -> Module:
     out = module.clone()
     for g in out.graphs.values():
-        _decompose_graph(out, g, table, keep_unsupported)
+        _decompose_graph(out, g, table, keep_unsupported, keep_attention)
     return out
 
 
+def _kept_attention(n: Node) -> bool:
+    dropout = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
+    return n.op in FUSED_ATTENTION and dropout in (0, 0.0, None)
+
+
 def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
-                     keep_unsupported: bool) -> None:
+                     keep_unsupported: bool, keep_attention: bool = False) -> None:
     vmap: dict[Value, Any] = {}  # a Value, or a literal standing for a scalar result
 
     def sub(v: Value) -> Any:
@@ -44,7 +56,8 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
     for n in g.nodes:
         args = [map_args(a, sub) for a in n.args]
         kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
-        if n.op.split(".", 1)[0] in EMBER_DIALECTS or (keep_unsupported and n.op not in table):
+        if n.op.split(".", 1)[0] in EMBER_DIALECTS or (keep_unsupported and n.op not in table) \
+                or (keep_attention and _kept_attention(n)):
             n.args, n.kwargs = args, kwargs  # the module is a clone: editing in place is fine
             b.nodes.append(n)
             continue

@@ -1,0 +1,131 @@
+"""The `plan-buffers` pass: a kernel's output takes the storage of a buffer that is dead by then.
+
+A compiled graph allocates every kernel output. Fresh allocations of large buffers cost page
+faults on every call (glibc gives big blocks back to the system), and their memory is cold.
+TorchInductor reuses the storage of dead buffers; so does this pass: walking a `kernels.*` graph
+in order, each `kernels.call` result takes a dead buffer of the same dtype and element count,
+written as `kernels.call(@k, ..., reuse=[%dead])` (the wrapper and the interpreter view the dead
+buffer's storage instead of allocating).
+
+A buffer is dead after the last use of every value that may alias it: itself, `kernels.view`s
+of it, and the results of ops that may return a view of their operands (every extern except
+those known to return fresh tensors, every op left to the reference). Only `kernels.call`
+outputs are reused (never graph inputs), never a buffer that a graph output may alias, and never
+by the node that reads it last (a kernel does not write where it reads).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ember.inductor.body import body_names
+from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir.graph import map_args
+from ember.ir.passes import register_pass
+
+# extern ops whose result is always a new tensor (never a view of an operand)
+FRESH_EXTERNS = frozenset({
+    "prims.matmul", "prims.convolution", "prims.gather", "prims.scatter", "prims.scatter_add",
+    "prims.concatenate", "prims.pad", "prims.cumsum", "prims.cumprod", "prims.sort",
+    "prims.topk", "prims.philox_uniform", "loop.conv2d_nhwc",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+})
+NEVER = math.inf
+
+
+def _values(n: Node) -> list[Value]:
+    """Every value a node reads: operands, also inside keyword lists (reuse=[...])."""
+    out: list[Value] = []
+
+    def visit(a: Value) -> Value:
+        out.append(a)
+        return a
+    for a in n.args:
+        map_args(a, visit)
+    for a in n.kwargs.values():
+        map_args(a, visit)
+    return out
+
+
+def last_uses(g: Graph) -> dict[Value, float]:
+    """Per value: the index of the last node that reads it (NEVER for graph outputs)."""
+    last: dict[Value, float] = {}
+    for i, n in enumerate(g.nodes):
+        for v in _values(n):
+            last[v] = i
+    for o in g.outputs:
+        last[o] = NEVER
+    return last
+
+
+def _aliases(g: Graph) -> dict[Value, set[Value]]:
+    """Per value: the kernel-output buffers whose storage it may share."""
+    al: dict[Value, set[Value]] = {}
+    for n in g.nodes:
+        fresh = n.op == "kernels.call" or (n.op == "kernels.extern"
+                                           and n.kwargs.get("op") in FRESH_EXTERNS)
+        src: set[Value] = set()
+        if not fresh:
+            for v in _values(n):
+                src |= al.get(v, set())
+        for r in n.results:
+            al[r] = {r} if n.op == "kernels.call" else set(src)
+    return al
+
+
+def _buffer_key(v: Value) -> tuple[str, int] | None:
+    t = v.type
+    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+        return None
+    return t.dtype.name, math.prod(int(d) for d in t.shape)
+
+
+def plan_graph(g: Graph) -> int:
+    """Add `reuse=` to the graph's kernel calls; the number of buffers reused."""
+    al = _aliases(g)
+    last = last_uses(g)
+    # buffer -> its definition, then the last use of anything aliasing it
+    dies: dict[Value, float] = {r: i for i, n in enumerate(g.nodes) for r in n.results
+                                if n.op == "kernels.call"}
+    for v, bufs in al.items():
+        for b in bufs:
+            dies[b] = max(dies.get(b, -1), last.get(v, -1))
+    free: dict[tuple[str, int], list[Value]] = {}
+    released: list[tuple[float, Value]] = sorted(
+        ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
+    k = 0
+    count = 0
+    for i, n in enumerate(g.nodes):
+        while k < len(released) and released[k][0] < i:  # dead before this node runs
+            b = released[k][1]
+            key = _buffer_key(b)
+            if key is not None:
+                free.setdefault(key, []).append(b)
+            k += 1
+        if n.op != "kernels.call" or "reuse" in n.kwargs:
+            continue
+        reuse: list[Value] = []
+        for r in n.results:  # a prefix of the results (reuse= is positional)
+            key = _buffer_key(r)
+            pool = free.get(key) if key is not None else None
+            if not pool:
+                break
+            reuse.append(pool.pop())
+        if reuse:
+            n.kwargs = {**n.kwargs, "reuse": reuse}
+            count += len(reuse)
+    return count
+
+
+@register_pass("plan-buffers", "kernels.* graph: each kernel output reuses the storage of a "
+               "dead buffer of the same dtype and size (reuse=[%dead])")
+def plan_buffers(module: Module) -> Module:
+    out = module.clone()
+    bodies = body_names(out)
+    for g in out.graphs.values():
+        if g.name not in bodies:
+            plan_graph(g)
+    return out
+
+
+__all__ = ["FRESH_EXTERNS", "last_uses", "plan_buffers", "plan_graph"]
