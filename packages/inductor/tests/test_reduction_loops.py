@@ -237,3 +237,13 @@ def test_masked_softmax_rescales_inside_a_where(shape: tuple[int, ...], dtype: t
     want = torch.where(m == float("-inf"), 0.0, e / e.sum(-1, keepdim=True))
     torch.testing.assert_close(got, want, **tol(dtype))
     assert (RESCALE in src) == (dtype != torch.bfloat16)
+
+
+def test_large_output_is_advised_huge_pages() -> None:
+    # a 32 MB output: the kernel asks for 2 MB pages before writing it (no effect on values)
+    x = tensor((2048, 4096), torch.float32, 5)
+    (got,), src = compile_run(_softmax, [x])
+    assert "ember_hugepages(out0, 33554432LL);" in src
+    torch.testing.assert_close(got, torch.softmax(x, -1))
+    (small,), src = compile_run(_softmax, [x[:64]])
+    assert "ember_hugepages" not in src.split("// kernel", 1)[1]

@@ -362,3 +362,84 @@ def test_fused_attention_stays_one_extern_on_strided_views() -> None:
     decomposed = run_pipeline(parse(ATTENTION), "decompose")
     assert not any(n.op.startswith("aten.") for n in decomposed.graph().nodes)
     torch.testing.assert_close(Interpreter(decomposed).run([x]).outputs[0], want)
+
+
+CONV_BN = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 5], %w: f32[4, 3, 3, 3], %m: f32[4], %v: f32[4], %g: f32[4], %b: f32[4]) -> (f32[2, 4, 6, 5], {extra}) {{
+  %c = prims.convolution(%x, %w, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %ve = prims.add(%v, 1e-05) : f32[4]
+  %rs = prims.rsqrt(%ve) : f32[4]
+  %mb = prims.broadcast_in_dim(%m, shape=[2, 4, 6, 5], broadcast_dims=[1]) : f32[2, 4, 6, 5]
+  %rb = prims.broadcast_in_dim(%rs, shape=[2, 4, 6, 5], broadcast_dims=[1]) : f32[2, 4, 6, 5]
+  %s = prims.sub(%c, %mb) : f32[2, 4, 6, 5]
+  %n = prims.mul(%s, %rb) : f32[2, 4, 6, 5]
+  %gb = prims.broadcast_in_dim(%g, shape=[2, 4, 6, 5], broadcast_dims=[1]) : f32[2, 4, 6, 5]
+  %y = prims.mul(%n, %gb) : f32[2, 4, 6, 5]
+  %bb = prims.broadcast_in_dim(%b, shape=[2, 4, 6, 5], broadcast_dims=[1]) : f32[2, 4, 6, 5]
+  %z = prims.add(%y, %bb) : f32[2, 4, 6, 5]
+  %r = prims.maximum(%z, 0.0) : f32[2, 4, 6, 5]
+  return (%r, {ret})
+}}
+"""
+
+
+def test_batchnorm_relu_fold_into_the_convolution() -> None:
+    """Eval BatchNorm + ReLU after a convolution fold into it (weight * A, bias B, ReLU
+    post-op): one extern, no kernel over the activation; computed from this call's inputs.
+    A folded value that is also a graph output stops the fold there."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 5, generator=g), torch.randn(4, 3, 3, 3, generator=g)
+    m, gm, b = (torch.randn(4, generator=g) for _ in range(3))
+    v = torch.rand(4, generator=g) + 0.5
+    c = torch.conv2d(x, w, padding=1)
+    y = (c - m[:, None, None]) * torch.rsqrt(v + 1e-5)[:, None, None] * gm[:, None, None]
+    r = torch.relu(y + b[:, None, None])
+    for extra, ret, want, relu in [("f32[4]", "%ve", [r, v + 1e-5], True),
+                                   ("f32[2, 4, 6, 5]", "%y", [r, y], False)]:
+        compiled = compile_module(parse(CONV_BN.format(extra=extra, ret=ret)))
+        convs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+        assert len(convs) == 1 and convs[0].kwargs["relu"] is relu
+        assert len(convs[0].args) == 3  # x, weight * A, bias B (the mean's shift)
+        assert not any(n.op == "kernels.call" and n.kwargs["out_shapes"] == [[2, 4, 6, 5]]
+                       for n in compiled.graph().nodes[:-1])  # nothing rereads the activation
+        run = compiled_runner(compiled)
+        torch.testing.assert_close(run(None, [x, w, m, v, gm, b]).outputs, want)
+        m2 = m + 1.0  # parameters read at each call
+        y2 = (c - m2[:, None, None]) * torch.rsqrt(v + 1e-5)[:, None, None] * gm[:, None, None]
+        got = run(None, [x, w, m2, v, gm, b]).outputs
+        torch.testing.assert_close(got[0], torch.relu(y2 + b[:, None, None]))
+
+
+EMBED = """ember.ir 1.0
+
+graph @f(%ids: i64[4, 6], %w: f32[10, 8], %p: i64[1, 16]) -> (f32[4, 6, 8], f32[6, 8], f32[6, 5]) {
+  %r = prims.reshape(%ids, shape=[24]) : i64[24]
+  %b = prims.broadcast_in_dim(%r, shape=[24, 8], broadcast_dims=[0]) : i64[24, 8]
+  %e = prims.gather(%w, %b, dim=0) : f32[24, 8]
+  %o = prims.reshape(%e, shape=[4, 6, 8]) : f32[4, 6, 8]
+  %s = prims.slice(%p, start=[0, 2], limit=[1, 8], step=[1, 1]) : i64[1, 6]
+  %q = prims.reshape(%s, shape=[6]) : i64[6]
+  %qb = prims.broadcast_in_dim(%q, shape=[6, 8], broadcast_dims=[0]) : i64[6, 8]
+  %pe = prims.gather(%w, %qb, dim=0) : f32[6, 8]
+  %nb = prims.broadcast_in_dim(%q, shape=[6, 5], broadcast_dims=[0]) : i64[6, 5]
+  %part = prims.gather(%w, %nb, dim=0) : f32[6, 5]
+  return (%o, %pe, %part)
+}
+"""
+
+
+def test_embedding_gathers_are_index_selects() -> None:
+    """A gather whose index only varies along its dim (ids broadcast over the row) is an
+    index_select of the 1-d ids; one reading a prefix of the rows stays a gather."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 10, (4, 6), generator=g)
+    w = torch.randn(10, 8, generator=g)
+    p = torch.randint(0, 10, (1, 16), generator=g)
+    q = p[0, 2:8]
+    want = [w[ids], w[q], w[q][:, :5]]
+    compiled = compile_module(parse(EMBED))
+    ops = [n.kwargs["op"] for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    assert ops == ["loop.index_select", "loop.index_select", "prims.gather"]
+    torch.testing.assert_close(compiled_runner(compiled)(None, [ids, w, p]).outputs, want)
+    torch.testing.assert_close(Interpreter(compiled).run([ids, w, p]).outputs, want)

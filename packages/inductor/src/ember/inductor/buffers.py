@@ -27,7 +27,7 @@ from ember.ir.passes import register_pass
 FRESH_EXTERNS = frozenset({
     "prims.matmul", "prims.convolution", "prims.gather", "prims.scatter", "prims.scatter_add",
     "prims.concatenate", "prims.pad", "prims.cumsum", "prims.cumprod", "prims.sort",
-    "prims.topk", "prims.philox_uniform", "loop.conv2d_nhwc",
+    "prims.topk", "prims.philox_uniform", "loop.conv2d_nhwc", "loop.index_select",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
 })
 NEVER = math.inf

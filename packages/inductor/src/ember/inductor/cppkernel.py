@@ -66,7 +66,10 @@ COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, 
 COL_BYTES = 64 << 10  # stack bytes of a block's column arrays (accumulators, results)
 COL_ROWS = 256  # rows a column's float lane sum takes before it is added into its double
 MAX_THREADS = 64  # per-thread partials of a split reduction
-HUGE_OUTPUT = 4 << 20  # output bytes from which its pages are asked to be 2 MB ones
+# output bytes from which its pages are asked to be 2 MB ones: glibc's malloc serves buffers
+# above its largest mmap threshold (32 MB) from fresh mappings, faulted in again every call;
+# smaller ones are mostly recycled heap memory, where the advice measured slower (khugepaged)
+HUGE_OUTPUT = 32 << 20
 COLLAPSE_MIN = 64  # outer iterations enough for OpenMP's static split: collapse no deeper
 
 Key = tuple[object, ...]

@@ -229,12 +229,18 @@ def _nchw(t: TensorType) -> TensorType:
 
 def _conv_nhwc_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
                      ) -> list[Type]:
-    x = args[0] if len(args) == 2 else None
+    x = args[0] if len(args) in (2, 3) else None
     if not isinstance(x, Value) or not isinstance(x.type, TensorType) or x.type.rank != 4:
-        raise OpTypeError("loop.conv2d_nhwc takes an NHWC input and an OIHW weight")
+        raise OpTypeError("loop.conv2d_nhwc takes an NHWC input, an OIHW weight and an "
+                          "optional bias")
     conv = ctx.registry.lookup("prims.convolution") if ctx.registry else None
     assert conv is not None
-    t = conv.infer(ctx, [Value(x.name, _nchw(x.type)), args[1]], kw)[0]
+    t = conv.infer(ctx, [Value(x.name, _nchw(x.type)), args[1]],
+                   {k: v for k, v in kw.items() if k != "relu"})[0]
+    b = args[2] if len(args) == 3 else None
+    if b is not None and not (isinstance(b, Value) and isinstance(b.type, TensorType)
+                              and list(b.type.shape) == [t.shape[1]]):  # type: ignore[union-attr]
+        raise OpTypeError("loop.conv2d_nhwc: the bias has one value per output channel")
     assert isinstance(t, TensorType)
     n, c, h, w = t.shape
     return [TensorType(t.dtype, (n, h, w, c), None, t.device)]
@@ -243,11 +249,38 @@ def _conv_nhwc_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
 def _conv_nhwc_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     """oneDNN's channels-last convolution (much faster on CPU than NCHW): the input is an NHWC
     buffer seen as NCHW with channels-last strides, the result comes back NHWC."""
-    x, w = args
-    y = torch.convolution(x.permute(0, 3, 1, 2), w.contiguous(memory_format=torch.channels_last),
-                          None, kw["stride"], kw["padding"], kw["dilation"], False, [0, 0],
-                          kw.get("groups", 1))
+    x, w, *bias = args
+    b = bias[0] if bias else None
+    xc, wc = x.permute(0, 3, 1, 2), w.contiguous(memory_format=torch.channels_last)
+    groups = kw.get("groups", 1)
+    fused = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) if x.dtype == torch.float32 \
+        and x.device.type == "cpu" and torch.backends.mkldnn.is_available() else None
+    if fused is not None:  # bias and ReLU applied by oneDNN as it writes (a post-op)
+        y = fused(xc, wc, b, kw["padding"], kw["stride"], kw["dilation"], groups,
+                  "relu" if kw.get("relu") else "none", [], "")
+    else:
+        y = torch.convolution(xc, wc, b, kw["stride"], kw["padding"], kw["dilation"], False,
+                              [0, 0], groups)
+        y = torch.relu(y) if kw.get("relu") else y
     return y.permute(0, 2, 3, 1).contiguous()
+
+
+def _index_select_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]
+                        ) -> list[Type]:
+    x, idx = (args[0], args[1]) if len(args) == 2 else (None, None)
+    d = kw.get("dim")
+    if not isinstance(x, Value) or not isinstance(x.type, TensorType) \
+            or not isinstance(idx, Value) or not isinstance(idx.type, TensorType) \
+            or idx.type.rank != 1 or idx.type.dtype not in (DType.i64, DType.i32) \
+            or not isinstance(d, int) or not 0 <= d < x.type.rank:
+        raise OpTypeError("loop.index_select takes a tensor, 1-d integer ids and dim=")
+    shape = list(x.type.shape)
+    shape[d] = idx.type.shape[0]
+    return [TensorType(x.type.dtype, tuple(shape), None, x.type.device)]
+
+
+def _index_select_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    return torch.index_select(args[0], int(kw["dim"]), args[1])
 
 
 # ---- references ------------------------------------------------------------------------------
@@ -352,8 +385,12 @@ LOOP_OPS = (
     OpDef("loop.extern", "a buffer computed by another op's implementation (matmul, sort, ...)",
           _extern_infer, _extern_run),
     OpDef("loop.conv2d_nhwc", "a 2-d convolution (prims.convolution's attributes) of an NHWC "
-          "buffer with an OIHW weight; NHWC result (channels-last, an extern's op)",
+          "buffer with an OIHW weight, an optional bias per output channel and relu=true|false; "
+          "NHWC result (channels-last, an extern's op)",
           _conv_nhwc_infer, _conv_nhwc_run),
+    OpDef("loop.index_select", "x's slices at 1-d integer ids along dim= (a gather whose "
+          "index varies along dim only: an embedding lookup; an extern's op)",
+          _index_select_infer, _index_select_run),
     OpDef("loop.view", "a strided view of a buffer: result[i] = x[index(i)], index affine "
           "(an extern's operand, never copied: loop.extern(%x, op=\"loop.view\", ...))",
           _view_infer, _view_run),

@@ -20,6 +20,7 @@ from typing import Any
 import sympy
 
 from ember.inductor.body import BodyBuilder, body_names, fresh_body_name
+from ember.inductor.epilogue import Epilogue, conv_epilogues
 from ember.inductor.indexing import (
     affine_view,
     flat_offset,
@@ -166,16 +167,23 @@ class _Lowering:
             return lazy
         out = self.strided.get(v)
         if out is None:
-            aff = affine_view(lazy.index, lazy.type.rank)
-            if aff is None or any(c < 0 for row in aff[1] for c in row):  # torch: no stride < 0
-                return self.materialize(v)
-            kw: dict[str, Arg] = {"op": "loop.view",
-                                  "index": [index_text(e) for e in lazy.index],
-                                  "shape": list(lazy.type.shape)}
-            out = self.b.emit("loop.extern", [lazy.src], kw, types=[lazy.type],
-                              names=[f"{v.name}.view"])[0]
+            out = self.real_view(lazy, f"{v.name}.view")
+            if out.node is not None and out.node.op != "loop.extern":  # a copy kernel
+                self.env[v] = out
+                return out
             self.strided[v] = out
         return out
+
+    def real_view(self, view: View, name: str) -> Value:
+        """A buffer holding `view`: a strided `loop.view` where its index is affine (with no
+        negative stride: torch has none), else a copy kernel."""
+        aff = affine_view(view.index, view.type.rank)
+        if aff is None or any(c < 0 for row in aff[1] for c in row):
+            return self.materialize_view(view, name.replace(".view", ".copy"))
+        kw: dict[str, Arg] = {"op": "loop.view", "index": [index_text(e) for e in view.index],
+                              "shape": list(view.type.shape)}
+        self.b.taken.discard(name)
+        return self.b.emit("loop.extern", [view.src], kw, types=[view.type], names=[name])[0]
 
     def passthrough(self, n: Node, op: str | None = None) -> None:
         """An extern call of the prim (op given), or a node of another dialect, on real buffers."""
@@ -195,7 +203,16 @@ class _Lowering:
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
+        # a convolution with a per-channel affine (+ReLU) epilogue is emitted, folded, where
+        # its epilogue ends (the epilogue's per-channel operands are defined by then)
+        epis = {e.last: e for e in conv_epilogues(self.g).values()}
+        folded = {id(x) for e in epis.values() for x in [e.conv, *e.chain[:-1]]}
         for n in self.g.nodes:
+            if id(n) in folded:
+                continue
+            if n in epis:
+                _convolution(self, epis[n].conv, epis[n])
+                continue
             rule = LOWERINGS.get(n.op)
             scalar_operand = any(not isinstance(v.type, TensorType) for v in n.operands())
             if n.op.startswith("prims.") and (rule is None or scalar_operand):
@@ -432,11 +449,12 @@ def _pad(lw: _Lowering, n: Node) -> None:
     lw.pointwise(n, emit, loads=False)
 
 
-def _convolution(lw: _Lowering, n: Node) -> None:
+def _convolution(lw: _Lowering, n: Node, epi: Epilogue | None = None) -> None:
     """A 2-d convolution runs channels-last (`loop.conv2d_nhwc`, oneDNN's fast layout): its
-    input is written as an NHWC buffer by a copy kernel (the kernel that computed it, e.g. the
-    previous block's BatchNorm+ReLU, fuses into that copy; no copy when it already is one) and
-    its NHWC result is read through a permuted view."""
+    input is written as an NHWC buffer by a copy kernel (the kernel that computed it fuses into
+    that copy; no copy when it already is one) and its NHWC result is read through a permuted
+    view. A per-channel affine epilogue (eval BatchNorm) and a ReLU after it (`epi`) are folded
+    into it: weight * A, bias B, ReLU applied by oneDNN (epilogue.py)."""
     x, xt = _x(n)
     w = n.args[1]
     t = n.results[0].type
@@ -444,6 +462,10 @@ def _convolution(lw: _Lowering, n: Node) -> None:
     if xt.rank != 4 or not all(isinstance(d, int) for d in (*xt.shape, *t.shape)) \
             or xt.dtype != DType.f32 or 0 in (*xt.shape, *t.shape):  # oneDNN's fast path
         lw.passthrough(n, n.op)
+        for m in epi.chain if epi is not None else ():  # the epilogue as it was
+            rule = LOWERINGS.get(m.op)
+            assert rule is not None
+            rule(lw, m)
         return
     i = [ivar(k) for k in range(4)]
     nhwc = TensorType(xt.dtype, (xt.shape[0], xt.shape[2], xt.shape[3], xt.shape[1]), None,
@@ -454,13 +476,89 @@ def _convolution(lw: _Lowering, n: Node) -> None:
         xb = src  # already an NHWC buffer (the previous convolution's result)
     else:
         xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
-    name = n.results[0].name
-    lw.b.taken.discard(f"{name}.nhwc")
-    out = lw.b.emit("loop.extern", [xb, lw.extern_operand(w)],
-                    {"op": "loop.conv2d_nhwc", **n.kwargs},
+    res = (epi.last if epi is not None else n).results[0]
+    lw.b.taken.discard(f"{res.name}.nhwc")
+    args: list[Arg] = [xb, lw.extern_operand(w)]
+    kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc", **n.kwargs}
+    if epi is not None:
+        args, kw = _fold_epilogue(lw, epi, args, kw, int(t.shape[1]))
+    out = lw.b.emit("loop.extern", args, kw,
                     types=[TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]),
-                                      None, t.device)], names=[f"{name}.nhwc"], loc=n.loc)[0]
-    lw.env[n.results[0]] = View(out, (i[0], i[2], i[3], i[1]), t)
+                                      None, t.device)], names=[f"{res.name}.nhwc"], loc=n.loc)[0]
+    lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
+
+
+def _fold_epilogue(lw: _Lowering, epi: Epilogue, args: list[Arg], kw: dict[str, Arg],
+                   channels: int) -> tuple[list[Arg], dict[str, Arg]]:
+    """The folded convolution's operands: weight * A (per output channel), bias B, relu=."""
+    scales = any(op in ("prims.mul", "prims.div") for op, _ in epi.steps)
+    shifts = any(op in ("prims.add", "prims.sub") for op, _ in epi.steps)
+    ct = TensorType(DType.f32, (channels,))
+    name = epi.last.results[0].name
+
+    def affine(which: str) -> Value:
+        """A kernel over the channels computing A (which="a") or B of y = conv * A + B."""
+        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+        a: Any = 1.0
+        b: Any = 0.0
+        for op, u in epi.steps:
+            if isinstance(u, Value):
+                buf, idx = lw.index_of(u, [ivar(0)], {ivar(0): channels})
+                u = bb.load(buf, idx)
+            if op in ("prims.add", "prims.sub"):
+                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+            else:
+                a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
+                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+        v = a if which == "a" else b
+        if not isinstance(v, Value):
+            v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
+                                           "device": "cpu"}, name=f"{name}.{which}")
+        return lw.kernel("loop.pointwise", bb, v, {"ranges": [channels]}, ct,
+                         f"{name}.{which}")
+    x, w = args
+    if scales:  # the weight scaled per output channel, every call
+        assert isinstance(w, Value) and isinstance(w.type, TensorType)
+        scale = affine("a")
+        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+        wl = bb.load(w, [ivar(k) for k in range(w.type.rank)])
+        sl = bb.load(scale, [ivar(0)])
+        wt = TensorType(w.type.dtype, w.type.shape, None, w.type.device)
+        w = lw.kernel("loop.pointwise", bb, bb.b.op("prims.mul", [wl, sl], {},
+                                                    name=f"{name}.w"),
+                      {"ranges": list(wt.shape)}, wt, f"{name}.w")
+    out_args: list[Arg] = [x, w, affine("b")] if shifts else [x, w]
+    return out_args, {**kw, "relu": epi.relu}
+
+
+def _gather(lw: _Lowering, n: Node) -> None:
+    """A gather whose index varies only along `dim` and keeps x's other sizes (an embedding
+    lookup: the ids broadcast over the row) is `index_select` of the 1-d ids
+    (`loop.index_select`): rows copied whole, no [N, D] index materialised. Others stay
+    `prims.gather` externs."""
+    x, xt = _x(n)
+    idx = n.args[1]
+    t = n.results[0].type
+    d = int(_attr(n, "dim"))
+    assert isinstance(idx, Value) and isinstance(t, TensorType)
+    lazy = lw.env.get(idx, idx)
+    index = list(lazy.index) if isinstance(lazy, View) else [ivar(k) for k in range(t.rank)]
+    src = lazy.src if isinstance(lazy, View) else lazy
+    sizes = (*xt.shape, *t.shape)
+    if xt.rank != t.rank or not all(isinstance(s, int) for s in sizes) \
+            or any(t.shape[k] != xt.shape[k] for k in range(t.rank) if k != d) \
+            or any(not isinstance(e, int) and not e.free_symbols <= {ivar(d)} for e in index) \
+            or not isinstance(idx.type, TensorType):
+        lw.passthrough(n, n.op)
+        return
+    ids = View(src, tuple(subst_index(e, {ivar(d): ivar(0)}) for e in index),
+               TensorType(idx.type.dtype, (t.shape[d],), None, idx.type.device))
+    name = n.results[0].name
+    ids_buf = lw.real_view(ids, f"{name}.ids.view")
+    lw.b.taken.discard(name)
+    out = lw.b.emit("loop.extern", [lw.extern_operand(x), ids_buf],
+                    {"op": "loop.index_select", "dim": d}, types=[t], names=[name], loc=n.loc)
+    lw.env[n.results[0]] = out[0]
 
 
 def _reduction(lw: _Lowering, n: Node) -> None:
@@ -486,6 +584,7 @@ LOWERINGS: dict[str, Rule] = {
     "prims.concatenate": _concatenate,
     "prims.pad": _pad,
     "prims.convolution": _convolution,
+    "prims.gather": _gather,
 }
 
 

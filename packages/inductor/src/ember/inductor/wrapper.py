@@ -190,7 +190,16 @@ class _Gen:
         _, (offsets, coefs) = view_index(node.args, node.kwargs)
         name = f"v{i}_0"
         shape = _concrete(r.type)
-        if x in self.buffers and isinstance(x.type, TensorType):
+        rank = len(shape)
+        perm = [row.index(1) for row in coefs] if all(
+            sorted(row) == [0] * (rank - 1) + [1] for row in coefs) else []
+        dims = [perm.index(k) for k in range(rank)] if sorted(perm) == list(range(rank)) \
+            else []
+        if dims and not any(offsets) and isinstance(x.type, TensorType) \
+                and list(shape) == [x.type.shape[d] for d in dims]:
+            # a permutation of the dims (a transposed weight), not a slice: cheapest call
+            self.lines.append(f"    {name} = {self.name(x)}.permute({dims!r})")
+        elif x in self.buffers and isinstance(x.type, TensorType):
             # a kernel or extern output: contiguous, so the strides are constants
             st = [1] * x.type.rank
             for d in reversed(range(x.type.rank - 1)):
