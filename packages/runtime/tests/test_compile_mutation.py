@@ -104,6 +104,14 @@ def unbind_split_chunk(x):
 
 
 @case(t(4, 4))
+def unbind_of_size_one_returned(x):
+    # one result: still a select of the view, not the operator (which returns a list)
+    (v,) = x.unsqueeze(0).unbind(0)
+    (w,) = x.split(4, dim=1)
+    return v, w
+
+
+@case(t(4, 4))
 def other_views_see_writes(x):
     row = x[1]
     col = x[:, 2]

@@ -78,7 +78,9 @@ def view_steps(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[
     chunk) become one select or slice each, so every step has one result."""
     grad = torch.is_grad_enabled()
     name = func._schema.name
-    if len(results) == 1:
+    # By name, not by result count: unbind/split of a size-1 dim return a one-element list,
+    # and replaying the operator itself would give that list, not the tensor.
+    if len(results) == 1 and name != "aten::unbind" and name not in _MULTI_SPLITS:
         return [ViewStep(func, tuple(args[1:]), tuple(kwargs.items()), grad)]
     dim = _arg(func, args, kwargs, "dim", 0)
     base: torch.Tensor = args[0]
