@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import ember.runtime as er
+from ember.runtime.testing import tiny_hf_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -206,28 +207,7 @@ def test_dict_subclass_registry_read_by_key() -> None:
 
 # -- the models ----------------------------------------------------------------------------------
 def _model(name: str) -> tuple[Any, dict[str, Any]]:
-    T = transformers
-    torch.manual_seed(0)
-    small = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=100,
-                 max_position_embeddings=64)
-    kw: dict[str, Any] = {}
-    if name == "gpt2":
-        m = T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100,
-                                           n_positions=64, bos_token_id=0, eos_token_id=1))
-    elif name == "llama":  # GQA: 2 key/value heads for 4 query heads
-        m = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_key_value_heads=2, **small))
-    elif name == "bert":
-        m = T.BertModel(T.BertConfig(hidden_size=32, **small))
-    elif name == "t5":
-        m = T.T5ForConditionalGeneration(T.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                                    num_heads=4, vocab_size=100,
-                                                    decoder_start_token_id=0))
-        kw["decoder_input_ids"] = torch.randint(2, 100, (2, 5))
-    elif name == "neox":
-        m = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, **small))
-    else:
-        raise AssertionError(name)
-    return m.eval(), kw
+    return tiny_hf_model(name)
 
 
 MODELS = ["gpt2", "llama", "bert", "t5", "neox"]

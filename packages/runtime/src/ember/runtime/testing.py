@@ -148,3 +148,37 @@ def check_against_eager(fn: Callable[..., Any], *args: Any, grad: bool = False,
         assert any(expect_fallback in f.reason for f in h.fallbacks), \
             f"no fallback mentioning {expect_fallback!r}: {h.fallbacks}"
     return h
+
+
+TINY_HF_MODELS = ("gpt2", "llama", "bert", "t5", "neox")
+
+
+def tiny_hf_model(name: str) -> tuple[nn.Module, dict[str, Any]]:
+    """A Hugging Face model of `name` (TINY_HF_MODELS) from a tiny config, random weights (seed
+    0), in eval mode, with the extra forward keyword arguments it needs (T5: decoder_input_ids).
+    Vocabulary 100, 2 layers, hidden 32, 4 heads; Llama with 2 key/value heads (GQA). Needs
+    transformers; nothing downloads."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    small: dict[str, Any] = dict(num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=64, vocab_size=100, max_position_embeddings=64)
+    kw: dict[str, Any] = {}
+    m: nn.Module
+    if name == "gpt2":
+        m = T.GPT2LMHeadModel(T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=100,
+                                           n_positions=64, bos_token_id=0, eos_token_id=1))
+    elif name == "llama":
+        m = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=32, num_key_value_heads=2, **small))
+    elif name == "bert":
+        m = T.BertModel(T.BertConfig(hidden_size=32, **small))
+    elif name == "t5":
+        t5: dict[str, Any] = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                  vocab_size=100, decoder_start_token_id=0)
+        m = T.T5ForConditionalGeneration(T.T5Config(**t5))
+        kw["decoder_input_ids"] = torch.randint(2, 100, (2, 5))
+    elif name == "neox":
+        m = T.GPTNeoXForCausalLM(T.GPTNeoXConfig(hidden_size=32, **small))
+    else:
+        raise ValueError(f"no tiny config for {name!r}; known: {', '.join(TINY_HF_MODELS)}")
+    return m.eval(), kw
