@@ -24,7 +24,7 @@ from ember.inductor.kernels import compile_module, compiled_runner, summary
 from ember.ir import Module
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
-from ember.runtime.dump import dump_capture, dump_outputs
+from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
 from ember.runtime.writeback import Epilogue, backend_module
@@ -99,6 +99,7 @@ class CompiledFunction:
         self.options = dict(options or {})
         self.cache_limit = int(self.options.pop("cache_limit", DEFAULT_CACHE_LIMIT))
         self.entries: list[_GraphEntry | _EagerEntry | BreakEntry] = []
+        self._last_compiled: Module | None = None  # set by _inductor, read by EMBER_DUMP
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
@@ -143,6 +144,7 @@ class CompiledFunction:
             compiled = compile_module(module)
         except Exception as e:
             return eager(f"the inductor backend cannot compile it: {type(e).__name__}: {e}")
+        self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
         runner = compiled_runner(compiled)
         graph = module.graph().name
         state: dict[str, Runner | None] = {"fallback": None}
@@ -208,6 +210,7 @@ class CompiledFunction:
         # nothing captured before a break, or in a resume function: no graph to speak of
         empty = (brk is not None or self._child) and not res.graph.nodes
         backend = eager_backend if empty else self.backend
+        self._last_compiled = None
         runner = backend(backend_module(res), res.input_examples)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)
@@ -218,6 +221,8 @@ class CompiledFunction:
                                f"the call that produced them: "
                                f"{graph_entry.code.failure(S, args, kwargs)}")
         dumped = None if empty else dump_capture(res, inputs)
+        if dumped is not None and self._last_compiled is not None:
+            dump_compiled(dumped, self._last_compiled, res.graph)
         if not empty:
             self.history.graphs.append(GraphRecord(
                 res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],

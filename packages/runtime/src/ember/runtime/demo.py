@@ -247,12 +247,15 @@ def compiler_demo(say: Callable[[str], None], small: bool = False) -> bool:
     ok = compile_and_compare(
         say, "[7]", f"conv net, 3 × (conv 3×3 + BatchNorm + ReLU), on {n}×3×{hw}×{hw}",
         ConvNet().eval(), torch.randn(n, 3, hw, hw), reps=2 if small else 5) and ok
-    files = sorted(p.name for p in Path(dump).glob("*.ir"))
+    files = sorted(p.name for p in Path(dump).glob("*.ir") if not p.name.endswith(".kernels.ir"))
+    compiled = sorted(p.name for p in Path(dump).glob("*.kernels.ir"))
     say(f"[8] EMBER_DUMP={dump}: each captured graph as ir-v1 text with its inputs, outputs "
         f"and guards ({', '.join(files) or 'none'}).\n"
         f"    Replay one from the shell: .venv/bin/ember run {dump}/"
         f"{files[0] if files else 'NAME.ir'} --inputs {dump}/"
-        f"{files[0].removesuffix('.ir') if files else 'NAME'}.inputs.safetensors")
+        f"{files[0].removesuffix('.ir') if files else 'NAME'}.inputs.safetensors\n"
+        f"    and the compiled C++ ({len(compiled)} NAME.kernels.ir file(s)) with the same inputs "
+        f"and --allow-kernels.")
     return ok
 
 

@@ -5,7 +5,12 @@ parameter name), the outputs of the call that captured it, and its guards, so th
 
 replays it from the shell: a graph that writes its inputs keeps `input_updates`, so the run
 writes the same updated inputs (by parameter name) as the live call did. The inputs are
-written before the call, which may update them in place."""
+written before the call, which may update them in place. With the inductor backend, the
+compiled `kernels.*` module (C++ sources in `kernel` blocks) is written as NAME.kernels.ir, and
+
+    ember run dir/NAME.kernels.ir --inputs dir/NAME.inputs.safetensors --allow-kernels
+
+replays the compiled code itself."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.capture import Captured
-from ember.ir import Graph
+from ember.ir import Graph, Module
 from ember.runtime.tensors import save_tensors
 
 ENV = "EMBER_DUMP"
@@ -46,6 +51,19 @@ def dump_capture(cap: Captured, inputs: Sequence[Any]) -> Path | None:
     (d / f"{stem}.guards.txt").write_text("".join(g.text() + "\n" for g in cap.guards))
     ir_path.write_text(str(cap.module))
     return ir_path
+
+
+def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path:
+    """Write the compiled (kernels.*) module beside the captured graph's .ir file. Backends run
+    the graph with its input updates as plain results (same order, same parameters); the dump
+    states them again, so a replay writes the updated inputs as the captured graph's does."""
+    path = ir_path.with_name(ir_path.name.removesuffix(".ir") + ".kernels.ir")
+    updates = captured.attrs.get("input_updates")
+    if updates is not None and captured.name in compiled.items:
+        compiled = compiled.clone()
+        compiled.graph(captured.name).attrs["input_updates"] = updates
+    path.write_text(str(compiled))
+    return path
 
 
 def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
