@@ -254,23 +254,19 @@ def _slice_scatter(draw: Draw) -> Sample:
 
 
 @st.composite
-def _diagonal_scatter(draw: Draw) -> Sample:
-    x = _tensor(draw, draw(S.shapes(2, 4, 4)))
-    rank = x.dim()
-    d1, d2 = draw(st.permutations(range(rank)))[:2]
-    offset = draw(st.integers(-3, 3))
-    src_shape = torch.diagonal(x, offset, d1, d2).shape
-    src = draw(S.tensors(tuple(src_shape), x.dtype))
-    return Sample((x, src, offset, _neg(draw, d1, rank), _neg(draw, d2, rank)))
-
-
-@st.composite
 def _diagonal(draw: Draw) -> Sample:
     x = _tensor(draw, draw(S.shapes(2, 4, 4)))
     rank = x.dim()
     d1, d2 = draw(st.permutations(range(rank)))[:2]
     offset = draw(st.integers(-3, 3))
     return Sample((x, offset, _neg(draw, d1, rank), _neg(draw, d2, rank)))
+
+
+@st.composite
+def _diagonal_scatter(draw: Draw) -> Sample:
+    x, offset, d1, d2 = draw(_diagonal()).args
+    src = draw(S.tensors(tuple(torch.diagonal(x, offset, d1, d2).shape), x.dtype))
+    return Sample((x, src, offset, d1, d2))
 
 
 @st.composite
