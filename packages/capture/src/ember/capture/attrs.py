@@ -36,7 +36,7 @@ from ember.capture.variables import (
     TupleVar,
     Var,
 )
-from ember.capture.wrap import is_trusted_module
+from ember.capture.wrap import already_wrapped, is_trusted_module
 
 if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
@@ -392,8 +392,7 @@ def _stores_back_same_tensor(tx: Tracer, owner: Any, name: str, value: Var) -> b
         return False
     if not isinstance(current, torch.Tensor):
         return False
-    cached = tx.wrapped.get(id(current))
-    held = cached[0] if cached is not None and cached[1] is current else None
+    held = already_wrapped(tx, current)
     return isinstance(held, TensorVar) and held.fake is value.fake
 
 

@@ -30,6 +30,7 @@ from ember.capture.errors import unhandled
 from ember.capture.result import OutDict, OutSeq, OutSpec
 from ember.capture.sources import ConstantSource, Source
 from ember.capture.variables import ConstVar, DictVar, ListVar, ObjectVar, TensorVar, Var
+from ember.capture.wrap import already_wrapped
 
 if TYPE_CHECKING:
     from ember.capture.frame import Frame
@@ -146,9 +147,7 @@ def collect(tx: Tracer) -> list[Effect]:
 
 def _source_of(tx: Tracer, obj: Any) -> Source:
     """How the runtime reaches `obj`: its source in this capture, else the object itself."""
-    known = tx.wrapped.get(id(obj))
-    if known is not None and known[1] is obj and known[0].source is not None:
-        src = known[0].source
-        assert src is not None
-        return src
+    known = already_wrapped(tx, obj)
+    if known is not None and known.source is not None:
+        return known.source
     return ConstantSource(obj, type(obj).__name__)

@@ -67,9 +67,8 @@ def wrap(tx: Tracer, value: Any, source: Source | None) -> Var:
         if source is not None:
             tx.guard(Guard(GuardKind.CONSTANT_MATCH, source, value))
         return ConstVar(value, source)
-    cached = tx.wrapped.get(id(value))
-    if cached is not None and cached[1] is value:
-        var = cached[0]
+    var = already_wrapped(tx, value)
+    if var is not None:
         if source is not None and var.source is not None and var.source != source:
             tx.guard(Guard(GuardKind.SAME_OBJECT, source, other=var.source))
         return var
@@ -77,6 +76,12 @@ def wrap(tx: Tracer, value: Any, source: Source | None) -> Var:
     if isinstance(var, TensorVar | ListVar | DictVar | ModuleVar | ObjectVar | SetVar):
         tx.wrapped[id(value)] = (var, value)
     return var
+
+
+def already_wrapped(tx: Tracer, value: Any) -> Var | None:
+    """The symbolic value this capture already made for the real object `value`, if any."""
+    cached = tx.wrapped.get(id(value))
+    return cached[0] if cached is not None and cached[1] is value else None
 
 
 def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:

@@ -69,22 +69,24 @@ class ExplainReport:
             out.append(g.ir.rstrip())
             out.append(f"guards ({len(g.guards)}):")
             out += [f"  {t}" for t in g.guards]
-        if self.breaks:
-            out.append("\n-- graph breaks:")
-            for b in self.breaks:
-                out.append(f"  {b.reason}")
-                out.append(f"    at {b.where}")
-                out += [f"    via {s}" for s in b.stack if not s.startswith(b.where + " ")]
+        out += _located("graph breaks", self.breaks)
         if self.recompilations:
             out.append("\n-- recompilations:")
             out += [f"  {i + 1}. {r}" for i, r in enumerate(self.recompilations)]
-        if self.fallbacks:
-            out.append("\n-- fallbacks to eager:")
-            for f in self.fallbacks:
-                out.append(f"  {f.reason}")
-                out.append(f"    at {f.where}")
-                out += [f"    via {s}" for s in f.stack if not s.startswith(f.where + " ")]
+        out += _located("fallbacks to eager", self.fallbacks)
         return "\n".join(out) + "\n"
+
+
+def _located(title: str, items: list[Fallback]) -> list[str]:
+    """A section of reasons, each with its source line and the inlined calls that led there."""
+    if not items:
+        return []
+    out = [f"\n-- {title}:"]
+    for f in items:
+        out.append(f"  {f.reason}")
+        out.append(f"    at {f.where}")
+        out += [f"    via {s}" for s in f.stack if not s.startswith(f.where + " ")]
+    return out
 
 
 def report_of(history: History) -> ExplainReport:
