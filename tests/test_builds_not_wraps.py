@@ -1,4 +1,4 @@
-"""ember builds the compiler layers itself (shared/DESIGN.md, "What ember builds itself").
+"""ember builds the compiler layers itself (docs/architecture.md, "What ember builds itself").
 
 No package source may reach into torch's compiler internals, except named interop modules: a file
 (or a subpackage) of a layer whose name starts with `interop`, e.g. ember/runtime/interop_fx.py.

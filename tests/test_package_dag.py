@@ -1,4 +1,4 @@
-"""The package DAG of shared/DESIGN.md, checked over the sources and the pyproject files.
+"""The package DAG of docs/architecture.md, checked over the sources and the pyproject files.
 
 ir  <-  capture
 ir  <-  prims  <-  autograd

@@ -57,7 +57,7 @@ _T = TypeVar("_T")
 slow_draws = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 _BOOLS = st.booleans()
 
-# The example of ir-v1.md, as the spec states it.
+# The example of docs/ir-spec.md, as the spec states it.
 SPEC_EXAMPLE = """\
 ember.ir 1.0
 

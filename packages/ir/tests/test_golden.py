@@ -1,4 +1,4 @@
-"""Golden pass tests in the IR's own text (STYLE.md item 8).
+"""Golden pass tests in the IR's own text (input IR, pipeline, expected IR).
 
 Each `golden/*.ir` file is:
 

@@ -35,8 +35,8 @@ from packages.ir.tests import runnable_modules as R
 from packages.ir.tests import strategies as S
 from packages.ir.tests.strategies import SPEC_EXAMPLE
 
-# The spec, where a checkout has it beside the repository (the test compares when it is there).
-SPECS = [Path(__file__).parents[i] / "shared" / "ir-v1.md" for i in (3, 4)]
+# The format's specification in the repository: its example must be the canonical text.
+SPEC = Path(__file__).parents[3] / "docs" / "ir-spec.md"
 
 
 def assert_round_trip(m: Module) -> str:
@@ -154,11 +154,9 @@ def test_out_of_range_expressions_are_refused_by_the_printer() -> None:
 
 
 def test_spec_example_round_trips_byte_identically() -> None:
-    for spec in SPECS:
-        if spec.exists():  # the example exactly as the spec states it
-            text = spec.read_text()
-            assert text.split("## Example", 1)[1].split("```\n", 1)[1].split("```", 1)[0] \
-                == SPEC_EXAMPLE
+    text = SPEC.read_text()  # the example exactly as the spec states it
+    assert text.split("## Example", 1)[1].split("```\n", 1)[1].split("```", 1)[0] \
+        == SPEC_EXAMPLE
     m = parse(SPEC_EXAMPLE)
     assert print_module(m) == SPEC_EXAMPLE
     assert S.module_key(parse(print_module(m))) == S.module_key(m)
