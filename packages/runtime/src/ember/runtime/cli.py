@@ -5,6 +5,7 @@
     ember check IN.ir -p PIPELINE [--seed N]
     ember passes
     ember explain SCRIPT.py:NAME [--inputs FN]
+    ember verify
 
 Errors are one line on stderr (`FILE:LINE:COL: error: ...` for IR errors) with exit status 1,
 2 for usage errors; `--debug` shows the traceback instead.
@@ -32,6 +33,7 @@ from ember.ir.backends import Runner, default_backends
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
 from ember.runtime.explain import add_explain_command
 from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
+from ember.runtime.verify import add_verify_command
 
 
 class CLIError(Exception):
@@ -315,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.set_defaults(fn=cmd_backends)
 
     add_explain_command(sub)
+    add_verify_command(sub)
     return p
 
 

@@ -1,5 +1,7 @@
 """The demo (`python3 dev.py demo`): the IR workbench, then the compiler on a small model.
 
+It starts with `ember verify` (its summary line) and stops, saying why, if the installation
+cannot compile (no C++ compiler, torch out of range, ...).
 Part 1 replays a bundled ir-v1 module: parse and verify it, optimize it with a pass pipeline,
 replay it from the shell commands a researcher would type, and check the numbers against calling
 the same ATen ops in Python. Part 2 compiles two models with `ember.runtime.compile` (capture ->
@@ -56,12 +58,32 @@ def _ember(args: list[str]) -> str:
     return out.getvalue()
 
 
+def installation_ok(say: Callable[[str], None]) -> bool:
+    """`ember verify`, briefly: its summary line, and the failed checks when one failed."""
+    from ember.runtime import verify
+
+    results = verify.run_checks()
+    width = max(len(r.name) for r in results)
+    failed = [r for r in results if r.status == "fail"]
+    say(verify.summary(results))
+    for r in failed:
+        say("  " + r.line(width))
+    if failed:
+        say("demo: stopped: this installation cannot compile (see the FAIL lines above; "
+            "`ember verify` shows every check)")
+        return False
+    say("")
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     small = "--small" in (sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(os.cpu_count() or 1)
     path = demo_path()
     text = path.read_text()
     say = print
+    if not installation_ok(say):
+        return 1
     say("ember demo, part 1: the IR workbench\n")
 
     m = parse(text)
