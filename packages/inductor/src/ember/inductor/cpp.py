@@ -11,6 +11,7 @@ function per kernel, named after the kernel, with comments naming the IR nodes i
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ import sympy
 import torch
 
 from ember.inductor.indexing import flat_offset, parse_index
+from ember.inductor.sanitize import comment, ident, short
 from ember.ir import DType, Graph, Node, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod
 
@@ -192,6 +194,9 @@ static inline int64_t ember_mod(int64_t a, int64_t b) {
 """
 
 
+_LOOP_VAR = re.compile(r"[ir][0-9]+")
+
+
 class CodegenError(NotImplementedError):
     """A kernel the C++ tables cannot express yet (it keeps running on the reference)."""
 
@@ -215,6 +220,8 @@ def cexpr(e: Dim) -> str:
     if e.is_Symbol:
         if e.name.startswith("s"):
             raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+        if not _LOOP_VAR.fullmatch(e.name):  # only the loops' own variables are C++ names
+            raise CodegenError(f"index symbol {short(e.name)!r} is not a loop variable")
         return str(e.name)
     args = [cexpr(a) for a in e.args]
     if isinstance(e, sympy.Add):
@@ -264,7 +271,8 @@ def _tensor(v: Value) -> TensorType:
 
 
 def _cname(v: Value, pre: str = "v_") -> str:
-    return pre + v.name.replace(".", "_")
+    """The C++ variable of a body value: an injective identifier of its IR name (sanitize)."""
+    return ident(v.name, pre)
 
 
 def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
@@ -279,7 +287,7 @@ def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
         r = n.results[0]
         dt = _tensor(r).dtype
         ct = ctypes_of(dt)[1]
-        out.append(f"// {_describe(n)}")
+        out.append(comment(_describe(n)))
         if override is not None and r in override:
             rhs = override[r]
         elif n.op == "loop.reduce":
@@ -293,7 +301,8 @@ def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
 
 
 def _describe(n: Node) -> str:
-    loc = f" ({n.loc.file}:{n.loc.line})" if n.loc else ""
+    """A node as comment text (raw IR text: callers write it through sanitize.comment)."""
+    loc = f" ({short(n.loc.file)}:{n.loc.line})" if n.loc else ""
     return f"%{n.results[0].name} = {n.op}{loc}"
 
 

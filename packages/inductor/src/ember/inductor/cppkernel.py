@@ -55,6 +55,7 @@ from ember.inductor.cpp import (
     dclass,
 )
 from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
+from ember.inductor.sanitize import comment, kernel_symbol
 from ember.ir import DType, Graph, Node, Ref, Value
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
@@ -196,7 +197,7 @@ class _Writer:
     def header(self, g: list[_Reduce]) -> list[str]:
         out = []
         for r in g:
-            out.append(f"// {_describe(r.node)} @{r.body.name}: a reduction fused here")
+            out.append(comment(f"{_describe(r.node)} @{r.body.name}: a reduction fused here"))
             size = f"[{self.col.block}]" if self.col is not None else ""
             out.append(f"{ctypes_of(r.rdt)[1]} {r.var}{size};")
         return out
@@ -380,9 +381,9 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
                              for j, t in enumerate(outs))])
     args = {p: f"in{k}" for k, p in enumerate(body.params)}
     ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
-    lines = [f"// kernel @{name}: {node.op} of {provenance}",
-             *(f"// computes %{r.name}: {r.type}" for r in node.results),
-             f'extern "C" void {name}({sig}) {{']
+    lines = [comment(f"kernel @{name}: {node.op} of {provenance}"),
+             *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
+             f'extern "C" void {kernel_symbol(name)}({sig}) {{']
     for j, t in enumerate(outs):
         size = math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
         if size >= HUGE_OUTPUT:
@@ -401,7 +402,8 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
             ct = ctypes_of(r.rdt)[1]
             override[q] = f"out0[{off}] * (({ct})1 / {r.var})"
         stmts = body_statements(body, args, reduce_value=w.value(args), override=override)
-        note = ["// the sum's pass stored the numerators of %" + plan[1].name] if plan else []
+        note = [comment("the sum's pass stored the numerators of %" + plan[1].name)] if plan \
+            else []
         store = [f"out{j}[{off}] = {_store(_tensor(o).dtype, _cname(o))};"
                  for j, o in enumerate(body.outputs)]
         inner = [*note, *stmts, *store]

@@ -8,7 +8,8 @@ quotes) and its node into
 (buffers with row-major strides; inputs are made contiguous before the call, outputs allocated
 with torch.empty). `loop.extern` becomes `kernels.extern` (the prim's implementation through
 Python, no libtorch headers). All `cpp` blocks of a module, in order, form one translation unit:
-`@cpp_prelude` holds the helpers, each other block one `extern "C"` function named after it. A
+`@cpp_prelude` holds the helpers, each other block one `extern "C"` function named after it
+(`sanitize.kernel_symbol`: `@f_k0` defines `ember_k_f_k0`). A
 kernel the C++ tables cannot express yet keeps its `loop.pointwise`/`loop.reduction` node and body
 (run by the reference), with the reason in `attrs(cpp_fallback=...)` of that body.
 """
@@ -29,6 +30,7 @@ from ember.inductor.body import body_names
 from ember.inductor.cpp import PRELUDE, CodegenError
 from ember.inductor.cppkernel import kernel_source
 from ember.inductor.indexing import affine_view, parse_index, row_major_strides
+from ember.inductor.sanitize import kernel_symbol
 from ember.ir import (
     Arg,
     DType,
@@ -104,11 +106,26 @@ def load_module(m: Module) -> dict[str, tuple[Any, Any]]:
     for unit, lib in zip(units, libs, strict=True):
         for k in unit:
             if k.name != PRELUDE_NAME:
-                fn = getattr(lib, k.name)
+                fn = _symbol(lib, k)
                 fn.restype = None
                 checks = any(op in k.source for op in _CHECKED_OPS)
                 table[k.name] = (fn, lib.ember_take_errors if checks else None)
     return table
+
+
+def _symbol(lib: Any, k: Kernel) -> Any:
+    """A kernel block's function: `kernel_symbol(name)` as codegen-cpp names it (never a libc
+    or prelude name); a hand-written block (run only with --allow-kernels) or an older dump
+    may define its plain name instead."""
+    try:
+        return lib[kernel_symbol(k.name)]
+    except AttributeError:
+        pass
+    try:
+        return lib[k.name]
+    except AttributeError:
+        raise CodegenError(f"kernel @{k.name}: its source defines no function "
+                           f"{kernel_symbol(k.name)} (or {k.name})") from None
 
 
 _TABLES: weakref.WeakKeyDictionary[Interpreter, dict[str, Any]] = weakref.WeakKeyDictionary()

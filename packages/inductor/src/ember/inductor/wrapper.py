@@ -10,7 +10,8 @@ op's reference directly, their tensor results checked like the interpreter check
 
 Graphs it does not cover (symbolic shapes, random ops with philox inputs) raise
 `WrapperUnsupported`; the caller runs those through the interpreter. The generated source comes
-only from this module's templates, value numbers and the graph's integer shapes; every other
+only from this module's templates, value numbers and the graph's integer shapes; IR text (value
+names in messages, attribute names) appears only as `sanitize.py_str` literals, and every other
 constant is passed in the function's namespace, never printed into the source.
 """
 
@@ -26,6 +27,7 @@ import sympy
 import torch
 
 from ember.inductor.buffers import last_uses
+from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
 from ember.ir.graph import map_args
 from ember.prims.decomp.random import philox_params
@@ -73,7 +75,7 @@ class _Gen:
     def check(self, var: str, t: TensorType, what: str) -> None:
         shape = _concrete(t)
         self.lines.append(f"    if {var}.dtype is not {self.dtype(t)} or {var}.shape != "
-                          f"{shape!r}: _bad({what!r}, {var}, {self.const(t)})")
+                          f"{shape!r}: _bad({py_str(what)}, {var}, {self.const(t)})")
 
     def name(self, v: Value) -> str:
         if v not in self.names:
@@ -107,7 +109,7 @@ class _Gen:
         for p, n in zip(g.params, params, strict=True):
             if isinstance(p.type, TensorType):
                 self.lines.append(f"    if {n}.__class__ is not _Tensor and not isinstance("
-                                  f"{n}, _Tensor): _bad('input %{p.name}', {n}, "
+                                  f"{n}, _Tensor): _bad({py_str('input %' + p.name)}, {n}, "
                                   f"{self.const(p.type)})")
                 self.check(n, p.type, f"input %{p.name}")
         self.ns["_Tensor"] = torch.Tensor
@@ -204,9 +206,10 @@ class _Gen:
             st = [1] * x.type.rank
             for d in reversed(range(x.type.rank - 1)):
                 st[d] = st[d + 1] * int(x.type.shape[d + 1])
-            strides = tuple(sum(c[k] * s for c, s in zip(coefs, st, strict=True))
+            # int(): only numbers are printed into the source
+            strides = tuple(int(sum(c[k] * s for c, s in zip(coefs, st, strict=True)))
                             for k in range(len(shape)))
-            off = sum(o * s for o, s in zip(offsets, st, strict=True))
+            off = int(sum(o * s for o, s in zip(offsets, st, strict=True)))
             self.lines.append(f"    {name} = {self.name(x)}.as_strided({shape!r}, {strides!r}, "
                               f"{self.name(x)}.storage_offset() + {off})")
         else:  # an input: its real strides
@@ -225,7 +228,7 @@ class _Gen:
         if op is None:
             raise WrapperUnsupported(f"unknown op {name}")
         args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
-        kwargs = "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in kw.items()) + "}"
+        kwargs = "{" + ", ".join(f"{py_str(k)}: {self.arg(v)}" for k, v in kw.items()) + "}"
         ref = self.const(op.reference)
         names = [f"v{i}_{j}" for j in range(len(node.results))]
         call = f"{ref}(_interp, {args}, {kwargs})"
@@ -293,7 +296,7 @@ def generate(module: Module, graph: str | None = None,
     g = module.graph(graph)
     gen = _Gen(module, g, interp or Interpreter(module))
     source = gen.generate()
-    code = compile(source, f"<ember wrapper @{g.name}>", "exec")
+    code = compile(source, f"<ember wrapper @{safe_text(short(g.name))}>", "exec")
     ns = dict(gen.ns)
     exec(code, ns)  # our own generated source (see the module docstring), not user text
     return Wrapper(g.name, source, ns["call"])
