@@ -3,7 +3,9 @@
 ember's own dialects (`prims.*`, `graph.*`, `kernels.*`, loop-level ops) register records here; a
 duplicate registration is an error. Every torch operator (`aten.*` and any other namespace,
 custom `torch.library` ops included) resolves on demand to a record built from the operator
-itself: types from its meta kernel, reference from calling it (see `torch_ops.py`).
+itself: types from its meta kernel, reference from calling it (see `torch_ops.py`), except that
+an operator with effects outside the graph (`effects.py`) is never run to type it and runs only
+where effects are allowed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class OpDef:
     has_side_effects: bool = False  # never removed or merged by dce/cse
     nondeterministic: bool = False  # random: never merged by cse
     torch_op: Any = None  # the torch OpOverload, for torch-namespace ops
+    # Why the op acts outside the graph (files, printing, global state, other processes; see
+    # effects.py), None for ops that only compute. Such ops are refused unless allowed.
+    effect: str | None = None
 
     @property
     def dialect(self) -> str:
@@ -106,6 +111,11 @@ def default_registry() -> OpRegistry:
 
 def register_op(name: str, summary: str, infer: TypeRule, reference: Reference, *,
                 has_side_effects: bool = False, nondeterministic: bool = False,
-                registry: OpRegistry | None = None) -> OpDef:
+                effect: str | None = None, registry: OpRegistry | None = None) -> OpDef:
+    if effect is not None:
+        from ember.ir.effects import guard_reference  # effects.py imports the interpreter
+
+        reference = guard_reference(name, effect, reference)
     return (registry or _DEFAULT).register(
-        OpDef(name, summary, infer, reference, has_side_effects, nondeterministic))
+        OpDef(name, summary, infer, reference, has_side_effects or effect is not None,
+              nondeterministic, effect=effect))

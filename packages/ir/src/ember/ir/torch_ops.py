@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from ember.ir.dtypes import DType
+from ember.ir.effects import classify, effects_allowed, guard_reference, refusal
 from ember.ir.expr import ExprEvalError, evaluate
 from ember.ir.graph import Arg, Ref, Value
 from ember.ir.registry import InferContext, OpDef, OpTypeError
@@ -41,6 +42,9 @@ def torch_opdef(name: str) -> OpDef | None:
     if op is None:
         return None
     schema = str(op._schema)
+    effect = classify(op)
+    if effect is not None:
+        return _effect_opdef(name, op, effect)
     return OpDef(
         name=name,
         summary=schema,
@@ -50,6 +54,25 @@ def torch_opdef(name: str) -> OpDef | None:
         nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
         torch_op=op,
     )
+
+
+def _effect_opdef(name: str, op: torch._ops.OpOverload, effect: str) -> OpDef:
+    """An op that acts outside the graph (see effects.py). Typing it never calls torch: its
+    meta kernel may be its real kernel (from_file's opens the file); the verifier takes the
+    declared types when effects are allowed. Its reference runs only when they are allowed,
+    whichever way it is reached (a node, kernels.extern, a loop body)."""
+
+    def infer(ctx: InferContext, args: Sequence[Arg], kwargs: Mapping[str, Arg]) -> list[Type]:
+        raise OpTypeError(refusal(name, effect) if not effects_allowed() else
+                          f"{name} {effect}: ember never runs its kernels to find its types, so "
+                          f"it can only be called directly, with its result types declared")
+
+    reference = guard_reference(name, effect,
+                                lambda interp, args, kwargs: call_torch(op, args, kwargs))
+    return OpDef(name=name, summary=str(op._schema), infer=infer, reference=reference,
+                 has_side_effects=True,
+                 nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
+                 torch_op=op, effect=effect)
 
 
 @functools.cache
@@ -136,6 +159,8 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
         pos, kinds = _schema_kinds(op)
         margs = [_meta_device(a, pos[i] if i < len(pos) else "") for i, a in enumerate(margs)]
         mkwargs = {k: _meta_device(v, kinds.get(k, "")) for k, v in mkwargs.items()}
+        if not devices:
+            _factory_on_meta(op, margs, mkwargs)
         out = call_torch(op, margs, mkwargs)
     except OpTypeError:
         raise
@@ -153,6 +178,23 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
 
 def _meta_device(v: Any, kind: str) -> Any:
     return "meta" if "Device" in kind and isinstance(v, str) else v
+
+
+def _factory_on_meta(op: torch._ops.OpOverload, margs: list[Any], mkwargs: dict[str, Any]
+                     ) -> None:
+    """An op with no tensor argument (a factory: `aten.ones`, `aten.arange`) whose device is
+    left out or `none` would run its real CPU kernel, allocating the whole tensor, just to be
+    typed: point its device argument at "meta" instead."""
+    i = 0
+    for a in op._schema.arguments:
+        positional = not a.kwarg_only and i < len(margs)
+        if "Device" in str(a.real_type):
+            if positional and margs[i] is None:
+                margs[i] = "meta"
+            elif not positional and mkwargs.get(a.name) is None:
+                mkwargs[a.name] = "meta"
+        if not a.kwarg_only:
+            i += 1
 
 
 def _device_arg(op: torch._ops.OpOverload, args: Sequence[Arg], kwargs: Mapping[str, Arg]

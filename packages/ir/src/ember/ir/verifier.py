@@ -2,7 +2,9 @@
 
 Checks: SSA (each value defined once, before use), declared symbols and division by zero in
 expressions, `@` references, return types, `input_updates`, and every node's result count and
-types against its op's type rule. Unregistered ops are errors unless `allow_unregistered`.
+types against its op's type rule. Unregistered ops are errors unless `allow_unregistered`; ops
+with effects outside the graph (effects.py) are errors unless effects are allowed, and their
+kernels are never run to type them.
 Errors carry the node's position in the text it was read from.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import sympy
 
+from ember.ir.effects import effects_allowed, refusal
 from ember.ir.expr import Dim, as_sympy, evaluate, free_symbol_names, has_zero_division, to_text
 from ember.ir.graph import Arg, Graph, Module, Node, Pos, Ref, Value
 from ember.ir.registry import InferContext, OpRegistry, OpTypeError, default_registry
@@ -193,6 +196,11 @@ class _Checker:
                 self.err(f"unregistered op {n.op} (the verifier allows it only when told to)",
                          n.pos)
             return
+        if op.effect is not None:
+            # Checked before any type rule: typing it would call into torch (effects.py).
+            if not effects_allowed():
+                self.err(refusal(n.op, op.effect), n.pos)
+            return  # allowed: its declared types stand (the reference checks them when run)
         ctx = InferContext(self.m, self.hints, self.reg)
         try:
             want = op.infer(ctx, n.args, n.kwargs)
