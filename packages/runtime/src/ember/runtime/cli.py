@@ -30,6 +30,7 @@ from ember.ir import (
     verify,
 )
 from ember.ir.backends import Runner, default_backends
+from ember.ir.effects import allow_effects
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
 from ember.runtime.explain import add_explain_command
 from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
@@ -273,6 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("input", help="an ir-v1 file ('-' for stdin)")
         sp.add_argument("--allow-unregistered", action="store_true",
                         help="let the verifier accept ops it does not know")
+        sp.add_argument("--allow-effects", action="store_true",
+                        help="accept and run ops with effects outside the graph (aten.from_file "
+                             "reads a file, aten.save writes one, printing, seeding, "
+                             "collectives): only for IR you trust")
         sp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     o = sub.add_parser("opt", help="run a pass pipeline over a module (like mlir-opt)")
@@ -324,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.fn(args))
+        # ember.ir refuses ops with effects outside the graph unless this says otherwise
+        with allow_effects(bool(getattr(args, "allow_effects", False))):
+            return int(args.fn(args))
     except CLIError as e:
         if args.debug:
             raise
