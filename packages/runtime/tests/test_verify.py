@@ -26,6 +26,7 @@ def _clean_env(tmp_path: Path, path: str) -> dict[str, str]:
 
 def test_happy_path_here(capsys: Any, tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))  # a fresh cache: real builds
+    monkeypatch.setenv("EMBER_DUMP", str(tmp_path / "dump"))
     assert cli.main(["verify"]) == 0
     out = capsys.readouterr().out.splitlines()
     names = [name for name, _ in verify.CHECKS]
@@ -37,6 +38,8 @@ def test_happy_path_here(capsys: Any, tmp_path: Path, monkeypatch: Any) -> None:
     assert "ok   kernel cache" in text and "mode 700" in text
     assert "note cuda target" in text and "not built yet" in text
     assert out[-1].startswith("ember verify: this installation works")
+    # the probe is verify's, not the user's: nothing is dumped, EMBER_DUMP is left set
+    assert not (tmp_path / "dump").exists() and os.environ["EMBER_DUMP"] == str(tmp_path / "dump")
 
 
 def test_fake_compiler_fails_with_a_fix(tmp_path: Path) -> None:

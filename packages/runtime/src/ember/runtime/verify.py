@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -123,7 +123,7 @@ def declared_python() -> list[tuple[str, str]]:
     out = []
     for dist in PACKAGES:
         try:
-            spec = metadata.metadata(dist).get("Requires-Python")
+            spec = (metadata.metadata(dist).get_all("Requires-Python") or [""])[0]
         except metadata.PackageNotFoundError:
             continue
         if spec:
@@ -303,15 +303,21 @@ def check_cpu_target(done: Done) -> Result:
     result matches eager, and it ran compiled C++ (no fallback, no graph left to eager)."""
     from ember.runtime.bench import ember_status
     from ember.runtime.compile import compile
+    from ember.runtime.dump import ENV as DUMP_ENV
 
     if blocked := _needs(done, "c++ compiler", "openmp"):
         return fail(blocked)
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
-    with torch.no_grad():
-        want = _tiny(x, y)
-        compiled = compile(_tiny, backend="inductor")
-        got = compiled(x, y)
+    dump = os.environ.pop(DUMP_ENV, None)  # the probe is not the user's graph: no dump of it
+    try:
+        with torch.no_grad():
+            want = _tiny(x, y)
+            compiled = compile(_tiny, backend="inductor")
+            got = compiled(x, y)
+    finally:
+        if dump is not None:
+            os.environ[DUMP_ENV] = dump
     st = ember_status(compiled)
     eager = [*st.get("fallbacks", []), *st.get("breaks", []), *st.get("eager_graphs", []),
              *(f"ops on the reference interpreter: {r}" for r in st.get("reference", []))]
@@ -407,7 +413,8 @@ def verify() -> int:
     return 1 if any(r.status == "fail" for r in results) else 0
 
 
-def add_verify_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_verify_command(sub: Any) -> None:
+    """Register the `verify` subcommand on the CLI's subparsers."""
     v = sub.add_parser("verify", help="check this installation: versions, packages, the C++ "
                        "toolchain, the kernel cache, a tiny compile")
     v.set_defaults(fn=lambda a: verify())
