@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from ember.ir import Interpreter, InterpretError, RunResult, parse, run_graph, verify
+from ember.ir.interpreter import failed_node
 
 
 def ir(text: str) -> str:
@@ -378,7 +379,7 @@ def test_unknown_op() -> None:
     fails(text, [torch.randn(3)], "3:3: unknown op mydialect.frob")
 
 
-def test_op_failure_is_wrapped_with_position() -> None:
+def test_op_failure_keeps_its_type_with_position() -> None:
     text = ir("""
         ember.ir 1.0
         symbol s0 hint=4
@@ -387,6 +388,9 @@ def test_op_failure_is_wrapped_with_position() -> None:
           return (%z)
         }
     """)
-    err = fails(text, [torch.randn(4, 3), torch.randn(4, 3)], "4:3: aten.mm.default failed: "
-                "RuntimeError")
-    assert isinstance(err.__cause__, RuntimeError)
+    # as eager raises it (issue 19 #11), with the node's position in a note
+    with pytest.raises(RuntimeError, match="cannot be multiplied") as ei:
+        Interpreter(parse(text)).run([torch.randn(4, 3), torch.randn(4, 3)])
+    assert not isinstance(ei.value, InterpretError)
+    assert "ember.ir: raised by aten.mm.default at line 4:3" in ei.value.__notes__
+    assert failed_node(ei.value) is not None

@@ -15,13 +15,18 @@ import sympy
 import torch
 
 from ember.ir.expr import Dim, ExprEvalError, evaluate, free_symbol_names, to_text
-from ember.ir.graph import Arg, Graph, Module, Node, Ref, Value
+from ember.ir.graph import Arg, Graph, Module, Node, Ref, Symbol, Value
 from ember.ir.registry import OpRegistry, default_registry
 from ember.ir.types import ScalarKind, ScalarType, TensorType, Type
 
 
 class InterpretError(RuntimeError):
-    """A graph could not be run: bad inputs, an unknown op, or a result that breaks its type."""
+    """A graph could not be run: bad inputs, an unknown op, or a result that breaks its type.
+
+    Errors of the IR itself only: an exception an op raises on its data (an out-of-range
+    index, an integer division by zero) propagates as the op raised it, as in eager PyTorch,
+    with a note naming the node (see `failed_node`).
+    """
 
     def __init__(self, message: str, node: Node | None = None):
         where = ""
@@ -40,8 +45,27 @@ class RunResult:
     env: dict[str, int] = field(default_factory=dict)  # symbol bindings
 
 
-def bind_symbols(graph: Graph, inputs: Sequence[Any]) -> dict[str, int]:
-    """Bind the graph's size symbols from the actual input shapes, and check every dim."""
+def failed_node(e: BaseException) -> Node | None:
+    """The innermost node whose op raised `e` (None if no op did: the error is not data's)."""
+    node = e.node if isinstance(e, InterpretError) else getattr(e, _NODE_ATTR, None)
+    return node if isinstance(node, Node) else None
+
+
+_NODE_ATTR = "_ember_ir_node"
+
+
+def _where(node: Node) -> str:
+    at = f" at line {node.pos.line}:{node.pos.col}" if node.pos is not None else ""
+    if node.loc is not None:
+        col = f":{node.loc.col}" if node.loc.col is not None else ""
+        at += f" (loc {node.loc.file!r}:{node.loc.line}{col})"
+    return f"ember.ir: raised by {node.op}{at}"
+
+
+def bind_symbols(graph: Graph, inputs: Sequence[Any],
+                 symbols: Mapping[str, Symbol] | None = None) -> dict[str, int]:
+    """Bind the graph's size symbols from the actual input shapes, and check every dim (and,
+    given the module's `symbols`, that each binding lies in its declared [min, max])."""
     if len(inputs) != len(graph.params):
         raise InterpretError(f"@{graph.name} takes {len(graph.params)} inputs, got {len(inputs)}")
     env: dict[str, int] = {}
@@ -74,7 +98,17 @@ def bind_symbols(graph: Graph, inputs: Sequence[Any]) -> dict[str, int]:
                                  f"makes {to_text(d)} equal to it ({e})") from None
         if v != n:
             raise InterpretError(f"input %{p.name}: dim {i} is {n}, expected {d} = {v}")
+    for name, v in env.items():
+        sym = (symbols or {}).get(name)
+        if sym is not None and not _in_range(sym, v):
+            hi = "inf" if sym.max is None else sym.max
+            raise InterpretError(f"symbol {name} is bound to {v} by the inputs, outside its "
+                                 f"declared range [{sym.min or 0}, {hi}]")
     return env
+
+
+def _in_range(sym: Symbol, v: int) -> bool:
+    return (sym.min is None or v >= sym.min) and (sym.max is None or v <= sym.max)
 
 
 def _solve_linear(d: Dim, name: str, n: int, env: dict[str, int]) -> None:
@@ -146,7 +180,7 @@ class Interpreter:
         return self._execute(self.module.graph(graph), inputs)[0]
 
     def _execute(self, g: Graph, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:
-        env = bind_symbols(g, inputs)
+        env = bind_symbols(g, inputs, self.module.symbols)
         values: dict[Value, Any] = dict(zip(g.params, inputs, strict=True))
         for node in g.nodes:
             self._run_node(node, values, env)
@@ -169,11 +203,25 @@ class Interpreter:
         try:
             args = [bind(a) for a in node.args]
             kwargs = {k: bind(v) for k, v in node.kwargs.items()}
+        except ExprEvalError as e:  # a size the IR cannot evaluate: the IR's fault
+            raise InterpretError(f"{node.op}: {e}", node) from None
+        except KeyError as e:  # a value used before it is defined (an unverified graph)
+            raise InterpretError(f"{node.op}: %{e.args[0].name} has no value yet", node) \
+                from None
+        try:
             out = op.reference(self, args, kwargs)
         except InterpretError:
             raise
         except Exception as e:
-            raise InterpretError(f"{node.op} failed: {type(e).__name__}: {e}", node) from e
+            # What the op raised on its data, unchanged in type and message (eager raises the
+            # same), with where in the IR it happened; nested graph.calls add a note each.
+            if getattr(e, _NODE_ATTR, None) is None:
+                try:
+                    setattr(e, _NODE_ATTR, node)
+                except (AttributeError, TypeError):
+                    pass  # an exception type without a __dict__: the note still says where
+            e.add_note(_where(node))
+            raise
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         if len(node.results) == 1 and isinstance(out, (list, tuple)) and len(outs) != 1:
             outs = [out]  # a single result that is itself a list (not an ir-v1 type; checked below)
@@ -215,10 +263,32 @@ def _check_result(node: Node, t: Type, x: Any, env: Mapping[str, int]) -> None:
                              f"{t}", node)
 
 
+def eager_error(module: Module, graph: str | None, inputs: Sequence[Any],
+                error: Exception) -> Exception:
+    """The exception eager PyTorch raises where a lowered form of `module` (decomposed to prims,
+    say) raised `error`: the original graph is run again, op by op on the real operators, and
+    its exception returned (the decomposition's own is returned when the original runs).
+
+    Only on the error path: a prims gather must fail as index_select (IndexError) or gather
+    (RuntimeError) would, and only the original op knows which. The global RNG is left as it
+    was."""
+    if isinstance(error, InterpretError):
+        return error  # the IR's fault, not the data's: nothing eager would raise
+    try:
+        with torch.random.fork_rng(devices=[]):
+            Interpreter(module, check_types=False).run(inputs, graph)
+    except InterpretError:
+        return error
+    except Exception as e:
+        return e
+    return error
+
+
 def run_graph(module: Module, inputs: Sequence[Any], graph: str | None = None, *,
               registry: OpRegistry | None = None) -> list[Any]:
     """Convenience: the outputs of one graph call (updates not applied)."""
     return Interpreter(module, registry).run(inputs, graph).outputs
 
 
-__all__ = ["InterpretError", "Interpreter", "RunResult", "bind_symbols", "run_graph", "Ref"]
+__all__ = ["InterpretError", "Interpreter", "RunResult", "bind_symbols", "eager_error",
+           "failed_node", "run_graph", "Ref"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from ember.ir import Interpreter, Module, RunResult, default_registry
 from ember.ir.backends import Backend, Runner, default_backends
+from ember.ir.interpreter import eager_error
 from ember.prims.ops import PRIMS, PRIMS_BY_OP, Prim, register_prims
 
 if default_registry().lookup("prims.add") is None:
@@ -32,7 +33,14 @@ def _prims_backend(module: Module) -> Runner:
     offset = [0]
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
-        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
+        try:
+            res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(),
+                                             offset[0])
+        except Exception as e:  # raise what eager raises (IndexError for index_select, ...)
+            err = eager_error(module, graph, inputs, e)
+            if err is e:
+                raise
+            raise err from None
         return res
     return run
 
