@@ -9,6 +9,7 @@ parser here: it never evaluates anything.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -41,8 +42,11 @@ def index_text(e: Dim) -> str:
     return to_text(simplify_dim(e))
 
 
+@functools.lru_cache(maxsize=16384)
 def parse_index(text: str) -> Dim:
-    """Read an index expression: INT, i<k>, r<k>, s<k>, + - * //, mod/max/min(a, b), parens."""
+    """Read an index expression: INT, i<k>, r<k>, s<k>, + - * //, mod/max/min(a, b), parens.
+    Cached: the verifier, the reference and codegen read the same strings many times (sympy
+    expressions are immutable, so sharing them is safe)."""
     toks: list[tuple[str, str]] = []
     pos = 0
     while pos < len(text):

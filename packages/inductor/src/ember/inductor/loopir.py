@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.inductor.bounds import check_kernel, index_violation, symbol_ranges
 from ember.inductor.indexing import IndexParseError, affine_view, eval_index, parse_index
 from ember.ir import (
     Arg,
@@ -98,6 +99,7 @@ def _pointwise_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
     g = body_of(ctx.module, args[0] if args else None, op)
     _check_body(op, g, args[1:], multi=True)
     ranges = _dims(kw.get("ranges"), f"{op} ranges=")
+    check_kernel(ctx.module, op, g, ranges, ())  # every load inside its buffer
     return [TensorType(t.dtype, tuple(ranges), None, t.device) for t in g.result_types
             if isinstance(t, TensorType)]
 
@@ -113,6 +115,8 @@ def _reduction_types(op: str, ctx: InferContext, args: Sequence[Arg], kw: Mappin
     kind = kw.get("reduction")
     if kind not in REDUCTIONS:
         raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
+    if keep_outer:  # a loop.reduce is checked with the kernel that holds it (its extents)
+        check_kernel(ctx.module, op, g, ranges, red)
     shape = tuple(ranges) if keep_outer else ()
     if kind in ("argmax", "argmin"):
         if len(red) != 1:
@@ -177,9 +181,11 @@ def _affine(index: tuple[str, ...], rank: int) -> Any:
         raise OpTypeError(f"loop.view: {e}") from None
 
 
-def view_index(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[list[Any], Any]:
-    """loop.view's checked attributes: (shape, (offsets, coefficients)); with concrete sizes,
-    every index of the view must fall inside the buffer."""
+def view_index(args: Sequence[Any], kw: Mapping[str, Any],
+               syms: Mapping[str, Any] | None = None) -> tuple[list[Any], Any]:
+    """loop.view's checked attributes: (shape, (offsets, coefficients)); every index of the
+    view must fall inside the buffer: proved over the symbols' ranges `syms` (the verifier),
+    or with concrete sizes only (`syms` None: at run time, where torch checks the rest)."""
     x = args[0] if len(args) == 1 else None
     xshape = list(x.type.shape) if isinstance(x, Value) and isinstance(x.type, TensorType) else \
         list(x.shape) if isinstance(x, torch.Tensor) else None
@@ -195,18 +201,20 @@ def view_index(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[list[Any], A
         raise OpTypeError(f"loop.view: index {index} is not affine in i0..i{len(shape) - 1}")
     offsets, coefs = aff
     sizes = [*shape, *xshape]
-    if all(isinstance(d, int) for d in sizes) and 0 not in shape:  # corners of the box
+    concrete = all(isinstance(d, int) for d in sizes)
+    if (concrete or syms is not None) \
+            and not any(isinstance(n, int) and n <= 0 for n in shape):  # empty: no element
+        extents = {f"i{k}": n for k, n in enumerate(shape)}
         for d, n in enumerate(xshape):
-            lo = offsets[d] + sum(min(0, c * (k - 1)) for c, k in zip(coefs[d], shape))
-            hi = offsets[d] + sum(max(0, c * (k - 1)) for c, k in zip(coefs[d], shape))
-            if lo < 0 or hi >= n:
-                raise OpTypeError(f"loop.view: index {index[d]} leaves dim {d} (size {n}) "
-                                  f"of the buffer")
+            why = index_violation(str(index[d]), n, extents, syms or {})
+            if why is not None:
+                raise OpTypeError(f"loop.view: index {index[d]!r} of dim {d} {why}, but the "
+                                  f"buffer has size {n} there")
     return shape, aff
 
 
 def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
-    shape, _ = view_index(args, kw)
+    shape, _ = view_index(args, kw, symbol_ranges(ctx.module))
     t = args[0].type  # type: ignore[union-attr]
     assert isinstance(t, TensorType)
     return [TensorType(t.dtype, tuple(shape), None, t.device)]

@@ -9,6 +9,7 @@ modulo, defined here as sympy functions that fold only what is exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TypeAlias
 
@@ -253,3 +254,86 @@ def _print_mul(e: sympy.Expr, need: int) -> str:
     if c != 1:
         text = f"{text} * {c}"
     return _wrap(text, _TERM, need)
+
+
+# ---- value ranges --------------------------------------------------------------------------
+# Interval arithmetic over ir-v1 expressions: sound (every value of `e` lies in the interval),
+# not always tight (`x - x` over [0, 3] gives [-3, 3]). Ends are ints, or +-inf (floats).
+Bound: TypeAlias = int | float
+Interval: TypeAlias = tuple[Bound, Bound]
+_INF = float("inf")
+
+
+def value_range(e: Dim, env: Mapping[str, Interval],
+                seen: list[Interval] | None = None) -> Interval | None:
+    """Inclusive [lo, hi] of `e` when each symbol takes any integer value in `env[name]`, or
+    None where no bound follows (an unbound symbol, a divisor whose range holds 0, a node that is
+    not ir-v1). `seen` collects the range of every subexpression (to check intermediates)."""
+    if isinstance(e, int):
+        return (e, e)
+    r = _range(e, env, seen)
+    if r is not None and seen is not None:
+        seen.append(r)
+    return r
+
+
+def _mul(a: Bound, b: Bound) -> Bound:
+    return 0 if a == 0 or b == 0 else a * b  # an unbounded end times 0 is 0, not nan
+
+
+def _floordiv(a: Bound, b: Bound) -> Bound:
+    if math.isinf(a):
+        return a if b > 0 else -a
+    if math.isinf(b):  # a finite over an unbounded divisor: the quotient tends to 0 (or -1)
+        return 0 if (a >= 0) == (b > 0) or a == 0 else -1
+    return int(a) // int(b)
+
+
+def _range(e: sympy.Expr, env: Mapping[str, Interval],
+           seen: list[Interval] | None) -> Interval | None:
+    if e.is_Integer:
+        return (int(e), int(e))
+    if e.is_Symbol:
+        return env.get(e.name)
+    if isinstance(e, sympy.Pow):
+        if not (e.exp.is_Integer and int(e.exp) > 0):
+            return None
+        b = value_range(e.base, env, seen)
+        if b is None:
+            return None
+        r: Interval = b
+        for _ in range(int(e.exp) - 1):
+            ps = [_mul(x, y) for x in r for y in b]
+            r = (min(ps), max(ps))
+        return r
+    rs = [value_range(a, env, seen) for a in e.args]
+    if any(x is None for x in rs):
+        return None
+    args: list[Interval] = [x for x in rs if x is not None]
+    if isinstance(e, sympy.Add):
+        return sum(x[0] for x in args), sum(x[1] for x in args)
+    if isinstance(e, sympy.Mul):
+        r = args[0]
+        for b in args[1:]:
+            ps = [_mul(x, y) for x in r for y in b]
+            r = (min(ps), max(ps))
+        return r
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = max if isinstance(e, sympy.Max) else min
+        return fn(x[0] for x in args), fn(x[1] for x in args)
+    if isinstance(e, (FloorDiv, PyMod)):
+        (alo, ahi), (blo, bhi) = args
+        if blo <= 0 <= bhi:
+            return None  # may divide by zero
+        if isinstance(e, FloorDiv):
+            if any(math.isinf(x) and math.isinf(y) for x in (alo, ahi) for y in (blo, bhi)):
+                return (-_INF, _INF)
+            # monotone in each argument for a divisor of one sign: the corners bound it
+            qs = [_floordiv(x, y) for x in (alo, ahi) for y in (blo, bhi)]
+            return min(qs), max(qs)
+        if blo > 0:  # Python's modulo takes the divisor's sign
+            if 0 <= alo:
+                return (alo, ahi) if ahi < blo else (0, min(ahi, bhi - 1))
+            return (0, bhi - 1)
+        return (alo, ahi) if bhi < alo and ahi <= 0 else (blo + 1, 0)
+    return None
