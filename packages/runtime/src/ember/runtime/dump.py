@@ -10,20 +10,42 @@ compiled `kernels.*` module (C++ sources in `kernel` blocks) is written as NAME.
 
     ember run dir/NAME.kernels.ir --inputs dir/NAME.inputs.safetensors --allow-kernels
 
-replays the compiled code itself."""
+replays the compiled code itself.
+
+Several processes may share one directory: a dump's stem `NAME_N` is claimed by creating
+`NAME_N.ir` exclusively (O_CREAT|O_EXCL), so no two dumps get the same stem, and every file is
+written to a temporary name and renamed into place, so a file is complete or absent and a
+dump's inputs and outputs are those of one call. The `.ir` file gets its text last.
+
+Dumping never breaks the user's call: a directory that cannot be used (a file, a read-only or
+missing-permission path) gives a one-line `DumpWarning`, once per distinct problem, and the
+call's result is unaffected; later captures try again and behave the same way.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Sequence
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ember.capture import Captured
 from ember.ir import Graph, Module
 from ember.runtime.tensors import save_tensors
 
 ENV = "EMBER_DUMP"
+T = TypeVar("T")
+
+
+class DumpWarning(UserWarning):
+    """EMBER_DUMP names a directory that cannot be written: the graph is not dumped."""
+
+
+_WARNED: set[str] = set()
+_NEXT: dict[tuple[str, str], int] = {}  # (directory, graph name) -> first index worth trying
 
 
 def dump_dir() -> Path | None:
@@ -31,29 +53,80 @@ def dump_dir() -> Path | None:
     return Path(d) if d else None
 
 
-def _free_stem(d: Path, name: str) -> str:
-    i = 0
-    while (d / f"{name}_{i}.ir").exists():
-        i += 1
-    return f"{name}_{i}"
+def _problem(d: Path, e: Exception) -> None:
+    if isinstance(e, OSError):  # no file name: one warning per problem, not per temp file
+        why = e.strerror or str(e)
+    else:
+        why = f"{type(e).__name__}: {e}"
+    msg = f"ember: EMBER_DUMP={d} is unusable ({why}); the graph is not dumped"
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, DumpWarning, stacklevel=4)
+
+
+def _guarded(d: Path, write: Callable[[], T]) -> T | None:
+    """`write()`, or None with a DumpWarning where it fails: a dump never breaks the call."""
+    try:
+        return write()
+    except Exception as e:  # any failure to dump (OS errors, unsavable tensors) is only a note
+        _problem(d, e)
+        return None
+
+
+def _atomic(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` to a temporary file beside `path`, then rename it to `path`."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    _atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def _claim_stem(d: Path, name: str) -> str:
+    """A stem `name_N` no other dump (of this or another process) has: `name_N.ir` is created
+    exclusively; the first N whose file does not exist yet wins."""
+    i = _NEXT.get((str(d), name), 0)
+    while True:
+        try:
+            fd = os.open(d / f"{name}_{i}.ir", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            i += 1
+            continue
+        os.close(fd)
+        _NEXT[(str(d), name)] = i + 1
+        return f"{name}_{i}"
 
 
 def dump_capture(cap: Captured, inputs: Sequence[Any]) -> Path | None:
-    """Write the graph and its inputs (before the call runs); returns the .ir path."""
+    """Write the graph and its inputs (before the call runs); returns the .ir path, or None
+    where nothing is dumped (no EMBER_DUMP, or a directory that cannot be used)."""
     d = dump_dir()
     if d is None:
         return None
-    d.mkdir(parents=True, exist_ok=True)
-    stem = _free_stem(d, cap.graph.name)
-    ir_path = d / f"{stem}.ir"
-    save_tensors(str(d / f"{stem}.inputs.safetensors"),
-                 {p.name: x for p, x in zip(cap.graph.params, inputs, strict=True)})
-    (d / f"{stem}.guards.txt").write_text("".join(g.text() + "\n" for g in cap.guards))
-    ir_path.write_text(str(cap.module))
-    return ir_path
+
+    def write() -> Path:
+        if d.exists() and not d.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(d))
+        d.mkdir(parents=True, exist_ok=True)
+        stem = _claim_stem(d, cap.graph.name)
+        ir_path = d / f"{stem}.ir"
+        tensors = {p.name: x for p, x in zip(cap.graph.params, inputs, strict=True)}
+        _atomic(d / f"{stem}.inputs.safetensors", lambda tmp: save_tensors(tmp, tensors))
+        _write_text(d / f"{stem}.guards.txt", "".join(g.text() + "\n" for g in cap.guards))
+        _write_text(ir_path, str(cap.module))
+        return ir_path
+
+    return _guarded(d, write)
 
 
-def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path:
+def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path | None:
     """Write the compiled (kernels.*) module beside the captured graph's .ir file. Backends run
     the graph with its input updates as plain results (same order, same parameters); the dump
     states them again, so a replay writes the updated inputs as the captured graph's does."""
@@ -62,8 +135,12 @@ def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path:
     if updates is not None and captured.name in compiled.items:
         compiled = compiled.clone()
         compiled.graph(captured.name).attrs["input_updates"] = updates
-    path.write_text(str(compiled))
-    return path
+
+    def write() -> Path:
+        _write_text(path, str(compiled))
+        return path
+
+    return _guarded(ir_path.parent, write)
 
 
 def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
@@ -74,4 +151,5 @@ def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
     returned = [o for i, o in enumerate(results) if i not in updated]
     named = {f"out{i}": o for i, o in enumerate(returned)}
     named.update({name: results[r] for r, name in updated.items()})
-    save_tensors(str(ir_path.parent / f"{stem}.outputs.safetensors"), named)
+    path = ir_path.parent / f"{stem}.outputs.safetensors"
+    _guarded(ir_path.parent, lambda: _atomic(path, lambda tmp: save_tensors(tmp, named)))
