@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ember.prims  # noqa: F401  (registers the prims backend)
-from ember.ir import Interpreter, Module
+from ember.ir import Interpreter, InterpretError, Module
 from ember.ir.backends import default_backends
 
 Runner = Callable[[Sequence[Any]], list[Any]]
@@ -28,7 +28,14 @@ def eager_backend(module: Module, example_inputs: Sequence[Any]) -> Runner:
     interp = Interpreter(module, check_types=False)
 
     def run(inputs: Sequence[Any]) -> list[Any]:
-        return interp.run(inputs).outputs
+        try:
+            return interp.run(inputs).outputs
+        except InterpretError as e:
+            # an aten op raised on these inputs (a node's error wrapping the op's): eager
+            # PyTorch raises that op's exception (e.g. RuntimeError "ZeroDivisionError")
+            if e.node is not None and isinstance(e.__cause__, Exception):
+                raise e.__cause__ from None
+            raise
 
     return run
 

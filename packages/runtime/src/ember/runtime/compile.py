@@ -147,7 +147,7 @@ class CompiledFunction:
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
         runner = compiled_runner(compiled)
         graph = module.graph().name
-        state: dict[str, Runner | None] = {"fallback": None}
+        state: dict[str, Runner | None] = {"fallback": None, "reference": None}
 
         def run(inputs: Sequence[Any]) -> list[Any]:
             fb = state["fallback"]
@@ -156,9 +156,20 @@ class CompiledFunction:
             try:
                 return list(runner(graph, inputs).outputs)
             except Exception as e:
-                fb = state["fallback"] = eager(
-                    f"the inductor's compiled code failed: {type(e).__name__}: {e}")
-                return fb(inputs)
+                # The eager backend (the graph's aten ops) judges the error. Where it raises
+                # too, the inputs are at fault (say an integer division by zero): its exception
+                # is eager PyTorch's, and the compiled code stays for the next call. Where it
+                # runs, the compiled code is at fault: the eager backend runs the graph from now
+                # on, with a note. Backends return input updates as results, so rerunning the
+                # graph on the same inputs is safe.
+                ref = state["reference"]
+                if ref is None:
+                    ref = state["reference"] = eager_backend(module, example_inputs)
+                outs = ref(inputs)
+                self.history.note(f"{name}: the inductor's compiled code failed: "
+                                  f"{type(e).__name__}: {e}; the eager backend ran it")
+                state["fallback"] = ref
+                return outs
 
         self.history.note(f"{name}: the inductor backend compiled it to {summary(compiled)}")
         return run
@@ -239,6 +250,10 @@ class CompiledFunction:
         cf = CompiledFunction(target, backend="eager", mode=self.mode, dynamic=self.dynamic,
                               options={"cache_limit": self.cache_limit})
         cf.backend, cf.backend_name = self.backend, self.backend_name
+        if getattr(self.backend, "__func__", None) is CompiledFunction._inductor:
+            # the child's own inductor backend: it records the child's compiled module, so
+            # EMBER_DUMP writes NAME.kernels.ir for resume functions too
+            cf.backend = cf._inductor
         cf.history = self.history
         cf._spawned = self._spawned
         cf._child = True
