@@ -203,11 +203,18 @@ def _device_arg(op: torch._ops.OpOverload, args: Sequence[Arg], kwargs: Mapping[
     pos, kinds = _schema_kinds(op)
     for i, a in enumerate(args):
         if i < len(pos) and "Device" in pos[i] and isinstance(a, str):
-            return device_text(a)
+            return _known_device(op, a)
     for k, v in kwargs.items():
         if "Device" in kinds.get(k, "") and isinstance(v, str):
-            return device_text(v)
+            return _known_device(op, v)
     return None
+
+
+def _known_device(op: torch._ops.OpOverload, text: str) -> str:
+    try:
+        return device_text(text)
+    except (RuntimeError, ValueError):  # torch's words for a device string it cannot read
+        raise OpTypeError(f"{_ir_name(op)}: unknown device {text!r}") from None
 
 
 def _ir_name(op: torch._ops.OpOverload) -> str:
