@@ -73,7 +73,7 @@ def _guarded(d: Path, write: Callable[[], T]) -> T | None:
         return None
 
 
-def _atomic(path: Path, write: Callable[[str], None]) -> None:
+def _atomic(path: Path, write: Callable[[str], object]) -> None:
     """`write(tmp)` to a temporary file beside `path`, then rename it to `path`."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
