@@ -152,12 +152,27 @@ def _show(r: Interval | SymRange | None) -> str:
     return "[" + ", ".join(str(x) if isinstance(x, (int, float)) else to_text(x) for x in r) + "]"
 
 
+@functools.lru_cache(maxsize=16384)
+def index_names(text: str) -> tuple[str, ...]:
+    """The loop variables and size symbols an index uses (it must parse)."""
+    return tuple(sorted(s.name for s in as_sympy(parse_index(text)).free_symbols))
+
+
 def index_violation(text: str, size: Dim, extents: Mapping[str, Dim],
                     syms: Mapping[str, Interval]) -> str | None:
-    """Why index `text` (already parsed once: it parses) may leave [0, size) over the loop
-    extents, or None when it provably stays inside."""
+    """Why index `text` (it must parse) may leave [0, size) over the loop extents, or None when
+    it provably stays inside. Cached: --verify-each proves the same loads after every pass."""
+    names = index_names(text)
+    return _violation(text, size, tuple((v, extents[v]) for v in names if v in extents),
+                      tuple(sorted(syms.items())))  # the size's symbols too
+
+
+@functools.lru_cache(maxsize=16384)
+def _violation(text: str, size: Dim, extents_: tuple[tuple[str, Dim], ...],
+               syms_: tuple[tuple[str, Interval], ...]) -> str | None:
     e = parse_index(text)
-    names = sorted(s.name for s in as_sympy(e).free_symbols)
+    names = index_names(text)
+    extents, syms = dict(extents_), dict(syms_)
     used = {v: extents[v] for v in names if v in extents}
     if all(isinstance(n, int) for n in used.values()) and isinstance(size, int) \
             and len(used) == len(names):
@@ -226,10 +241,10 @@ def _check_body(walk: _Walk, body: Graph, ranges: list[Dim], red: list[Dim],
                 if not isinstance(text, str):
                     continue  # the op's own type rule reports it
                 try:
-                    e = parse_index(text)
+                    parse_index(text)
                 except IndexParseError:
                     continue
-                for name in sorted(s.name for s in as_sympy(e).free_symbols):
+                for name in index_names(text):
                     if name[0] in "ir" and name not in extents:
                         raise OpTypeError(
                             f"{where}: {n.op}{_where(n)}: index {text!r} uses {name}, which no "

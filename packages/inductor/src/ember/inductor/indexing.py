@@ -18,7 +18,16 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, simplify_dim, symbol, to_text
+from ember.ir.expr import (
+    Dim,
+    FloorDiv,
+    PyMod,
+    as_sympy,
+    simplify_dim,
+    symbol,
+    to_text,
+    value_range,
+)
 
 _TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>//|[-+*(),]))")
 _VAR = re.compile(r"^(i|r|s)\d+$")
@@ -127,40 +136,12 @@ Bounds = tuple[int, int] | None  # inclusive [lo, hi] of an index expression, No
 
 
 def _bounds(e: sympy.Expr, ranges: Mapping[sympy.Symbol, int]) -> Bounds:
-    """Interval arithmetic over loop variables (`ranges`: variable -> its extent)."""
-    if e.is_Integer:
-        return int(e), int(e)
-    if e.is_Symbol:
-        n = ranges.get(e)
-        return (0, n - 1) if n is not None and n > 0 else None
-    if isinstance(e, sympy.Add):
-        lo = hi = 0
-        for a in e.args:
-            b = _bounds(a, ranges)
-            if b is None:
-                return None
-            lo, hi = lo + b[0], hi + b[1]
-        return lo, hi
-    if isinstance(e, sympy.Mul):
-        coef, rest = e.as_coeff_Mul()
-        b = _bounds(rest, ranges) if coef.is_Integer and rest is not e else None
-        if b is None:
-            return None
-        c = int(coef)
-        return (c * b[0], c * b[1]) if c >= 0 else (c * b[1], c * b[0])
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        bs = [_bounds(a, ranges) for a in e.args]
-        if any(b is None for b in bs):
-            return None
-        fn = max if isinstance(e, sympy.Max) else min
-        return fn(b[0] for b in bs if b), fn(b[1] for b in bs if b)
-    if isinstance(e, (FloorDiv, PyMod)) and e.args[1].is_Integer and int(e.args[1]) > 0:
-        d = int(e.args[1])
-        b = _bounds(e.args[0], ranges)
-        if isinstance(e, PyMod):
-            return b if b is not None and 0 <= b[0] and b[1] < d else (0, d - 1)
-        return (b[0] // d, b[1] // d) if b is not None else None
-    return None
+    """Interval arithmetic over loop variables (`ranges`: variable -> its extent); the same
+    evaluation the verifier's bounds proof uses (`ember.ir.expr.value_range`)."""
+    r = value_range(e, {v.name: (0, n - 1) for v, n in ranges.items() if n > 0})
+    if r is None or math.isinf(r[0]) or math.isinf(r[1]):
+        return None
+    return int(r[0]), int(r[1])
 
 
 def _split(e: sympy.Expr, d: int) -> tuple[sympy.Expr, sympy.Expr]:
