@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.errors import UserError, unhandled
+from ember.capture.lookups import guard_class_attr
 from ember.capture.side_effects import module_attr_writable
-from ember.capture.sources import AttrSource, ModuleMemberSource
+from ember.capture.sources import AttrSource, HeldSource, ModuleMemberSource
 from ember.capture.torchcalls import run_real
 from ember.capture.variables import (
     ConstVar,
@@ -100,11 +101,13 @@ def getattr_var(tx: Tracer, obj: Var, name: str) -> Var:
     if isinstance(obj, SuperVar):
         return _super_attr(tx, obj, name)
     if isinstance(obj, FunctionVar):
+        # a user function's attributes can be reassigned: read through the function, guarded
+        fsrc = None if is_trusted_module(obj.fn.__module__) else HeldSource(obj.fn)
         if name in ("__name__", "__qualname__", "__module__", "__doc__", "__defaults__",
                     "__kwdefaults__", "__wrapped__", "__code__", "__dict__"):
-            return tx.wrap(getattr(obj.fn, name), None)
+            return tx.wrap(getattr(obj.fn, name), AttrSource(fsrc, name) if fsrc else None)
         if name in obj.fn.__dict__:
-            return tx.wrap(obj.fn.__dict__[name], None)
+            return tx.wrap(obj.fn.__dict__[name], AttrSource(fsrc, name) if fsrc else None)
     if isinstance(obj, NestedFunctionVar) and name in ("__name__", "__qualname__"):
         return ConstVar(obj.qualname.rsplit(".", 1)[-1] if name == "__name__" else obj.qualname)
     if isinstance(obj, MethodVar):
@@ -161,6 +164,8 @@ def _const_attr(tx: Tracer, obj: ConstVar, name: str) -> Var:
         return tx.wrap(res, src)
     if isinstance(v, type):
         raw = _lookup(v, name)
+        if isinstance(raw, types.FunctionType | classmethod | staticmethod | property):
+            guard_class_attr(tx, v, name)  # `Cls.method` patched on the class
         if isinstance(raw, types.FunctionType):  # an unbound function of a class
             return FunctionVar(raw)
         if isinstance(raw, classmethod):
@@ -201,6 +206,7 @@ def _object_attr(tx: Tracer, obj: ObjectVar, name: str, generic: bool = False) -
     cls_attr = _lookup(cls, name)
     if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property):
+            guard_class_attr(tx, cls, name)  # a property replaced on the class
             if cls_attr.fget is None:
                 raise UserError(AttributeError(f"unreadable attribute {name!r}"))
             return tx.call(_fn_var(tx, cls_attr.fget), [obj])
@@ -214,6 +220,8 @@ def _object_attr(tx: Tracer, obj: ObjectVar, name: str, generic: bool = False) -
             if t is not None and name in t:
                 return tx.wrap(t[name], ModuleMemberSource(src, table, name) if src else None)
     if cls_attr is not _MISSING:
+        if hasattr(type(cls_attr), "__get__"):  # a method: patched on the class, or shadowed
+            guard_class_attr(tx, cls, name, src, value)
         return _bind_class_attr(tx, obj, cls, name, cls_attr)
     getattr_fn = lookup_type_attr(cls, "__getattr__")
     if isinstance(getattr_fn, types.FunctionType) and getattr_fn is not getattr(
@@ -272,11 +280,13 @@ def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str, generic: bool = F
     cls_attr = _lookup(obj.cls, name)
     if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property) and cls_attr.fget is not None:
+            guard_class_attr(tx, obj.cls, name)
             return tx.call(_fn_var(tx, cls_attr.fget), [obj])
         raise unhandled(f"descriptor {name!r} of a new {obj.cls.__qualname__}")
     if name in obj.attrs:
         return obj.attrs[name]
     if cls_attr is not _MISSING:
+        guard_class_attr(tx, obj.cls, name)
         return _bind_class_attr(tx, obj, obj.cls, name, cls_attr)
     getattr_fn = lookup_type_attr(obj.cls, "__getattr__")
     if isinstance(getattr_fn, types.FunctionType):
@@ -296,6 +306,7 @@ def _super_attr(tx: Tracer, sup: SuperVar, name: str) -> Var:
     for klass in mro[start:]:
         if name in klass.__dict__:
             raw = klass.__dict__[name]
+            guard_class_attr(tx, target, name, start=start)
             if isinstance(raw, staticmethod):
                 return _fn_var(tx, raw.__func__)
             if isinstance(raw, classmethod):

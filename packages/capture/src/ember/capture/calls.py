@@ -21,6 +21,7 @@ from ember.capture import contexts, pyops
 from ember.capture.builtins import handler_for
 from ember.capture.containers import CONTAINER_TYPES, call_method, real_dict_read
 from ember.capture.errors import UserError, unhandled
+from ember.capture.lookups import guard_class_attr
 from ember.capture.modules import call_module
 from ember.capture.sources import CallSource
 from ember.capture.torchcalls import is_torch_op, run_real, unwrap
@@ -68,7 +69,7 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
     if isinstance(fn, ModuleVar):
         return call_module(tx, fn, args, kwargs)
     if isinstance(fn, contexts.ExitVar):
-        assert isinstance(fn.ctx, ContextVar)
+        assert isinstance(fn.ctx, ContextVar), f"__exit__ of a {fn.ctx.describe()}"
         return contexts.exit_(tx, fn.ctx)
     if isinstance(fn, ObjectVar) and isinstance(fn.value, weakref.ref) and not args \
             and not kwargs:
@@ -79,6 +80,7 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
 
         call = lookup_type_attr(fn.python_type(), "__call__")
         if isinstance(call, types.FunctionType):
+            guard_class_attr(tx, fn.python_type(), "__call__")
             return tx.call(FunctionVar(call), [fn, *args], kwargs)
         raise unhandled(f"calling {fn.describe()}")
     if isinstance(fn, ConstVar):

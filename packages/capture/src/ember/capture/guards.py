@@ -9,13 +9,16 @@ guard may rely on the ones before it (a length check before an element's check).
 from __future__ import annotations
 
 import enum
+import gc
 import math
+import reprlib
+import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ember.capture.sources import RefFn, Source, describe
+from ember.capture.sources import AttrSource, RefFn, Source, describe, held_name
 
 
 class GuardKind(enum.Enum):
@@ -32,6 +35,25 @@ class GuardKind(enum.Enum):
     GRAD_MODE = "grad_mode"  # torch.is_grad_enabled()
     DEFAULT_DTYPE = "default_dtype"  # torch.get_default_dtype()
     NO_HOOKS = "no_hooks"  # an nn.Module has no forward hooks
+    CLASS_ATTR = "class_attr"  # a class's MRO lookup of a name finds the same object
+
+
+@dataclass(frozen=True)
+class ClassLookup:
+    """What a CLASS_ATTR guard checks on the class at its source: `before` (the classes of its
+    MRO ahead of `owner`) do not define `name`, and `owner.__dict__[name]` is `found` (`owner`
+    None: torch's or the standard library's own class, not checked); `mro`, where `owner` is
+    not the class itself, is the class's `__mro__` tuple (reassigning `__bases__` replaces it)."""
+
+    name: str
+    found: Any
+    owner: type | None
+    before: tuple[type, ...] = ()
+    mro: tuple[type, ...] | None = None
+
+    def key(self) -> tuple[Any, ...]:
+        return (self.name, id(self.found), id(self.owner), tuple(map(id, self.before)),
+                id(self.mro))
 
 
 @dataclass(frozen=True)
@@ -71,6 +93,8 @@ class Guard:
             exp = id(exp)
         if self.kind is GuardKind.ID_MATCH:
             exp = id(self.expected)
+        if isinstance(self.expected, ClassLookup):
+            exp = self.expected.key()
         return (self.kind, self.source, exp, self.other)
 
     def code(self, ref: RefFn) -> str:
@@ -123,7 +147,15 @@ class Guard:
         if k is GuardKind.NO_HOOKS:
             return (f"not ({x}._forward_hooks or {x}._forward_pre_hooks "
                     f"or {x}._backward_hooks or {x}._backward_pre_hooks)")
-        raise AssertionError(k)
+        if k is GuardKind.CLASS_ATTR:
+            lk: ClassLookup = e
+            parts = [f"{x}.__mro__ is {ref(lk.mro, 'Mro')}"] if lk.mro is not None else []
+            parts += [f"{lk.name!r} not in {_class_dict(b, ref)}" for b in lk.before]
+            if lk.owner is not None:
+                parts.append(f"{_class_dict(lk.owner, ref)}.get({lk.name!r}) is "
+                             f"{ref(lk.found, 'O')}")
+            return " and ".join(parts) or "True"
+        raise AssertionError(f"no guard code for kind {k}")
 
     def mismatch(self, actual: Any) -> str:
         """Why `actual` (the source's value now) fails the guard, in words."""
@@ -145,6 +177,14 @@ class Guard:
             return f"len({what}) is {_safe_len(actual)}, expected {e}"
         if self.kind is GuardKind.DICT_KEYS:
             return f"keys of {what} are {_safe_keys(actual)}, expected {list(e)}"
+        if self.kind is GuardKind.CLASS_ATTR and isinstance(actual, type):
+            now = next((c.__dict__[e.name] for c in actual.__mro__ if e.name in c.__dict__),
+                       None)
+            return f"{what}.{e.name} is now {_short(now)}, expected {_short(e.found)}"
+        if self.kind is GuardKind.NOT_IN and isinstance(self.source, AttrSource) and \
+                self.source.attr == "__dict__":
+            return (f"{describe(self.source.of)}.{e} is now an instance attribute (shadowing "
+                    f"the class's)")
         return f"guard failed: {self.text()}"
 
     def text(self) -> str:
@@ -177,7 +217,25 @@ class Guard:
             return f"{what} is {describe(self.other)}"
         if k is GuardKind.NO_HOOKS:
             return f"{what} has no forward/backward hooks"
-        raise AssertionError(k)
+        if k is GuardKind.CLASS_ATTR:
+            lk = e
+            where = (f"{held_name(lk.owner)}.__dict__[{lk.name!r}], {_short(lk.found)}"
+                     if lk.owner is not None else "a torch/stdlib base class's")
+            skip = ", ".join(held_name(b) for b in lk.before)
+            skip = f"; {skip} do{'es' if len(lk.before) == 1 else ''} not define it" if skip \
+                else ""
+            return f"{what}.{lk.name} resolves to {where}{skip}"
+        raise AssertionError(f"no guard text for kind {k}")
+
+
+def _class_dict(cls: type, ref: RefFn) -> str:
+    """An expression for `cls`'s namespace: the dict itself, which CPython's class attribute
+    writes change in place (three times faster to read than the `cls.__dict__` proxy, which is
+    built anew at each access); the proxy where the dict cannot be reached."""
+    refs = gc.get_referents(cls.__dict__)
+    if len(refs) == 1 and type(refs[0]) is dict:
+        return ref(refs[0], "CD")
+    return f"{ref(cls, 'T')}.__dict__"
 
 
 def _plain(v: Any) -> str:
@@ -205,7 +263,18 @@ def _safe_keys(v: Any) -> str:
 
 
 def _short(obj: Any) -> str:
+    if isinstance(obj, types.CodeType):
+        name = obj.co_qualname.rsplit("<locals>.", 1)[-1]
+        return f"<code {name} at {obj.co_filename}:{obj.co_firstlineno}>"
+    if isinstance(obj, property):
+        return f"<property {_short(obj.fget)}>"
+    if isinstance(obj, staticmethod | classmethod):
+        return f"<{type(obj).__name__} {_short(obj.__func__)}>"
+    if type(obj) is tuple:
+        return reprlib.repr(obj)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if isinstance(name, str):
+        name = name.rsplit("<locals>.", 1)[-1]
     if name is not None:
         mod = getattr(obj, "__module__", None)
         return f"{mod}.{name}" if mod and not isinstance(obj, type(math)) else str(name)

@@ -14,6 +14,7 @@ from torch import nn
 
 from ember.capture.errors import UserError, unhandled
 from ember.capture.guards import Guard, GuardKind
+from ember.capture.lookups import guard_class_attr
 from ember.capture.sources import AttrSource
 from ember.capture.variables import (
     ConstVar,
@@ -48,12 +49,16 @@ def call_module(tx: Tracer, mod: ModuleVar, args: list[Var], kwargs: dict[str, V
     if mod.source is not None:
         tx.guard(Guard(GuardKind.NO_HOOKS, mod.source))
     call = type(m).__call__
+    # `__call__` is looked up on the type only (a special method); `forward` as `self.forward`
+    # is, so an instance attribute shadows it: both guarded, as patching either changes the call
+    guard_class_attr(tx, type(m), "__call__")
     if call is not nn.Module.__call__ and isinstance(call, types.FunctionType):
         return tx.call(FunctionVar(call), [mod, *args], kwargs)
     if "forward" in m.__dict__:
         from ember.capture.attrs import getattr_var
 
         return tx.call(getattr_var(tx, mod, "forward"), args, kwargs)
+    guard_class_attr(tx, type(m), "forward", mod.source, m)
     fwd = type(m).forward
     if fwd is nn.Module.forward or getattr(fwd, "__name__", "") == "_forward_unimplemented":
         raise UserError(NotImplementedError(f"Module [{type(m).__name__}] is missing the "
@@ -66,7 +71,9 @@ def call_module(tx: Tracer, mod: ModuleVar, args: list[Var], kwargs: dict[str, V
 def _table(tx: Tracer, mod: ModuleVar, name: str) -> DictVar:
     table = mod.value.__dict__[name]
     v = tx.wrap(table, AttrSource(mod.source, name) if mod.source is not None else None)
-    assert isinstance(v, DictVar)
+    if not isinstance(v, DictVar):
+        raise unhandled(f"{type(mod.value).__qualname__}.{name} is a "
+                        f"{type(table).__name__}, not a dict")
     return v
 
 

@@ -230,6 +230,35 @@ class ConstantSource(Source):
         return hash(id(self.value))
 
 
+@dataclass(frozen=True, eq=False)
+class HeldSource(Source):
+    """A function or class the compiled code holds by reference: an inlined function (its
+    `__code__`, `__defaults__`, ... are guarded through it), a class whose attribute lookup
+    capture followed (its `__dict__` entries are)."""
+
+    value: Any = field(repr=False)
+
+    def expr(self, ref: RefFn) -> str:
+        return ref(self.value, "H")
+
+    def name(self) -> str:
+        return f"h_{held_name(self.value)}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HeldSource) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return hash(id(self.value))
+
+
+def held_name(obj: Any) -> str:
+    """`M.f` for a function or class, without the `make.<locals>.` of one defined in a
+    function (readable in guard text; the guard itself holds the object)."""
+    name = str(getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+               or type(obj).__name__)
+    return name.rsplit("<locals>.", 1)[-1]
+
+
 @dataclass(frozen=True)
 class ContextVarSource(Source):
     """The current value of a `contextvars.ContextVar` (None when it has none)."""
@@ -321,6 +350,8 @@ def describe(source: Source) -> str:
         return f"<closure {source.var}>"
     if isinstance(source, ConstantSource):
         return f"<constant {source.label}>"
+    if isinstance(source, HeldSource):
+        return held_name(source.value)
     if isinstance(source, ContextVarSource):
         return f"<ContextVar {source.var.name}>"
     if isinstance(source, ArgsSource):

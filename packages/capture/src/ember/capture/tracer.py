@@ -20,6 +20,7 @@ import torch
 from ember.capture.errors import CaptureUnhandled, StopCapture, UserError, unhandled
 from ember.capture.frame import Frame, code_info
 from ember.capture.guards import Guard, GuardSet
+from ember.capture.lookups import function_defaults
 from ember.capture.opcodes import Return, table
 from ember.capture.recorder import Recorder
 from ember.capture.side_effects import SideEffects
@@ -157,8 +158,7 @@ class Tracer:
             code = f.__code__
             glb = f.__globals__
             module = f.__module__ or ""
-            defaults = self._real_defaults(f)
-            kwdefaults = {k: self.wrap(v, None) for k, v in (f.__kwdefaults__ or {}).items()}
+            defaults, kwdefaults = function_defaults(self, f)  # guarded with f's code
             closure: list[Cell | Any] = list(f.__closure__ or ())
             name = f.__qualname__
         else:
@@ -189,12 +189,6 @@ class Tracer:
             self.run_frame(frame)
             return IteratorVar(frame.yields, kind="generator")
         return self.run_frame(frame)
-
-    def _real_defaults(self, f: types.FunctionType) -> list[Var]:
-        out = []
-        for v in f.__defaults__ or ():
-            out.append(self.wrap(v, None))
-        return out
 
 
 def bind_arguments(code: types.CodeType, name: str, args: list[Var], kwargs: dict[str, Var],
