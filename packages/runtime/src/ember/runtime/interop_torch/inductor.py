@@ -49,7 +49,7 @@ def compile_graph(module: Module, graph: str | None, inputs: Sequence[Any]) -> C
     fn = inductor_compile(gm, list(inputs))
     # "same behavior as gm": called with the arguments (its `_boxed_call`, copied from an inner
     # function by functools.wraps, does not describe the outer one)
-    return lambda args: fn(*args)  # type: ignore[no-any-return]
+    return lambda args: fn(*args)
 
 
 def prepare(module: Module) -> Runner:
