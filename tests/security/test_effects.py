@@ -334,3 +334,22 @@ def test_parse_and_verify_never_touch_the_world(
     out, err = capfd.readouterr()
     assert "ember-effects-probe" not in out + err
     assert torch.initial_seed() == seed
+
+
+# ---- the user's own code is not IR from a file -------------------------------------------------
+
+def test_compiled_user_code_still_runs_its_own_effects(tmp_path: Path,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """Capture of a function that calls such an op is the user's code: it runs (eagerly) as
+    before; only IR from files and text is refused."""
+    import ember.runtime
+
+    data = tmp_path / "mine.bin"
+    SECRET.numpy().tofile(data)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        torch.ops.aten._print.default("user-print")
+        return x + torch.from_file(str(data), shared=False, size=4, dtype=torch.float32)
+
+    torch.testing.assert_close(ember.runtime.compile(f)(torch.ones(4)), SECRET + 1)
+    assert "user-print" in capfd.readouterr().out
