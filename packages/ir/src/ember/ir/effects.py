@@ -111,7 +111,7 @@ STR_ARGS: dict[str, tuple[bool, str]] = {
 
 def classify_schema(schema: Any) -> str | None:
     """Why an operator with this `torch.FunctionSchema` acts outside the graph, or None."""
-    ns, _, base = schema.name.partition("::")
+    ns = schema.name.partition("::")[0]
     if schema.name in EFFECT_OPS:
         return EFFECT_OPS[schema.name]
     if ns in EFFECT_NAMESPACES:
@@ -124,7 +124,7 @@ def classify_schema(schema: Any) -> str | None:
         for pattern, why in EFFECT_ARG_TYPES.items():
             if pattern in kind:
                 return why
-        if kind == "Generator" or (kind == "Any" or kind.startswith("List[Any]")):
+        if kind in ("Generator", "Any") or kind.startswith("List[Any]"):
             return f"takes an argument of type {kind} (state outside the graph)"
         if "str" in kind:
             safe, why = STR_ARGS.get(a.name, (False, f"takes text ({a.name}) that ember has "
