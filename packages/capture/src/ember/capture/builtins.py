@@ -319,7 +319,7 @@ def _dict(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 @builtin(collections.OrderedDict)
 def _ordered_dict(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     d = _dict(tx, dict, args, kwargs)
-    assert isinstance(d, DictVar)
+    assert isinstance(d, DictVar), f"OrderedDict(): built a {d.describe()}"
     d.cls = collections.OrderedDict
     return d
 

@@ -108,7 +108,7 @@ def _list_method(tx: Tracer, obj: ListVar, name: str, args: list[Var],
             raise UserError(e) from None
     elif name == "remove":
         idx = _seq_query(tx, obj.items, "index", args)
-        assert isinstance(idx, ConstVar)
+        assert isinstance(idx, ConstVar), f"list.remove: index {idx.describe()}"
         del obj.items[idx.value]
     elif name == "clear":
         obj.items.clear()

@@ -391,7 +391,7 @@ def get_iter(tx: Tracer, v: Var) -> IteratorVar:
         res = run_real(tx, lambda t: tuple(t.unbind(0)) if t.dim() else iter(t), [v], {},
                        what="iterating a tensor")
         items = items_of(res)
-        assert items is not None
+        assert items is not None, "iterating a tensor gave no items"
         return IteratorVar(list(items))
     if isinstance(v, ModuleVar | ObjectVar | NewObjectVar):
         from ember.capture.attrs import lookup_type_attr
@@ -414,7 +414,7 @@ def length(tx: Tracer, v: Var) -> int:
         return int(real(len, v.value))
     if isinstance(v, TensorVar):
         res = run_real(tx, len, [v], {})
-        assert isinstance(res, ConstVar)
+        assert isinstance(res, ConstVar), f"len() of a tensor gave {res.describe()}"
         return int(res.value)
     if isinstance(v, ModuleVar | ObjectVar | NewObjectVar):
         from ember.capture.attrs import lookup_type_attr

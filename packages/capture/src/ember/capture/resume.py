@@ -188,7 +188,7 @@ def split(tx: Tracer, frame: Frame, fn: types.FunctionType, site: Site, un: Unha
         if slot.kind == "value":
             call_args.append(specs.value(v))
         elif slot.kind == "iter":
-            assert isinstance(v, IteratorVar)
+            assert isinstance(v, IteratorVar), f"iterator slot holds a {v.describe()}"
             call_args.append(specs.fresh_list(_remaining(v)))
     nlower = sum(1 for s in lower_slots if s.kind in ("value", "iter"))
     for name in live:

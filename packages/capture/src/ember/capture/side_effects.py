@@ -81,10 +81,10 @@ def value_spec(eff: Effect, spec: Callable[[Var], OutSpec]) -> OutSpec:
     written (`spec` gives the output spec of one symbolic value)."""
     v = eff.value
     if eff.kind == "list":
-        assert isinstance(v, ListVar)
+        assert isinstance(v, ListVar), f"list effect holds a {v.describe()}"
         return OutSeq(list, tuple(spec(i) for i in v.items))
     if eff.kind == "dict":
-        assert isinstance(v, DictVar)
+        assert isinstance(v, DictVar), f"dict effect holds a {v.describe()}"
         return OutDict(dict, tuple(v.items), tuple(spec(i) for i in v.items.values()))
     return spec(v)
 

@@ -109,15 +109,7 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
         osrc = AttrSource(source, "__self__") if source is not None else None
         return MethodVar(wrap(tx, value.__func__, fsrc), wrap(tx, value.__self__, osrc), source)
     if isinstance(value, functools.partial):
-        if source is not None:
-            g(Guard(GuardKind.TYPE_MATCH, source, type(value)))
-        fsrc = AttrSource(source, "func") if source is not None else None
-        asrc = AttrSource(source, "args") if source is not None else None
-        ksrc = AttrSource(source, "keywords") if source is not None else None
-        args = wrap(tx, value.args, asrc)
-        kw = wrap(tx, value.keywords, ksrc)
-        assert isinstance(args, TupleVar) and isinstance(kw, DictVar)
-        return PartialVar(wrap(tx, value.func, fsrc), args.items, dict(kw.items), source)
+        return _wrap_partial(tx, value, source)
     if type(value) is tuple or (isinstance(value, tuple) and hasattr(type(value), "_fields")):
         if source is not None:
             g(Guard(GuardKind.TYPE_MATCH, source, type(value)))
@@ -160,6 +152,27 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
     if source is not None:
         g(Guard(GuardKind.TYPE_MATCH, source, type(value)))
     return ObjectVar(value, source)
+
+
+def _wrap_partial(tx: Tracer, value: functools.partial[Any], source: Source | None) -> Var:
+    """A partial from outside the frame (a global, an argument, a module's attribute): called
+    as its func with its args and keywords, each guarded as a value of its own (the func by
+    identity, scalars by value, tensors by metadata); `keywords` is a mutable dict."""
+    if type(value) is not functools.partial:  # a subclass may override __call__
+        if source is not None:
+            tx.guard(Guard(GuardKind.TYPE_MATCH, source, type(value)))
+        return ObjectVar(value, source)
+    if source is not None:
+        tx.guard(Guard(GuardKind.TYPE_MATCH, source, functools.partial))
+        tx.guard(Guard(GuardKind.LENGTH, AttrSource(source, "args"), len(value.args)))
+        tx.guard(Guard(GuardKind.DICT_KEYS, AttrSource(source, "keywords"),
+                       tuple(value.keywords)))
+    args = [wrap(tx, a, _item(AttrSource(source, "args") if source else None, i))
+            for i, a in enumerate(value.args)]
+    ksrc = AttrSource(source, "keywords") if source is not None else None
+    kwargs = {k: wrap(tx, v, _item(ksrc, k)) for k, v in value.keywords.items()}
+    func = wrap(tx, value.func, AttrSource(source, "func") if source is not None else None)
+    return PartialVar(func, args, kwargs, source)
 
 
 def _item(source: Source | None, key: Any) -> Source | None:

@@ -70,7 +70,7 @@ def raise_varargs(tx: Tracer, frame: Frame, inst: Instr) -> None:
         if not frame.exc_stack:
             raise UserError(RuntimeError("No active exception to reraise"))
         cur = frame.exc_stack[-1]
-        assert isinstance(cur, ConstVar)
+        assert isinstance(cur, ConstVar), f"re-raising a {cur.describe()}"
         raise _raise(cur.value)
     cause = frame.pop() if inst.arg == 2 else None
     exc = frame.pop()
@@ -88,6 +88,6 @@ def with_except_start(tx: Tracer, frame: Frame, inst: Instr) -> None:
     # Stack: [exit, lasti, prev_exc, exc]: call exit(type, value, traceback).
     exc = frame.peek()
     exit_fn = frame.peek(4)
-    assert isinstance(exc, ConstVar)
+    assert isinstance(exc, ConstVar), f"__exit__ given a {exc.describe()}"
     e = exc.value
     frame.push(tx.call(exit_fn, [ConstVar(type(e)), exc, ConstVar(e.__traceback__)]))
