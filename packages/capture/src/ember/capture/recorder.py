@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.capture.errors import unhandled
 from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
+from ember.capture.quiet import quiet_torch_errors
 from ember.capture.result import OutAlias, OutResult, OutSpec, OutTensor, Update
 from ember.capture.sources import ConstantSource, Source, param_name
 from ember.ir import DType, GraphBuilder, Loc, Module, TensorType, Value
@@ -121,7 +122,7 @@ class Recorder:
     # -- running torch code -----------------------------------------------------------------
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        with self.fake_mode, self.mode:
+        with quiet_torch_errors(), self.fake_mode, self.mode:
             yield
 
     # -- outputs ----------------------------------------------------------------------------
@@ -170,6 +171,9 @@ class Recorder:
             assert v is not None
             if v is p:
                 continue
+            # an input only written (`out=` into an argument) is read by no node; the runtime
+            # still needs it to write back into
+            self.pinned.append(p)
             self._pending.append(("update", p, len(results), bool(root.requires_grad)))
             results.append(v)  # never shared: an update result is not returned to the caller
         self.gb.ret(results)
@@ -290,14 +294,18 @@ class Recorder:
         if not all(isinstance(t, torch.Tensor) and self.value_of(t) is not None
                    for t in targets):
             raise unhandled(f"operator {name}: its target is not a recorded tensor")
-        out = func(*args, **kwargs)  # the fake tensors' state and errors are eager's
+        # the functional form first: an `out=` of another shape is resized by the op (with a
+        # deprecation warning unless empty), which capture leaves to eager (a graph break)
+        # before the op has resized the fake tensor or warned
         res = _flat_results(functional(*fargs, **fkwargs))
         if not res or len(res) != len(targets):
             raise unhandled(f"operator {name}: its functional form {_ir_name(functional)} "
                             f"returns {len(res or [])} tensors for {len(targets)} targets")
         for t, r in zip(targets, res, strict=True):
             if tuple(r.shape) != tuple(t.shape):
-                raise unhandled(f"operator {name} resizes its output tensor")
+                raise unhandled(f"operator {name} resizes its output tensor from "
+                                f"{list(t.shape)} to {list(r.shape)}")
+        out = func(*args, **kwargs)  # the fake tensors' state and errors are eager's
         fname = _ir_name(functional)
         vals = self.gb.emit(fname, [self._arg(a) for a in fargs],
                             {k: self._arg(v) for k, v in fkwargs.items()},
