@@ -8,12 +8,15 @@
     ember verify
 
 Errors are one line on stderr (`FILE:LINE:COL: error: ...` for IR errors) with exit status 1,
-2 for usage errors; `--debug` shows the traceback instead.
+2 for usage errors; `--debug` shows the traceback instead. A mistake in the input (the IR, the
+inputs file, a flag, an output path) is always such an error; `ember: internal error` means a
+bug in ember.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
@@ -31,9 +34,21 @@ from ember.ir import (
 )
 from ember.ir.backends import Runner, default_backends
 from ember.ir.effects import allow_effects
+from ember.ir.interpreter import failed_node
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
 from ember.runtime.explain import add_explain_command
-from ember.runtime.tensors import InputError, compare, load_inputs, random_inputs, save_tensors
+from ember.runtime.tensors import (
+    MAX_INPUT_BYTES_ENV,
+    InputError,
+    check_result_names,
+    check_storable,
+    compare,
+    load_inputs,
+    max_input_bytes,
+    random_inputs,
+    result_names,
+    save_tensors,
+)
 from ember.runtime.verify import add_verify_command
 
 
@@ -86,14 +101,35 @@ def _verify(m: Module, path: str, allow_unregistered: bool) -> None:
         more = f" (and {len(e.errors) - 1} more)" if len(e.errors) > 1 else ""
         line, col = (first.pos.line, first.pos.col) if first.pos else (0, 0)
         raise CLIError(first.message + more, path, line, col) from None
+    except (RecursionError, MemoryError) as e:  # a module too deep or too large to check
+        raise CLIError(f"cannot verify the module: {type(e).__name__}", path) from None
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """Refuse an output path that cannot be written, before anything runs."""
+    if path == "-" and flag != "-o":
+        raise CLIError(f"{flag} -: safetensors is a binary file format, give a file path")
+    if os.path.isdir(path):
+        raise CLIError(f"{flag} {path}: is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CLIError(f"{flag} {path}: no such directory {parent}")
+    # safetensors writes a temporary file next to the target, then renames it
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CLIError(f"{flag} {path}: directory {parent} is not writable")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise CLIError(f"{flag} {path}: not writable")
 
 
 def _write(text: str, out: str | None, stream: TextIO) -> None:
     if out is None or out == "-":
         stream.write(text)
-    else:
+        return
+    try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(text)
+    except OSError as e:
+        raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
 
 
 def _print_module(m: Module) -> str:
@@ -104,6 +140,8 @@ def _print_module(m: Module) -> str:
 
 
 def cmd_opt(a: argparse.Namespace) -> int:
+    if a.output not in (None, "-"):
+        _check_writable(a.output, "-o")
     m = load_module(a.input, allow_unregistered=a.allow_unregistered)
 
     def after(stage: str, mod: Module) -> None:
@@ -149,7 +187,23 @@ def _run(runner: Runner, path: str, graph: str | None, inputs: list[object]
             raise CLIError(str(e).split(": ", 1)[-1], path, node.pos.line, node.pos.col) \
                 from None
         raise CLIError(str(e), path) from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as e:
+        # An op raised on this module and these inputs (an out-of-range index, say): the
+        # input's fault, reported where it happened, as eager would raise it.
+        node = failed_node(e)
+        msg = _one_line(e)
+        if node is not None:
+            line, col = (node.pos.line, node.pos.col) if node.pos is not None else (0, 0)
+            raise CLIError(f"{node.op} failed: {msg}", path, line, col) from None
+        raise CLIError(f"running the graph failed: {msg}", path) from None
     return res.outputs, res.updates
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:500]}{'...' if len(text) > 500 else ''}"
 
 
 def _graph(m: Module, name: str | None, path: str):  # type: ignore[no-untyped-def]
@@ -160,26 +214,45 @@ def _graph(m: Module, name: str | None, path: str):  # type: ignore[no-untyped-d
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    # Output paths are checked before anything runs: a typo must not cost a long run.
+    for flag, path in (("--out", a.out), ("--save-inputs", a.save_inputs)):
+        if path:
+            _check_writable(path, flag)
+    if a.out and a.save_inputs and os.path.realpath(a.out) == os.path.realpath(a.save_inputs):
+        raise CLIError(f"--out and --save-inputs name the same file {a.out}")
     m = load_module(a.input, allow_unregistered=a.allow_unregistered)
     _kernel_gate(m, a.input, a.allow_kernels)
     g = _graph(m, a.graph, a.input)
     try:
-        inputs = load_inputs(a.inputs, g) if a.inputs else random_inputs(m, g, a.seed)
+        if a.out:
+            check_result_names(g)
+        check_storable(g, results=bool(a.out), params=bool(a.save_inputs))
+        if a.inputs:
+            inputs = load_inputs(a.inputs, g, m)
+        else:
+            inputs = random_inputs(m, g, a.seed, max_input_bytes(a.max_input_bytes))
     except InputError as e:
         raise CLIError(str(e)) from None
+    saved = {p.name: x for p, x in zip(g.params, inputs, strict=True)}
     outputs, updates = _run(_runner(m, a.backend), a.input, a.graph, inputs)
-    named = {f"out{i}": o for i, o in enumerate(outputs)}
-    named.update({g.params[p].name: v for p, v in updates.items()})
     if a.out:
-        try:
-            save_tensors(a.out, named)
-        except Exception as e:
-            raise CLIError(f"cannot write {a.out}: {e}") from None
+        _save(a.out, result_names(g, outputs, updates))
     if a.save_inputs:
-        save_tensors(a.save_inputs, {p.name: x for p, x in zip(g.params, inputs, strict=True)})
-    for k, v in named.items():
-        print(f"{k}: {_describe(v)}")
+        _save(a.save_inputs, saved)
+    for i, o in enumerate(outputs):
+        print(f"out{i}: {_describe(o)}")
+    for p, v in updates.items():
+        print(f"{g.params[p].name}: {_describe(v)}")
     return 0
+
+
+def _save(path: str, tensors: dict[str, Any]) -> None:
+    try:
+        save_tensors(path, tensors)
+    except InputError as e:
+        raise CLIError(f"cannot write {path}: {e}") from None
+    except Exception as e:  # safetensors' own errors have no common base class
+        raise CLIError(f"cannot write {path}: {_one_line(e)}") from None
 
 
 def _describe(v: object) -> str:
@@ -215,7 +288,7 @@ def cmd_check(a: argparse.Namespace) -> int:
         if name not in after.graphs:
             raise CLIError(f"@{name} disappeared under {a.pipeline!r}", a.input)
         try:
-            inputs = random_inputs(before, g, a.seed)
+            inputs = random_inputs(before, g, a.seed, max_input_bytes(a.max_input_bytes))
         except InputError as e:
             raise CLIError(str(e), a.input) from None
         ref_out, ref_upd = _run(ref_runner, a.input, name, [_clone(x) for x in inputs])
@@ -292,12 +365,19 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a graph on inputs and write its outputs")
     common(r)
     src = r.add_mutually_exclusive_group(required=True)
-    src.add_argument("--inputs", help="safetensors file keyed by parameter name (without %%)")
+    src.add_argument("--inputs", help="safetensors file keyed by parameter name (without %%), "
+                     "each of exactly its parameter's declared type; scalars as 0-dim tensors "
+                     "(an integer for f64 is fine, a float for i64 is not)")
     src.add_argument("--random", action="store_true",
                      help="random inputs at the symbols' hints (integers in [0, 2))")
     r.add_argument("--seed", type=int, default=0, help="seed for --random")
-    r.add_argument("--out", help="write outputs (out0, out1, ..., updated parameters by name)")
+    r.add_argument("--out", help="write the results: outputs as out0, out1, ..., updated "
+                   "parameters under their own name (out<N> is reserved for outputs: a "
+                   "module that updates a parameter named so is refused)")
     r.add_argument("--save-inputs", help="also write the inputs used (with --random)")
+    r.add_argument("--max-input-bytes", metavar="SIZE",
+                   help=f"refuse --random inputs larger than this (e.g. 16G; default: "
+                        f"${MAX_INPUT_BYTES_ENV} or 4G)")
     r.add_argument("--graph", help="the graph to run (default: the first)")
     r.add_argument("--backend", default="reference",
                    help="how to run it (see `ember backends`; default: reference)")
@@ -311,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="reference",
                    help="run the transformed module with this backend (vs the reference)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--max-input-bytes", metavar="SIZE",
+                   help=f"refuse random inputs larger than this (default: "
+                        f"${MAX_INPUT_BYTES_ENV} or 4G)")
     c.add_argument("--graph", help="check only this graph (default: all)")
     c.add_argument("--allow-kernels", action="store_true")
     c.set_defaults(fn=cmd_check)

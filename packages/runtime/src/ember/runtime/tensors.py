@@ -6,6 +6,9 @@ results) are stored as 0-dim tensors.
 
 from __future__ import annotations
 
+import math
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,51 +16,197 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ember.ir import Graph, Module, ScalarKind, ScalarType, TensorType
-from ember.ir.expr import ExprEvalError
+from ember.ir import DType, Graph, InterpretError, Module, ScalarKind, ScalarType, TensorType
+from ember.ir.expr import ExprEvalError, evaluate
+from ember.ir.interpreter import bind_symbols
 
 
 class InputError(ValueError):
     """Inputs that do not fit the graph's parameters."""
 
 
-_SCALAR_DTYPES = {ScalarKind.i64: torch.int64, ScalarKind.f64: torch.float64,
-                  ScalarKind.bool: torch.bool}
+# What safetensors can hold (it has no complex32/complex128).
+_STORABLE = {torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+             torch.int32, torch.int16, torch.int8, torch.uint8, torch.uint16, torch.uint32,
+             torch.uint64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+             torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.complex64}
+MAX_INPUT_BYTES_ENV = "EMBER_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 4 << 30  # random inputs beyond this are a typo, not a test
+_RESULT_KEY = re.compile(r"out[0-9]+")
+_I64 = (-(2**63), 2**63 - 1)
 
 
-def load_inputs(path: str, graph: Graph) -> list[Any]:
-    """Inputs for `graph` from a safetensors file keyed by parameter name (without `%`)."""
+def parse_size(text: str) -> int:
+    """A byte count: `123`, `512M`, `4G`, `1T` (powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if m is None:
+        raise InputError(f"{text!r} is not a size (e.g. 4096, 512M, 8G)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
+
+
+def max_input_bytes(flag: str | None = None) -> int:
+    """The limit on random input data: the flag, else the environment, else 4 GiB."""
+    text = flag if flag is not None else os.environ.get(MAX_INPUT_BYTES_ENV)
+    if text is None:
+        return DEFAULT_MAX_INPUT_BYTES
+    try:
+        return parse_size(text)
+    except InputError as e:
+        where = "--max-input-bytes" if flag is not None else MAX_INPUT_BYTES_ENV
+        raise InputError(f"{where}: {e}") from None
+
+
+def check_device(device: str, what: str) -> torch.device:
+    """The torch device a type names, refused when it is unknown or absent on this machine."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise InputError(f"{what}: unknown device {device!r}") from None
+    if d.type == "cpu":
+        return d
+    if d.type == "meta":
+        raise InputError(f"{what}: device 'meta' holds no data to run on")
+    backend = getattr(torch, d.type, None)
+    available = getattr(backend, "is_available", None)
+    if not callable(available) or not available():
+        raise InputError(f"{what}: device {device!r} is not available on this machine")
+    count = getattr(backend, "device_count", None)
+    if d.index is not None and callable(count) and d.index >= count():
+        raise InputError(f"{what}: device {device!r} does not exist ({count()} present)")
+    return d
+
+
+def load_inputs(path: str, graph: Graph, module: Module | None = None) -> list[Any]:
+    """Inputs for `graph` from a safetensors file keyed by parameter name (without `%`).
+
+    Every stored tensor must match its parameter's declared type exactly (dtype, rank, sizes,
+    a symbol bound once and within its declared min/max); a scalar parameter takes a 0-dim
+    tensor of its kind, or one that converts losslessly (an integer for `f64`)."""
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, not a safetensors file")
     try:
         data = load_file(path)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except Exception as e:
         raise InputError(f"{path}: not a readable safetensors file ({e})") from None
-    missing = [p.name for p in graph.params if p.name not in data]
+    names = [p.name for p in graph.params]
+    missing = [n for n in names if n not in data]
     if missing:
         raise InputError(f"{path}: no tensor for parameter(s) {', '.join(missing)} "
                          f"(keys: {', '.join(sorted(data)) or 'none'})")
-    return [from_stored(data[p.name], p.type, p.name) for p in graph.params]
+    extra = sorted(set(data) - set(names))
+    if extra:
+        raise InputError(f"{path}: tensor(s) {', '.join(extra)} name no parameter of "
+                         f"@{graph.name} (parameters: {', '.join(names) or 'none'})")
+    inputs = [from_stored(data[p.name], p.type, p.name) for p in graph.params]
+    return check_inputs(module, graph, inputs)
 
 
 def from_stored(t: torch.Tensor, ty: TensorType | ScalarType, name: str) -> Any:
     if isinstance(ty, ScalarType):
-        if t.numel() != 1:
-            raise InputError(f"parameter {name} is a scalar {ty}, the file holds shape "
-                             f"{tuple(t.shape)}")
-        v = t.reshape(()).item()
-        return {ScalarKind.i64: int, ScalarKind.f64: float, ScalarKind.bool: bool}[ty.kind](v)
-    if ty.device != "cpu":
-        t = t.to(ty.device)
+        return _scalar_from(t, ty, name)
+    if t.dtype != ty.dtype.torch:
+        raise InputError(f"parameter %{name} is declared {ty}, the file holds "
+                         f"{_dtype_text(t.dtype)}{list(t.shape)}")
+    if t.dim() != ty.rank:
+        raise InputError(f"parameter %{name} is declared {ty} (rank {ty.rank}), the file "
+                         f"holds {_dtype_text(t.dtype)}{list(t.shape)}")
     return t
 
 
+def _scalar_from(t: torch.Tensor, ty: ScalarType, name: str) -> Any:
+    given = f"{_dtype_text(t.dtype)}{list(t.shape)}"
+    if t.dim() != 0:
+        raise InputError(f"parameter %{name} is a scalar {ty}, the file holds {given} (store "
+                         f"a 0-dim tensor)")
+    v = t.item()
+    dt = t.dtype
+    integer = not (dt.is_floating_point or dt.is_complex or dt == torch.bool)
+    if ty.kind is ScalarKind.bool and dt == torch.bool:
+        return bool(v)
+    if ty.kind is ScalarKind.i64 and integer and _I64[0] <= int(v) <= _I64[1]:
+        return int(v)
+    if ty.kind is ScalarKind.f64 and dt.is_floating_point:
+        return float(v)  # every float dtype widens to f64 exactly
+    if ty.kind is ScalarKind.f64 and integer and float(v) == v:
+        return float(v)  # an integer f64 represents exactly
+    why = "" if integer or ty.kind is not ScalarKind.i64 else " (no float or bool for i64)"
+    raise InputError(f"parameter %{name} is a scalar {ty}, the file holds {given} = {v!r}, "
+                     f"which does not convert to {ty} exactly{why}")
+
+
+def _dtype_text(dt: torch.dtype) -> str:
+    try:
+        return DType.from_torch(dt).name
+    except (KeyError, ValueError):
+        return str(dt).replace("torch.", "")
+
+
+def check_inputs(module: Module | None, graph: Graph, inputs: list[Any]) -> list[Any]:
+    """Bind the graph's symbols from the inputs (each within its declared min/max, one size per
+    symbol), check every dim, and give each tensor its declared device and layout."""
+    symbols = module.symbols if module is not None else None
+    try:
+        env = bind_symbols(graph, inputs, symbols)
+    except InterpretError as e:
+        raise InputError(str(e)) from None
+    out: list[Any] = []
+    for p, x in zip(graph.params, inputs, strict=True):
+        t = p.type
+        if isinstance(t, TensorType):
+            x = _placed(x, t, tuple(x.shape), env, f"parameter %{p.name}")
+        out.append(x)
+    return out
+
+
+def _strides(t: TensorType, env: Mapping[str, int], what: str) -> list[int] | None:
+    if t.strides is None:
+        return None
+    try:
+        strides = [evaluate(s, env) for s in t.strides]
+    except ExprEvalError as e:
+        raise InputError(f"{what}: the strides of {t}: {e}") from None
+    if any(s < 0 for s in strides):
+        raise InputError(f"{what}: {t} has a negative stride, which torch cannot allocate")
+    return strides
+
+
+def _placed(x: torch.Tensor, t: TensorType, shape: tuple[int, ...], env: Mapping[str, int],
+            what: str) -> torch.Tensor:
+    """`x` on the declared device, laid out with the declared strides."""
+    device = check_device(t.device, what)
+    strides = _strides(t, env, what)
+    if strides is not None and list(x.stride()) != strides:
+        # honour a declared layout: fill a buffer of the right extent through a view
+        x = torch.empty(_extent(shape, strides), dtype=x.dtype).as_strided(shape, strides) \
+            .copy_(x)
+    return x.to(device) if device.type != "cpu" else x
+
+
+def _extent(shape: Sequence[int], strides: Sequence[int]) -> int:
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+
+
 def to_stored(x: Any) -> torch.Tensor:
+    """`x` as safetensors can write it (a scalar as a 0-dim tensor)."""
+    if isinstance(x, torch.Tensor) and x.dtype not in _STORABLE:
+        raise InputError(f"safetensors cannot hold {_dtype_text(x.dtype)} tensors")
+    return _as_tensor(x)
+
+
+def _as_tensor(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise InputError("a tensor on device 'meta' holds no data")
         return x.detach().cpu().contiguous().clone()
     if isinstance(x, bool):
         return torch.tensor(x, dtype=torch.bool)
     if isinstance(x, int):
+        if not _I64[0] <= x <= _I64[1]:
+            raise InputError(f"the integer {x} does not fit an i64")
         return torch.tensor(x, dtype=torch.int64)
     if isinstance(x, float):
         return torch.tensor(x, dtype=torch.float64)
@@ -65,27 +214,88 @@ def to_stored(x: Any) -> torch.Tensor:
 
 
 def save_tensors(path: str, tensors: Mapping[str, Any]) -> None:
-    save_file({k: to_stored(v) for k, v in tensors.items()}, path)
+    stored = {}
+    for k, v in tensors.items():
+        try:
+            stored[k] = to_stored(v)
+        except InputError as e:
+            raise InputError(f"{k}: {e}") from None
+    save_file(stored, path)
 
 
-def random_inputs(module: Module, graph: Graph, seed: int = 0) -> list[Any]:
+def check_result_names(graph: Graph) -> None:
+    """`out<N>` keys are the outputs' alone, so an output file's keys say which is which: a graph
+    that updates a parameter with such a name is refused rather than written ambiguously."""
+    for p, _r in graph.input_updates:
+        name = graph.params[p].name
+        if _RESULT_KEY.fullmatch(name):
+            raise InputError(f"@{graph.name} updates parameter %{name}, and names of the form "
+                             f"out<N> are reserved for its outputs in the --out file: rename "
+                             f"the parameter")
+
+
+def check_storable(graph: Graph, *, results: bool, params: bool) -> None:
+    """Refuse, before a run, to write a tensor type safetensors cannot hold (c32, c128)."""
+    typed = [(f"result {i}", t) for i, t in enumerate(graph.result_types) if results]
+    typed += [(f"parameter %{p.name}", p.type) for p in graph.params if params]
+    for what, t in typed:
+        if isinstance(t, TensorType) and t.dtype.torch not in _STORABLE:
+            raise InputError(f"@{graph.name} {what} is {t}: safetensors cannot hold "
+                             f"{t.dtype.name} tensors")
+
+
+def result_names(graph: Graph, outputs: Sequence[Any], updates: Mapping[int, Any]
+                 ) -> dict[str, Any]:
+    """Keys for a run's results: `out0`, `out1`, ... for the outputs, the parameter's name for
+    an updated parameter (so the file can feed the next run as its inputs)."""
+    check_result_names(graph)
+    named = {f"out{i}": o for i, o in enumerate(outputs)}
+    named.update({graph.params[p].name: v for p, v in updates.items()})
+    return named
+
+
+def random_inputs(module: Module, graph: Graph, seed: int = 0,
+                  max_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> list[Any]:
     """Random inputs at the symbols' hints: floats ~ N(0, 1), integers and bools in [0, 2)
-    (so index inputs stay valid)."""
+    (so index inputs stay valid). Refused when they would take more than `max_bytes`."""
+    if not 0 <= seed < 2**64:
+        raise InputError(f"--seed {seed}: a seed lies in [0, 2**64)")
     gen = torch.Generator().manual_seed(seed)
     hints = module.hints()
-    out: list[Any] = []
+    plans: list[tuple[TensorType, tuple[int, ...], str] | None] = []
+    total = 0
     for p in graph.params:
         t = p.type
         if isinstance(t, ScalarType):
-            r = int(torch.randint(0, 2, (), generator=gen))
-            out.append({ScalarKind.i64: r, ScalarKind.f64: float(torch.randn((), generator=gen)),
-                        ScalarKind.bool: bool(r)}[t.kind])
+            plans.append(None)
             continue
+        what = f"parameter %{p.name}"
         try:
             shape = t.concrete_shape(hints)
         except ExprEvalError as e:
-            raise InputError(f"parameter %{p.name}: {e}; random inputs need a hint for every "
-                             f"symbol") from None
+            raise InputError(f"{what}: {e}; random inputs need a hint for every symbol") \
+                from None
+        if any(n < 0 for n in shape):
+            raise InputError(f"{what}: {t} has a negative size {list(shape)} at the hints")
+        check_device(t.device, what)
+        strides = _strides(t, hints, what)
+        n = _extent(shape, strides) if strides is not None else math.prod(shape)
+        total += n * t.dtype.torch.itemsize
+        if total > max_bytes:
+            raise InputError(f"{what}: random inputs up to it take {total:,} bytes, more than "
+                             f"the limit of {max_bytes:,} (raise it with --max-input-bytes "
+                             f"or {MAX_INPUT_BYTES_ENV})")
+        plans.append((t, shape, what))
+    out: list[Any] = []
+    for p, plan in zip(graph.params, plans, strict=True):
+        if plan is None:
+            assert isinstance(p.type, ScalarType)
+            kind = p.type.kind
+            r = int(torch.randint(0, 2, (), generator=gen))
+            out.append({ScalarKind.i64: r, ScalarKind.f64: float(torch.randn((), generator=gen)),
+                        ScalarKind.bool: bool(r)}[kind])
+            continue
+        t, shape, what = plan
         dt = t.dtype.torch
         if dt.is_floating_point:
             x = torch.randn(shape, generator=gen, dtype=torch.float32).to(dt)
@@ -95,15 +305,8 @@ def random_inputs(module: Module, graph: Graph, seed: int = 0) -> list[Any]:
             x = torch.randint(0, 2, shape, generator=gen).bool()
         else:
             x = torch.randint(0, 2, shape, generator=gen).to(dt)
-        if t.strides is not None and all(isinstance(s, int) for s in t.strides):
-            # honour a declared layout: fill a buffer of the right extent through a view
-            strides = [int(s) for s in t.strides]
-            extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True) if n)
-            x = torch.empty(extent, dtype=dt).as_strided(shape, strides).copy_(x)
-        if t.device != "cpu":
-            x = x.to(t.device)
-        out.append(x)
-    return out
+        out.append(_placed(x, t, shape, hints, what))
+    return check_inputs(module, graph, out)
 
 
 @dataclass
@@ -121,7 +324,7 @@ def compare(expected: Sequence[Any], actual: Sequence[Any], names: Sequence[str]
     bad: list[Mismatch] = []
     worst = 0.0
     for name, e, a in zip(names, expected, actual, strict=True):
-        te, ta = to_stored(e), to_stored(a)
+        te, ta = _as_tensor(e), _as_tensor(a)
         if te.shape != ta.shape or te.dtype != ta.dtype:
             bad.append(Mismatch(name, f"{ta.dtype} {tuple(ta.shape)} vs expected "
                                       f"{te.dtype} {tuple(te.shape)}"))
