@@ -52,6 +52,7 @@ from ember.ir import (
 )
 from ember.ir.backends import Backend, Runner, default_backends
 from ember.ir.expr import as_sympy, simplify_dim
+from ember.ir.interpreter import eager_error
 from ember.ir.passes import register_pass, run_pipeline
 
 PRELUDE_NAME = "cpp_prelude"
@@ -345,7 +346,22 @@ def compiled_runner(compiled: Module) -> Runner:
 
 
 def _inductor_backend(module: Module) -> Runner:
-    return compiled_runner(compile_module(module))
+    run = compiled_runner(compile_module(module))
+
+    def checked(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        try:
+            return run(graph, inputs)
+        except Exception as e:
+            # An op failed on its data (an out-of-range id in an index_select extern, an
+            # integer division by zero): raise what eager raises there, which only the
+            # original op knows (x[i] raises IndexError where its gather form raises
+            # RuntimeError). Compiled kernels never read at data-dependent indices: ids reach
+            # only extern ops, which check them (see docs/inductor.md).
+            err = eager_error(module, graph, inputs, e)
+            if err is e:
+                raise
+            raise err from None
+    return checked
 
 
 def summary(compiled: Module) -> str:

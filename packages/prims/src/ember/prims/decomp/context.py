@@ -11,6 +11,7 @@ import torch
 
 from ember.ir import Builder, DType, Node, ScalarType, TensorType, Value
 from ember.ir.expr import Dim, as_sympy, simplify_dim
+from ember.ir.passes import PipelineError
 from ember.ir.types import ScalarKind, Type
 from ember.ir.verifier import dims_equal
 from ember.prims.rules import broadcast_shape
@@ -19,8 +20,19 @@ Operand = Any  # a Value, a Python number, or a size expression
 _T = TypeVar("_T")
 
 
-class DecompositionError(ValueError):
-    """A decomposition cannot handle these arguments (or is missing): names the op."""
+class DecompositionError(PipelineError):
+    """A decomposition cannot handle these arguments (or is missing), or eager refuses them
+    (argmax of bool, an integer to a negative integer power): names the op. A PipelineError,
+    so `ember opt/check -p decompose` report it in one line (a ValueError, as before)."""
+
+
+class EagerRuntimeError(DecompositionError, RuntimeError):
+    """Eager raises RuntimeError on these arguments: so does the decomposition (a backend
+    that decomposes at compile time raises what eager raises, at the first call)."""
+
+
+class EagerNotImplementedError(DecompositionError, NotImplementedError):
+    """Eager has no kernel for these dtypes (NotImplementedError, a RuntimeError)."""
 
 
 class DecompContext:

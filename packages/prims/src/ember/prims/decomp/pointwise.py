@@ -21,7 +21,12 @@ from typing import Any
 import torch
 
 from ember.ir import DType, Value
-from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.context import (
+    DecompContext,
+    DecompositionError,
+    EagerNotImplementedError,
+    EagerRuntimeError,
+)
 from ember.prims.decomp.table import register_decomposition
 
 LOW_PRECISION = (DType.f16, DType.bf16)
@@ -214,8 +219,22 @@ def add(ctx: DecompContext, self: Any, other: Any, alpha: Any = 1) -> Value:
     return ctx.convert(ctx.prim("add", a, scale(ctx, b, round_number(alpha, out))), out)
 
 
+def _is_bool(ctx: DecompContext, x: Any) -> bool:
+    return isinstance(x, bool) or (isinstance(x, Value) and ctx.is_tensor(x)
+                                   and ctx.dtype(x) == DType.b8)
+
+
 def _sub(ctx: DecompContext, a: Any, b: Any, alpha: Any) -> Value:
     """a - alpha * b in opmath (eager rounds alpha to an f16/bf16 result's dtype)."""
+    # eager's sub_check (rsub's meta does not run it: 1 - mask would compute)
+    if _is_bool(ctx, a) and _is_bool(ctx, b):
+        raise EagerRuntimeError(f"{ctx.node.op}: Subtraction, the `-` operator, with two bool "
+                                f"tensors is not supported. Use the `^` or `logical_xor()` "
+                                f"operator instead.")
+    if _is_bool(ctx, a) or _is_bool(ctx, b):
+        raise EagerRuntimeError(f"{ctx.node.op}: Subtraction, the `-` operator, with a bool "
+                                f"tensor is not supported. If you are trying to invert a mask, "
+                                f"use the `~` or `logical_not()` operator instead.")
     out = ctx.out_dtype()
     x, y = opmath_operands(ctx, a, b)
     y = scale(ctx, y, round_number(alpha, out) if out in LOW_PRECISION else alpha)
@@ -333,18 +352,36 @@ def remainder(ctx: DecompContext, self: Any, other: Any) -> Value:
     return _native(ctx, "remainder", self, other)
 
 
+def _check_int_pow(base: DType, exponent: Any) -> None:
+    """Eager refuses an integer (or bool) tensor to a negative integer Scalar power (a tensor
+    exponent is computed: 2 ** -1 is 0); the prims' integer pow would return a value."""
+    if not base.is_floating and not base.is_complex and isinstance(exponent, int) \
+            and not isinstance(exponent, bool) and exponent < 0:
+        raise EagerRuntimeError("aten.pow.Tensor_Scalar: Integers to negative integer powers "
+                                "are not allowed.")
+
+
 # eager's CPU pow with a Scalar exponent takes these kernels instead for f32, f64 and bf16 (not
 # f16); they differ from pow at -0.0 and -inf: sqrt(-inf) is NaN, pow(-inf, 0.5) is inf
 _POW_SPECIAL = {0.5: "sqrt", -0.5: "rsqrt", -1.0: "reciprocal"}
 
 
+def _check_bool_pow(ctx: DecompContext, base: Any, exponent: Any) -> None:
+    """Eager has no bool pow kernel: bool ** bool raises (capture's meta says i64); a bool
+    tensor to a bool Scalar power is eager's special case (Tensor_Scalar), not checked here."""
+    if _is_bool(ctx, base) and _is_bool(ctx, exponent):
+        raise EagerNotImplementedError(f"{ctx.node.op}: \"pow\" not implemented for 'Bool'")
+
+
 @register_decomposition("aten.pow.Tensor_Tensor")
 def pow_tensor_tensor(ctx: DecompContext, self: Value, exponent: Value) -> Value:
+    _check_bool_pow(ctx, self, exponent)
     return _elementwise(ctx, "pow", self, exponent)
 
 
 @register_decomposition("aten.pow.Tensor_Scalar")
 def pow_tensor_scalar(ctx: DecompContext, self: Value, exponent: Any) -> Value:
+    _check_int_pow(ctx.dtype(self), exponent)
     out = ctx.out_dtype()
     if (out.is_floating and out != DType.f16 and is_number(exponent)
             and float(exponent) in _POW_SPECIAL):
@@ -359,6 +396,7 @@ def pow_tensor_scalar(ctx: DecompContext, self: Value, exponent: Any) -> Value:
 
 @register_decomposition("aten.pow.Scalar")
 def pow_scalar(ctx: DecompContext, self: Any, exponent: Value) -> Value:
+    _check_bool_pow(ctx, self, exponent)
     if ctx.out_dtype() in LOW_PRECISION:  # the base is rounded to the tensor's dtype
         return _native(ctx, "pow", self, exponent)
     return _elementwise(ctx, "pow", self, exponent)

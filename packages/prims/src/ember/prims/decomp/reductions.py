@@ -22,7 +22,7 @@ import sympy
 
 from ember.ir import DType, Value
 from ember.ir.expr import Dim, as_sympy, simplify_dim
-from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.context import DecompContext, DecompositionError, EagerRuntimeError
 from ember.prims.decomp.pointwise import opmath
 from ember.prims.decomp.table import register_decomposition
 
@@ -268,6 +268,8 @@ def min_(ctx: DecompContext, self: Value) -> Value:
 
 def _arg_reduction(ctx: DecompContext, prim: str, self: Value, dim: int | None, keepdim: bool
                    ) -> Value:
+    if ctx.dtype(self) == DType.b8:  # eager's argmax/argmin refuse bool (max.dim takes it)
+        raise EagerRuntimeError(f"{ctx.node.op}: {prim}(): does not support bool input")
     rank = ctx.rank(self)
     if dim is not None:
         return _index_only(ctx, prim, self, dim, keepdim)
