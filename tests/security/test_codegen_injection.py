@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -252,3 +253,31 @@ def test_loc_newline_exploit_runs_nothing(tmp_path: Path, capsys: pytest.Capture
         out = capsys.readouterr()
         assert rc == 0, out.err
         assert not marker.exists(), f"the IR file's loc() text ran as C++ ({payload!r})"
+
+
+def test_compiler_is_run_without_a_shell_or_ir_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """g++ gets an argument list (no shell) naming files by content hash: no argument holds
+    text of the IR (a hostile graph, value or loc name)."""
+    import subprocess
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+    real_popen, real_run = subprocess.Popen, subprocess.run
+
+    def popen(args: Any, **kw: Any) -> Any:
+        calls.append((args, kw))
+        return real_popen(args, **kw)
+
+    def run(args: Any, **kw: Any) -> Any:
+        calls.append((args, kw))
+        return real_run(args, **kw)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(subprocess, "run", run)
+    name = f"g_{MARK}"
+    m = _api_module([f"{MARK}{k}; rm -rf ~ `{MARK}` $({MARK})" for k in range(7)],
+                    [f"$(touch {MARK})\n{MARK}"] * 3, name, MARK)
+    run_ = compiled_runner(compile_module(m, "lower-loops,fuse,codegen-cpp"))
+    run_(name, [torch.randn(4, 8), torch.randn(8, 8)])
+    assert any("-o" in args for args, _ in calls), "expected a fresh g++ build"
+    for args, kw in calls:
+        assert isinstance(args, list) and not kw.get("shell"), (args, kw)
+        assert not any(MARK in str(a) for a in args), args
