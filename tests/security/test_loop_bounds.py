@@ -16,12 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401  (registers the loop dialect, the passes and the backend)
 from ember.inductor.bounds import index_violation
 from ember.ir import parse
+from ember.ir.expr import FloorDiv, PyMod, evaluate, value_range
 from ember.ir.passes import run_pipeline
 from ember.ir.verifier import check
 from ember.runtime import cli
@@ -79,7 +81,7 @@ def test_large_offset_does_not_crash_the_process(tmp_path: Path) -> None:
     f.write_text(module(["i0 + 100000000000"]))
     p = subprocess.run([sys.executable, "-c", "import sys; from ember.runtime.cli import main; "
                         "sys.exit(main(sys.argv[1:]))", "run", str(f), "--random", "--backend",
-                        "inductor"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                        "inductor"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert p.returncode == 1, p.stderr
     assert "may read outside its buffer" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
@@ -101,6 +103,13 @@ def test_reduction_variables_are_bound_only_inside_reductions() -> None:
     assert "r0, which no enclosing loop binds" in errors(module(["r0"], shape="8", ranges="8"))[0]
     assert "size 8" in errors(module(["r0 + 1"], shape="8", ranges="", reduce="8"))[0]
     assert "undeclared size symbol s3" in errors(module(["s3"], shape="8", ranges="8"))[0]
+
+
+def test_loop_index_variables_must_be_bound() -> None:
+    text = module(["i0"]).replace('%v = loop.load(%x, index=["i0"]) : f32[]',
+                                  '%i = loop.index(index="i0 + r2") : i64[]\n'
+                                  '  %v = loop.load(%x, index=["i0"]) : f32[]')
+    assert "r2, which no enclosing loop binds" in errors(text)[0]
 
 
 def test_out_of_range_store_is_refused() -> None:
@@ -266,6 +275,31 @@ def test_accepted_indices_stay_inside(t: Tree, ranges: list[int], size: int) -> 
         assert inside, text
     if not isinstance(t, tuple):  # a constant or one variable: the proof is exact
         assert (why is None) == inside, text
+
+
+ops = st.sampled_from(["+", "-", "*", "//", "mod", "min", "max"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.tuples(st.integers(-6, 6), st.integers(0, 5)),
+       b=st.tuples(st.integers(-6, 6), st.integers(0, 5)), op=ops)
+def test_value_range_contains_every_value(a: tuple[int, int], b: tuple[int, int],
+                                          op: str) -> None:
+    """ember.ir.expr.value_range over intervals of either sign (negative divisors too)."""
+    x, y = sympy.Symbol("x", integer=True), sympy.Symbol("y", integer=True)
+    e = {"+": x + y, "-": x - y, "*": x * y, "//": FloorDiv(x, y), "mod": PyMod(x, y),
+         "min": sympy.Min(x, y), "max": sympy.Max(x, y)}[op]
+    env = {"x": (a[0], a[0] + a[1]), "y": (b[0], b[0] + b[1])}
+    r = value_range(e, env)
+    pairs = itertools.product(range(env["x"][0], env["x"][1] + 1),
+                              range(env["y"][0], env["y"][1] + 1))
+    if op in ("//", "mod") and env["y"][0] <= 0 <= env["y"][1]:
+        assert r is None  # the divisor may be 0
+        return
+    assert r is not None
+    for vx, vy in pairs:
+        v = evaluate(e, {"x": vx, "y": vy})
+        assert r[0] <= v <= r[1], (op, env, vx, vy, v, r)
 
 
 # ---- no false positives on the compiler's own output ---------------------------------------

@@ -18,6 +18,11 @@ argmin (argmax/argmin over one reduced dim; i64 result). Inside a pointwise body
 `loop.reduce(@body, %bufs..., ranges=[outer], reduce_ranges=, reduction=)` is a reduction fused
 into it by `fuse`: its value at the body's first len(ranges) loop variables.
 
+The type rule of a kernel (`loop.pointwise`, `loop.reduction`) proves, with the loop extents,
+that every load of its body (and of its fused reductions' bodies) stays inside its buffer and
+uses only loop variables that an enclosing loop binds (`bounds.py`): the C++ code reads at those
+indices unchecked, so the verifier refuses any it cannot prove.
+
 Every op has a type rule and a reference (bodies are evaluated vectorised over the whole iteration
 domain with the prims' references), so the interpreter runs loop IR with the numbers of the prims
 graph it came from.
