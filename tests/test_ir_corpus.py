@@ -1,5 +1,9 @@
 """The IR corpus: .ir files that must keep parsing, verifying and replaying (the compatibility
-promise). Expected outputs were computed by calling the ATen ops in Python (make_corpus.py)."""
+promise). Expected outputs were computed by calling the ATen ops in Python (make_corpus.py).
+
+A replay is bitwise equal to eager computed here, on this machine (the promise is "bitwise on the
+same machine"); the stored outputs, written on another CPU whose BLAS may round differently,
+are met within a cross-machine tolerance (CROSS_MACHINE)."""
 
 from __future__ import annotations
 
@@ -13,8 +17,12 @@ from safetensors.torch import load_file
 
 from ember.ir import parse, verify
 from ember.runtime import cli
+from tests.ir_corpus import make_corpus
 
 CORPUS = Path(__file__).parent / "ir_corpus"
+# Another CPU's BLAS sums matmul/conv products in another order: ~1e-5 relative on the attention
+# block's outputs (magnitudes up to ~60), seen between an AMD EPYC and the machine that wrote them.
+CROSS_MACHINE = {"rtol": 1e-4, "atol": 1e-4}
 IR_FILES = sorted(CORPUS.glob("*.ir"))
 CASES = sorted(CORPUS.glob("*.in.safetensors"))
 
@@ -49,7 +57,18 @@ def test_corpus_replays_with_eager_numbers(inputs: Path, tmp_path: Path) -> None
     rc = cli.main(["run", str(CORPUS / f"{file}.ir"), "--graph", graph, "--inputs", str(inputs),
                    "--out", str(out)])
     assert rc == 0
-    _assert_bitwise(load_file(str(out)), load_file(str(CORPUS / f"{file}.{graph}.out.safetensors")))
+    got = load_file(str(out))
+    _assert_bitwise(got, _eager_here(file, graph, load_file(str(inputs))))
+    stored = load_file(str(CORPUS / f"{file}.{graph}.out.safetensors"))
+    assert got.keys() == stored.keys()
+    for k in stored:
+        torch.testing.assert_close(got[k], stored[k], equal_nan=True, **CROSS_MACHINE)
+
+
+def _eager_here(file: str, graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The case's eager function run now on its stored inputs."""
+    (fn,) = [fn for f, g, fn, _ in make_corpus.CASES if (f, g) == (file, graph)]
+    return {k: v.contiguous() for k, v in fn(**inputs).items()}
 
 
 def _ember_cmd() -> list[str]:
@@ -66,4 +85,5 @@ def test_corpus_replays_from_the_shell(tmp_path: Path) -> None:
                         "--inputs", f"{stem}.in.safetensors", "--out", str(out)],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    _assert_bitwise(load_file(str(out)), load_file(f"{stem}.out.safetensors"))
+    _assert_bitwise(load_file(str(out)),
+                    _eager_here("mutation", "bn_stats", load_file(f"{stem}.in.safetensors")))
