@@ -119,6 +119,22 @@ def test_torch_compile_ember_backend_hf(name: str) -> None:
     assert graphs and all(g.ran_compiled for g in graphs), [g.eager_reasons for g in graphs]
 
 
+def test_ember_backend_new_shapes() -> None:
+    """Dynamo's second graph takes the size as a SymInt input; ember specializes and recompiles
+    per shape, and a repeated shape hits ember's cache."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).relu().sum(0)
+
+    cf = torch.compile(f, backend="ember")
+    with torch.no_grad():
+        for n in (3, 5, 5):
+            x = torch.randn(n, 4)
+            torch.testing.assert_close(cf(x), f(x))
+    g = compiled_graphs()[-1]
+    assert g.ran_compiled, g.eager_reasons
+    assert g.compiled.history.cache_hits == 1
+
+
 def test_ember_backend_falls_back_with_a_warning() -> None:
     """A graph capture cannot take (Dynamo's raw grad-mode switch) runs eagerly, and says so."""
     def f(x: torch.Tensor) -> torch.Tensor:
