@@ -68,7 +68,7 @@ def test_corpus_replays_with_eager_numbers(inputs: Path, tmp_path: Path) -> None
 def _eager_here(file: str, graph: str, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The case's eager function run now on its stored inputs."""
     (fn,) = [fn for f, g, fn, _ in make_corpus.CASES if (f, g) == (file, graph)]
-    return {k: v.contiguous() for k, v in fn(**inputs).items()}
+    return {k: v.contiguous() for k, v in fn(**{k: v.clone() for k, v in inputs.items()}).items()}
 
 
 def _ember_cmd() -> list[str]:

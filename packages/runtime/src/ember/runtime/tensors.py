@@ -90,6 +90,10 @@ def load_inputs(path: str, graph: Graph, module: Module | None = None) -> list[A
         raise InputError(f"{path}: no such file") from None
     except Exception as e:
         raise InputError(f"{path}: not a readable safetensors file ({e})") from None
+    # safetensors hands out tensors at the file's offsets (8-byte aligned); some CPUs' BLAS
+    # round differently on such memory than on torch's 64-byte aligned allocations, which a
+    # live run has: a copy keeps replays bitwise equal to the run that wrote the file.
+    data = {k: v.clone() for k, v in data.items()}
     names = [p.name for p in graph.params]
     missing = [n for n in names if n not in data]
     if missing:
