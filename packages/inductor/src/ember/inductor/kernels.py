@@ -53,11 +53,18 @@ from ember.ir import (
 from ember.ir.backends import Backend, Runner, default_backends
 from ember.ir.expr import as_sympy, simplify_dim
 from ember.ir.interpreter import eager_error
-from ember.ir.passes import register_pass, run_pipeline
+from ember.ir.passes import register_pass, register_pipeline, run_pipeline
 
 PRELUDE_NAME = "cpp_prelude"
-DEFAULT_PIPELINE = ("decompose{keep_attention=true},cse,dce,lower-loops,fuse,codegen-cpp,"
-                    "plan-buffers")
+# The inductor's stages as named pipelines (`ember passes` lists them; compile() runs
+# "inductor" unless options={"pipeline": ...} says otherwise). "inductor" is "to-prims" except
+# that torch's fused CPU attention stays one op (an extern call beats its decomposition).
+INDUCTOR_CPU = register_pipeline(
+    "inductor-cpu", "lower-loops,fuse,codegen-cpp,plan-buffers",
+    "prims -> loop kernels, fused, as C++ kernel blocks with planned buffers").text
+DEFAULT_PIPELINE = register_pipeline(
+    "inductor", "decompose{keep_attention=true},cse,dce,inductor-cpu",
+    "compile()'s default: aten -> prims (fused CPU attention kept) -> C++ kernels").text
 
 
 def buffer_type(t: TensorType) -> TensorType:
@@ -395,5 +402,5 @@ def summary(compiled: Module) -> str:
 def register_backend() -> None:
     if "inductor" not in default_backends().all():
         default_backends().add(Backend(
-            "inductor", "decompose -> lower-loops -> fuse -> codegen-cpp, run compiled C++ "
-            "kernels (CPU)", _inductor_backend))
+            "inductor", f"the pipeline inductor ({DEFAULT_PIPELINE}), then run the compiled "
+            f"C++ kernels (CPU)", _inductor_backend))

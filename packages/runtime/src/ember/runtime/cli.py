@@ -322,6 +322,15 @@ def cmd_passes(a: argparse.Namespace) -> int:
             opts = " {" + ", ".join(f"{o.name}: {o.type.__name__} = {o.default}"
                                     for o in p.options.values()) + "}"
         print(f"{p.name:<16}{p.summary}{opts}")
+    # named pipelines: usable wherever a pass name is (`ember opt -p inductor`)
+    print("pipelines:")
+    for pl in default_pass_registry().pipelines().values():
+        print(f"{pl.name:<16}{pl.summary}\n{'':<16}= {pl.text}")
+    from ember.prims.decomp.table import decomposition_tables
+
+    print("decomposition tables (decompose{table=NAME}):")
+    for name, t in decomposition_tables().all().items():
+        print(f"{name:<16}{len(t)} ops")
     return 0
 
 

@@ -5,10 +5,15 @@ to run when it holds: the captured graph through a backend, or (when capture sto
 unsupported construct) the original function, eagerly. A call runs the first entry whose guards
 hold; a miss captures again (a recompilation), up to a cache limit (default 8 per compiled
 function, i.e. per code object), after which the function runs eagerly with one warning.
+
+The compiler is data: the inductor backend runs a pipeline string (default: the registered
+pipeline `inductor`), and `options=` picks another pipeline, decomposition table, per-stage
+verification and dumps (options.py); an unknown option or mode is a ValueError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Sequence
@@ -20,17 +25,19 @@ from torch import nn
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
 from ember.capture.resume import Broken
-from ember.inductor.kernels import compile_module, compiled_runner, summary
-from ember.ir import Module
+from ember.inductor.kernels import compiled_runner, load_module, summary
+from ember.ir import Module, PrintError
+from ember.ir.passes import run_pipeline
+from ember.prims.decomp.table import using_decompositions
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
-from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs
+from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs, dump_stages
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
+from ember.runtime.options import check_options
 from ember.runtime.writeback import Epilogue, backend_module
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-DEFAULT_CACHE_LIMIT = 8
 TRAINING_REASON = "training is not supported by the inductor backend yet (issue: ember.autograd)"
 
 
@@ -85,7 +92,10 @@ class CompiledFunction:
                  fullgraph: bool = False, mode: str | None = None, dynamic: bool | None = None,
                  options: dict[str, Any] | None = None):
         if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r}; one of {', '.join(map(str, MODES))}")
+            raise ValueError(f"unknown mode {mode!r}; valid modes: "
+                             f"{', '.join(map(repr, MODES))}")
+        self.opts = check_options(options, inductor=backend == "inductor")
+        self._args = (backend, options)  # for the compiled functions spawned at graph breaks
         self.target = target
         self.backend: Backend
         note: str | None = None
@@ -97,9 +107,10 @@ class CompiledFunction:
         self.mode = mode
         self.dynamic = dynamic
         self.options = dict(options or {})
-        self.cache_limit = int(self.options.pop("cache_limit", DEFAULT_CACHE_LIMIT))
+        self.cache_limit = self.opts.cache_limit
         self.entries: list[_GraphEntry | _EagerEntry | BreakEntry] = []
         self._last_compiled: Module | None = None  # set by _inductor, read by EMBER_DUMP
+        self._last_stages: list[tuple[str, str]] = []  # (stage, module text): dump_each
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
@@ -117,12 +128,13 @@ class CompiledFunction:
             self.history.note(note)
         if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
             self.history.note(f"mode {mode!r} has no effect yet (it needs the inductor "
-                              f"backend and CUDA graphs)")
+                              f"backend and CUDA graphs): the pipeline "
+                              f"{self.opts.pipeline} runs as in the default mode")
         if dynamic:
             self.history.note("dynamic=True is not built yet: shapes are specialized and a "
                               "new shape recompiles")
-        for k in self.options:
-            self.history.note(f"option {k!r} is not used yet")
+        for n in self.opts.notes():
+            self.history.note(n)
 
     def _inductor(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
         """Backend "inductor": the graph compiled to C++ kernels, or (with a note saying why)
@@ -141,7 +153,7 @@ class CompiledFunction:
             return eager(f"the inductor backend has no {'/'.join(devices)} code generation "
                          f"yet (Triton comes next); it compiles CPU graphs only")
         try:
-            compiled = compile_module(module)
+            compiled = self._run_pipeline(module)
         except Exception as e:
             return eager(f"the inductor backend cannot compile it: {type(e).__name__}: {e}")
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
@@ -173,6 +185,28 @@ class CompiledFunction:
 
         self.history.note(f"{name}: the inductor backend compiled it to {summary(compiled)}")
         return run
+
+    def _run_pipeline(self, module: Module) -> Module:
+        """The inductor's pipeline (options pipeline, decompositions, verify_each, dump_each)
+        over the captured graph; its C++ built (or found in the kernel cache)."""
+        o = self.opts
+        stages: list[tuple[str, str]] = []
+
+        def after(stage: str, m: Module) -> None:
+            try:
+                stages.append((stage, str(m)))
+            except PrintError as e:  # a dump is a note, never the reason a compile fails
+                stages.append((stage, f"# cannot print the module: {e}\n"))
+
+        table = using_decompositions(o.decompositions) if o.decompositions is not None \
+            else contextlib.nullcontext()
+        with table:
+            out = run_pipeline(module, o.pipeline, verify_each=o.verify_each,
+                               print_after=after if o.dump_each else None)
+        if out.kernels:
+            load_module(out)
+        self._last_stages = stages
+        return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         S = self.self_obj
@@ -221,7 +255,7 @@ class CompiledFunction:
         # nothing captured before a break, or in a resume function: no graph to speak of
         empty = (brk is not None or self._child) and not res.graph.nodes
         backend = eager_backend if empty else self.backend
-        self._last_compiled = None
+        self._last_compiled, self._last_stages = None, []
         runner = backend(backend_module(res), res.input_examples)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)
@@ -231,9 +265,11 @@ class CompiledFunction:
             raise RuntimeError(f"ember: the guards of a fresh capture of {self.name} fail on "
                                f"the call that produced them: "
                                f"{graph_entry.code.failure(S, args, kwargs)}")
-        dumped = None if empty else dump_capture(res, inputs)
+        dumped = None if empty else dump_capture(res, inputs, self.opts.dump_dir)
         if dumped is not None and self._last_compiled is not None:
             dump_compiled(dumped, self._last_compiled, res.graph)
+        if dumped is not None and self._last_stages:
+            dump_stages(dumped, self._last_stages)
         if not empty:
             self.history.graphs.append(GraphRecord(
                 res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
@@ -247,13 +283,11 @@ class CompiledFunction:
     def _spawn(self, target: Any) -> CompiledFunction:
         """A compiled function for a resume function or a callee: this one's backend and
         options, and its history (so `explain` reports every graph and break)."""
-        cf = CompiledFunction(target, backend="eager", mode=self.mode, dynamic=self.dynamic,
-                              options={"cache_limit": self.cache_limit})
-        cf.backend, cf.backend_name = self.backend, self.backend_name
-        if getattr(self.backend, "__func__", None) is CompiledFunction._inductor:
-            # the child's own inductor backend: it records the child's compiled module, so
-            # EMBER_DUMP writes NAME.kernels.ir for resume functions too
-            cf.backend = cf._inductor
+        backend, options = self._args
+        cf = CompiledFunction(target, backend=backend, mode=self.mode, dynamic=self.dynamic,
+                              options=options)
+        # (with "inductor", the child's own inductor backend: it records the child's compiled
+        # module, so EMBER_DUMP writes NAME.kernels.ir for resume functions too)
         cf.history = self.history
         cf._spawned = self._spawned
         cf._child = True

@@ -104,10 +104,12 @@ def _claim_stem(d: Path, name: str) -> str:
         return f"{name}_{i}"
 
 
-def dump_capture(cap: Captured, inputs: Sequence[Any]) -> Path | None:
+def dump_capture(cap: Captured, inputs: Sequence[Any], directory: Path | None = None
+                 ) -> Path | None:
     """Write the graph and its inputs (before the call runs); returns the .ir path, or None
-    where nothing is dumped (no EMBER_DUMP, or a directory that cannot be used)."""
-    d = dump_dir()
+    where nothing is dumped (no EMBER_DUMP, or a directory that cannot be used). `directory`
+    (compile's option dump_dir) takes the place of EMBER_DUMP."""
+    d = directory or dump_dir()
     if d is None:
         return None
 
@@ -141,6 +143,17 @@ def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path | No
         return path
 
     return _guarded(ir_path.parent, write)
+
+
+def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]]) -> None:
+    """compile's option dump_each: the module after each pipeline stage (stage text, module
+    text), as STEM.stageNN.PASS.ir beside STEM.ir (`ember opt -p` of the stages from STEM.ir
+    gives the same files)."""
+    stem = ir_path.name.removesuffix(".ir")
+    for i, (stage, text) in enumerate(stages):
+        name = stage.split("{", 1)[0]  # the pass name: the options' text stays in the file
+        path = ir_path.parent / f"{stem}.stage{i:02d}.{name}.ir"
+        _guarded(ir_path.parent, lambda p=path, t=f"# after {stage}\n{text}": _write_text(p, t))
 
 
 def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:

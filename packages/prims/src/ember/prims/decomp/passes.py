@@ -1,4 +1,5 @@
-"""The `decompose` pass: aten ops -> prims, by the decomposition table."""
+"""The `decompose` pass: aten ops -> prims, by a decomposition table, and the `to-prims`
+pipeline (decompose, then clean up)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ from typing import Any
 from ember.ir import Builder, Graph, Module, Node, ScalarType, TensorType, Value
 from ember.ir.expr import evaluate
 from ember.ir.graph import map_args
-from ember.ir.passes import register_pass
+from ember.ir.passes import PipelineError, register_pass, register_pipeline
 from ember.ir.registry import EMBER_DIALECTS, OpRegistry
 from ember.ir.types import Type
 from ember.ir.verifier import types_equal
 from ember.prims.decomp.context import DecompContext, DecompositionError
 from ember.prims.decomp.random import PhiloxState
-from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable, values_of
+from ember.prims.decomp.table import (
+    DecompositionTable,
+    active_table,
+    decomposition_table,
+    values_of,
+)
 from ember.prims.rules import is_number
 
 # Fused attention kernels a backend may keep as one extern call (inductor on CPU, as
@@ -23,11 +29,25 @@ FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",)
 
 
 @register_pass("decompose", "lower aten (and other torch) ops to ember's prims; "
-               "keep_attention=true keeps torch's fused CPU attention (no dropout) as one op")
+               "keep_attention=true keeps torch's fused CPU attention (no dropout) as one op; "
+               "table=NAME picks a registered decomposition table (default: 'default', or "
+               "compile()'s)")
 def decompose(module: Module, *, keep_unsupported: bool = False, keep_attention: bool = False,
-              registry: OpRegistry) -> Module:
-    return decompose_module(module, DECOMPOSITIONS, keep_unsupported=keep_unsupported,
+              table: str = "", registry: OpRegistry) -> Module:
+    if table:
+        try:
+            chosen = decomposition_table(table)
+        except KeyError as e:
+            raise PipelineError(f"decompose: {e.args[0]}") from None
+    else:
+        chosen = active_table()
+    return decompose_module(module, chosen, keep_unsupported=keep_unsupported,
                             keep_attention=keep_attention)
+
+
+TO_PRIMS = "decompose,cse,dce"
+register_pipeline("to-prims", TO_PRIMS, "aten -> ember's prims, then common subexpressions "
+                  "and dead code removed")
 
 
 def decompose_module(module: Module, table: DecompositionTable, *,
