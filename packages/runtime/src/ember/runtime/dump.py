@@ -25,6 +25,7 @@ call's result is unaffected; later captures try again and behave the same way.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import tempfile
 import warnings
@@ -153,7 +154,8 @@ def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]]) -> None:
     for i, (stage, text) in enumerate(stages):
         name = stage.split("{", 1)[0]  # the pass name: the options' text stays in the file
         path = ir_path.parent / f"{stem}.stage{i:02d}.{name}.ir"
-        _guarded(ir_path.parent, lambda p=path, t=f"# after {stage}\n{text}": _write_text(p, t))
+        body = f"# after {stage}\n{text}"
+        _guarded(ir_path.parent, functools.partial(_write_text, path, body))
 
 
 def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
