@@ -550,6 +550,11 @@ def _signature(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> 
                                         ObjectVar):
         raise unhandled(f"inspect.signature of {args[0].describe() if args else 'nothing'}")
     target = unwrap(args[0])
+    fn_var = args[0].func if isinstance(args[0], MethodVar) else args[0]
+    if isinstance(fn_var, FunctionVar):  # a user function's defaults may be reassigned
+        from ember.capture.lookups import guard_function
+
+        guard_function(tx, fn_var.fn)
     return tx.wrap(pyops.real(inspect.signature, target,
                               **{k: _c(v) for k, v in kwargs.items()}), None)
 

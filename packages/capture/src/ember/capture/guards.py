@@ -178,9 +178,9 @@ class Guard:
         if self.kind is GuardKind.DICT_KEYS:
             return f"keys of {what} are {_safe_keys(actual)}, expected {list(e)}"
         if self.kind is GuardKind.CLASS_ATTR and isinstance(actual, type):
-            now = next((c.__dict__[e.name] for c in actual.__mro__ if e.name in c.__dict__),
+            cur = next((c.__dict__[e.name] for c in actual.__mro__ if e.name in c.__dict__),
                        None)
-            return f"{what}.{e.name} is now {_short(now)}, expected {_short(e.found)}"
+            return f"{what}.{e.name} is now {_short(cur)}, expected {_short(e.found)}"
         if self.kind is GuardKind.NOT_IN and isinstance(self.source, AttrSource) and \
                 self.source.attr == "__dict__":
             return (f"{describe(self.source.of)}.{e} is now an instance attribute (shadowing "
@@ -264,13 +264,13 @@ def _safe_keys(v: Any) -> str:
 
 def _short(obj: Any) -> str:
     if isinstance(obj, types.CodeType):
-        name = obj.co_qualname.rsplit("<locals>.", 1)[-1]
-        return f"<code {name} at {obj.co_filename}:{obj.co_firstlineno}>"
+        short = obj.co_qualname.rsplit("<locals>.", 1)[-1]
+        return f"<code {short} at {obj.co_filename}:{obj.co_firstlineno}>"
     if isinstance(obj, property):
         return f"<property {_short(obj.fget)}>"
     if isinstance(obj, staticmethod | classmethod):
         return f"<{type(obj).__name__} {_short(obj.__func__)}>"
-    if type(obj) is tuple:
+    if type(obj) in (tuple, bool, int, float, str, bytes, type(None)):
         return reprlib.repr(obj)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if isinstance(name, str):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -153,12 +153,14 @@ class Tracer:
     # -- inlining ---------------------------------------------------------------------------
     def inline(self, fn: FunctionVar | NestedFunctionVar, args: list[Var],
                kwargs: dict[str, Var]) -> Var:
+        defaults: Sequence[Var]
+        kwdefaults: Mapping[str, Var]
         if isinstance(fn, FunctionVar):
             f = fn.fn
             code = f.__code__
             glb = f.__globals__
             module = f.__module__ or ""
-            defaults, kwdefaults = function_defaults(self, f)  # guarded with f's code
+            defaults, kwdefaults = function_defaults(self, f)  # read lazily, guarded
             closure: list[Cell | Any] = list(f.__closure__ or ())
             name = f.__qualname__
         else:
@@ -192,7 +194,7 @@ class Tracer:
 
 
 def bind_arguments(code: types.CodeType, name: str, args: list[Var], kwargs: dict[str, Var],
-                   defaults: list[Var], kwdefaults: dict[str, Var]) -> dict[str, Var]:
+                   defaults: Sequence[Var], kwdefaults: Mapping[str, Var]) -> dict[str, Var]:
     """Bind a call's arguments to a code object's parameters, as CPython does."""
     nargs = code.co_argcount
     nposonly = code.co_posonlyargcount
