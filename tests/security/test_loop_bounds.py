@@ -129,8 +129,16 @@ def test_empty_loops_read_nothing() -> None:
 def test_intermediate_overflow_is_refused() -> None:
     """In range mathematically, but the C++ computes `i0 * 2**62` in int64 (wraps)."""
     errs = errors(module([f"(i0 * {2**62}) // {2**62}"]))
-    assert errs and "overflow int64" in errs[0]
+    assert errs and "overflows int64" in errs[0]
     assert errors(module([f"(i0 * {2**40}) // {2**40}"])) == []
+
+
+def test_hostile_index_text_gets_a_short_clear_error() -> None:
+    """Integers beyond int64 (Python would read 5000 digits only to fail) and huge sums."""
+    for text in ["i0 + " + "1" * 5000, " + ".join(["i0"] * 5000)]:
+        errs = errors(module([text]))
+        assert errs and len(errs[0]) < 300 and "\n" not in errs[0]
+        assert "out of int64 range" in errs[0] or "longer than" in errs[0]
 
 
 def test_fused_reductions_are_checked_with_their_extents() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import sympy
 
-from ember.inductor.indexing import IndexParseError, parse_index
+from ember.inductor.indexing import IndexParseError, clip, parse_index
 from ember.ir import Graph, Module, Node, OpTypeError, Ref, TensorType, Value
 from ember.ir.expr import (
     INT64_MAX,
@@ -146,9 +146,7 @@ def prove_le(a: sympy.Expr, b: sympy.Expr, syms: Mapping[str, Interval], depth: 
     return r is not None and r[0] >= 0
 
 
-def _show(r: Interval | SymRange | None) -> str:
-    if r is None:
-        return "unbounded (no range follows from the loop extents)"
+def _show(r: Interval | SymRange) -> str:
     return "[" + ", ".join(str(x) if isinstance(x, (int, float)) else to_text(x) for x in r) + "]"
 
 
@@ -177,15 +175,19 @@ def _violation(text: str, size: Dim, extents_: tuple[tuple[str, Dim], ...],
     if all(isinstance(n, int) for n in used.values()) and isinstance(size, int) \
             and len(used) == len(names):
         r, fits = _concrete(text, tuple(sorted(used.items())))
-        if r is not None and not fits:
-            return f"its intermediate values overflow int64 (range {_show(r)})"
-        if r is not None and r[0] >= 0 and r[1] <= size - 1:
+        if r is None:
+            return f"cannot be bounded over the loop extents (the buffer has size {size} there)"
+        if not fits:
+            return (f"overflows int64 in its intermediate values, which the C++ code would "
+                    f"wrap (range {_show(r)}, the buffer has size {size} there)")
+        if r[0] >= 0 and r[1] <= size - 1:
             return None
-        return f"ranges over {_show(r)}"
+        return f"ranges over {_show(r)}, but the buffer has size {size} there"
     s = _sym_range(as_sympy(e), extents, syms)
     if s is not None and _nonneg(s[0], syms) and prove_le(s[1], as_sympy(size) - 1, syms):
         return None
-    return f"ranges over {_show(s)}, not provably inside"
+    where = f"ranges over {_show(s)}" if s is not None else "cannot be bounded"
+    return f"{where}, not provably inside the buffer's size {to_text(size)} there"
 
 
 # ---- a kernel's bodies ---------------------------------------------------------------------
@@ -247,10 +249,10 @@ def _check_body(walk: _Walk, body: Graph, ranges: list[Dim], red: list[Dim],
                 for name in index_names(text):
                     if name[0] in "ir" and name not in extents:
                         raise OpTypeError(
-                            f"{where}: {n.op}{_where(n)}: index {text!r} uses {name}, which no "
+                            f"{where}: {n.op}{_where(n)}: index {clip(text)!r} uses {name}, which no "
                             f"enclosing loop binds (bound here: {_bindings(extents)})")
                     if name[0] == "s" and name not in syms:
-                        raise OpTypeError(f"{where}: {n.op}{_where(n)}: index {text!r} uses "
+                        raise OpTypeError(f"{where}: {n.op}{_where(n)}: index {clip(text)!r} uses "
                                           f"the undeclared size symbol {name}")
                 if shape is None or empty or d >= len(shape):
                     continue
@@ -259,8 +261,8 @@ def _check_body(walk: _Walk, body: Graph, ranges: list[Dim], red: list[Dim],
                     assert isinstance(buf, Value)
                     raise OpTypeError(
                         f"{where}: loop.load(%{buf.name}){_where(n)} may read outside its "
-                        f"buffer: index {text!r} of dim {d} {why}, but %{buf.name} has size "
-                        f"{to_text(shape[d])} there (loops: {_bindings(extents)})")
+                        f"buffer: index {clip(text)!r} of dim {d} {why} (loops: "
+                        f"{_bindings(extents)})")
         elif n.op == "loop.reduce":
             _check_reduce(walk, where, n, ranges + red, path)
 

@@ -19,6 +19,7 @@ import sympy
 import torch
 
 from ember.ir.expr import (
+    INT64_MAX,
     Dim,
     FloorDiv,
     PyMod,
@@ -31,6 +32,7 @@ from ember.ir.expr import (
 
 _TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>//|[-+*(),]))")
 _VAR = re.compile(r"^(i|r|s)\d+$")
+MAX_TOKENS = 4096  # compiled indices have a few dozen
 
 
 class IndexParseError(ValueError):
@@ -51,6 +53,11 @@ def index_text(e: Dim) -> str:
     return to_text(simplify_dim(e))
 
 
+def clip(text: str) -> str:
+    """An index as error messages quote it (a hostile one may be long)."""
+    return text if len(text) <= 60 else text[:56] + "..."
+
+
 @functools.lru_cache(maxsize=16384)
 def parse_index(text: str) -> Dim:
     """Read an index expression: INT, i<k>, r<k>, s<k>, + - * //, mod/max/min(a, b), parens.
@@ -63,10 +70,12 @@ def parse_index(text: str) -> Dim:
         if m is None or m.end() == pos:
             if text[pos:].strip() == "":
                 break
-            raise IndexParseError(f"index {text!r}: unexpected {text[pos]!r} at {pos + 1}")
+            raise IndexParseError(f"index {clip(text)!r}: unexpected {text[pos]!r} at {pos + 1}")
         kind = m.lastgroup or "op"
         toks.append((kind, m.group(kind)))
         pos = m.end()
+        if len(toks) > MAX_TOKENS:  # sympy sums grow quadratically: bound the work
+            raise IndexParseError(f"index {clip(text)!r}: longer than {MAX_TOKENS} tokens")
     k = 0
 
     def peek() -> str:
@@ -75,13 +84,13 @@ def parse_index(text: str) -> Dim:
     def take(want: str | None = None) -> tuple[str, str]:
         nonlocal k
         if k >= len(toks) or (want is not None and toks[k][1] != want):
-            raise IndexParseError(f"index {text!r}: expected {want or 'more'}")
+            raise IndexParseError(f"index {clip(text)!r}: expected {want or 'more'}")
         k += 1
         return toks[k - 1]
 
     def expr(depth: int) -> sympy.Expr:
         if depth > 64:
-            raise IndexParseError(f"index {text!r}: nested too deeply")
+            raise IndexParseError(f"index {clip(text)!r}: nested too deeply")
         e = term(depth)
         while peek() in ("+", "-"):
             op = take()[1]
@@ -99,7 +108,11 @@ def parse_index(text: str) -> Dim:
 
     def factor(depth: int) -> sympy.Expr:
         kind, tok = take()
-        if kind == "int":
+        if kind == "int":  # ir-v1 integers are int64 (and huge text would be slow to read)
+            if len(tok) > 19 or int(tok) > INT64_MAX:
+                short = tok if len(tok) <= 24 else tok[:20] + "..."
+                raise IndexParseError(f"index {clip(text)!r}: integer {short} is out of int64 "
+                                      f"range")
             return sympy.Integer(int(tok))
         if tok == "-":
             return -factor(depth + 1)
@@ -117,11 +130,11 @@ def parse_index(text: str) -> Dim:
             return fn(a, b)
         if kind == "name" and _VAR.match(tok):
             return symbol(tok)
-        raise IndexParseError(f"index {text!r}: unexpected {tok!r}")
+        raise IndexParseError(f"index {clip(text)!r}: unexpected {tok!r}")
 
     e = expr(0)
     if k != len(toks):
-        raise IndexParseError(f"index {text!r}: unexpected {toks[k][1]!r}")
+        raise IndexParseError(f"index {clip(text)!r}: unexpected {toks[k][1]!r}")
     return simplify_dim(e)
 
 

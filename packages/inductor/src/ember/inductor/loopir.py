@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.inductor.bounds import check_kernel, index_violation, symbol_ranges
-from ember.inductor.indexing import IndexParseError, affine_view, eval_index, parse_index
+from ember.inductor.indexing import IndexParseError, affine_view, clip, eval_index, parse_index
 from ember.ir import (
     Arg,
     DType,
@@ -213,8 +213,7 @@ def view_index(args: Sequence[Any], kw: Mapping[str, Any],
         for d, n in enumerate(xshape):
             why = index_violation(str(index[d]), n, extents, syms or {})
             if why is not None:
-                raise OpTypeError(f"loop.view: index {index[d]!r} of dim {d} {why}, but the "
-                                  f"buffer has size {n} there")
+                raise OpTypeError(f"loop.view: index {clip(str(index[d]))!r} of dim {d} {why}")
     return shape, aff
 
 
