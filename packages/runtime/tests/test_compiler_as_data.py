@@ -165,6 +165,7 @@ def test_unknown_mode_raises_and_planned_modes_say_so() -> None:
     ({"pipeline": "nope"}, "unknown pass 'nope'.*pipelines: .*inductor"),
     ({"pipeline": 3}, "pipeline must be"),
     ({"decompositions": "nope"}, "unknown decomposition table 'nope'.*default"),
+    ({"pipeline": "decompose{table=nope}"}, "unknown decomposition table 'nope'"),
     ({"decompositions": 1.5}, "table name or a DecompositionTable"),
     ({"verify_each": "yes"}, "verify_each must be a bool"),
     ({"cache_limit": 0}, "cache_limit must be an int >= 1"),
@@ -373,3 +374,25 @@ def test_a_broken_plugin_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
         warnings.simplefilter("always")
         assert tables.all() == {}
     assert any("broken" in str(x.message) and "ImportError" in str(x.message) for x in w)
+
+
+def test_lowering_tables_by_name(tmp_path: Path) -> None:
+    """A lowering table without exp's rule: exp stays an extern call; results unchanged."""
+    from ember.inductor.lowering import LOWERING_TABLES, LOWERINGS, register_lowering_table
+
+    rules = {k: v for k, v in LOWERINGS.items() if k != "prims.exp"}
+    register_lowering_table("test-no-exp", rules)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            register_lowering_table("default", rules)
+        x = torch.randn(3, 4)
+        fn = lambda x: torch.exp(x) + 1  # noqa: E731
+        pipeline = "to-prims,lower-loops{table=test-no-exp},fuse,codegen-cpp,plan-buffers"
+        c = er.compile(fn, options={"pipeline": pipeline, "dump_dir": str(tmp_path)})
+        torch.testing.assert_close(c(x), fn(x))
+        compiled = next(tmp_path.glob("*.kernels.ir")).read_text()
+        assert 'kernels.extern(' in compiled and 'op="prims.exp"' in compiled
+        with pytest.raises(ValueError, match="unknown lowering table 'nope'.*default"):
+            er.compile(fn, options={"pipeline": "to-prims,lower-loops{table=nope}"})
+    finally:
+        LOWERING_TABLES.pop("test-no-exp")

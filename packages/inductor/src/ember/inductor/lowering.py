@@ -7,7 +7,10 @@ Each elementwise prim becomes one `loop.pointwise` kernel, each reduction one `l
 loop form (matmul, convolution, sort, gather, random, ...) become `loop.extern` nodes that call
 the prim's own implementation. Ops of other dialects pass through.
 
-The lowering of each prim is found in one table, `LOWERINGS`: prim -> rule.
+The lowering of each prim is found in one table, `LOWERINGS`: prim -> rule. Tables are plain
+dicts, so a variant is `{**LOWERINGS, "prims.exp": my_rule}`; `register_lowering_table(name,
+rules)` makes it selectable as `lower-loops{table=NAME}` (a prim without a rule stays an extern
+call of its own implementation).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ember.inductor.indexing import substitute as subst_index
 from ember.ir import Arg, Builder, DType, Graph, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, simplify_dim
 from ember.ir.graph import map_args
-from ember.ir.passes import register_pass
+from ember.ir.passes import PipelineError, register_pass
 from ember.prims import PRIMS_BY_OP
 from ember.prims.decomp.passes import FUSED_ATTENTION
 
@@ -57,7 +60,9 @@ REDUCTION_PRIMS = {"prims.sum": "sum", "prims.prod": "prod", "prims.amax": "amax
 
 
 class _Lowering:
-    def __init__(self, module: Module, g: Graph, bodies: list[Graph], taken: set[str]):
+    def __init__(self, module: Module, g: Graph, bodies: list[Graph], taken: set[str],
+                 rules: dict[str, Rule] | None = None):
+        self.rules = LOWERINGS if rules is None else rules
         self.m = module
         self.g = g
         self.bodies = bodies
@@ -213,7 +218,7 @@ class _Lowering:
             if n in epis:
                 _convolution(self, epis[n].conv, epis[n])
                 continue
-            rule = LOWERINGS.get(n.op)
+            rule = self.rules.get(n.op)
             scalar_operand = any(not isinstance(v.type, TensorType) for v in n.operands())
             if n.op.startswith("prims.") and (rule is None or scalar_operand):
                 self.passthrough(n, n.op)
@@ -463,9 +468,11 @@ def _convolution(lw: _Lowering, n: Node, epi: Epilogue | None = None) -> None:
             or xt.dtype != DType.f32 or 0 in (*xt.shape, *t.shape):  # oneDNN's fast path
         lw.passthrough(n, n.op)
         for m in epi.chain if epi is not None else ():  # the epilogue as it was
-            rule = LOWERINGS.get(m.op)
-            assert rule is not None
-            rule(lw, m)
+            rule = lw.rules.get(m.op)
+            if rule is None:  # a table without it: the prim's own implementation
+                lw.passthrough(m, m.op)
+            else:
+                rule(lw, m)
         return
     i = [ivar(k) for k in range(4)]
     nhwc = TensorType(xt.dtype, (xt.shape[0], xt.shape[2], xt.shape[3], xt.shape[1]), None,
@@ -588,15 +595,34 @@ LOWERINGS: dict[str, Rule] = {
 }
 
 
+LOWERING_TABLES: dict[str, dict[str, Rule]] = {"default": LOWERINGS}
+
+
+def register_lowering_table(name: str, rules: dict[str, Rule], *, replace: bool = False
+                            ) -> dict[str, Rule]:
+    """Make `rules` (prim -> rule, e.g. a modified copy of LOWERINGS) selectable as
+    `lower-loops{table=NAME}`."""
+    if name == "default" or (name in LOWERING_TABLES and not replace):
+        raise ValueError(f"lowering table {name} is already registered"
+                         + ("" if name == "default" else " (pass replace=True to redefine it)"))
+    LOWERING_TABLES[name] = rules
+    return rules
+
+
 @register_pass("lower-loops", "prims -> loop-level IR: pointwise/reduction kernels over index "
-               "values, views as index rewrites, the rest extern")
-def lower_loops(module: Module) -> Module:
+               "values, views as index rewrites, the rest extern; table=NAME picks a "
+               "registered lowering table")
+def lower_loops(module: Module, *, table: str = "default") -> Module:
+    rules = LOWERING_TABLES.get(table)
+    if rules is None:
+        raise PipelineError(f"lower-loops: unknown lowering table {table!r} (known: "
+                            f"{', '.join(sorted(LOWERING_TABLES))})")
     out = module.clone()
     bodies: list[Graph] = []
     taken: set[str] = set()
     for g in list(out.graphs.values()):
         if not _is_body(out, g):
-            _Lowering(out, g, bodies, taken).run()
+            _Lowering(out, g, bodies, taken, rules).run()
     for body in bodies:
         out.add(body)
     return out
@@ -611,5 +637,6 @@ def lowered_ops(module: Module) -> set[str]:
     return {n.op for g in module.graphs.values() for n in g.nodes}
 
 
-__all__ = ["LOWERINGS", "View", "lower_loops", "lowered_ops"]
+__all__ = ["LOWERINGS", "LOWERING_TABLES", "View", "lower_loops", "lowered_ops",
+           "register_lowering_table"]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.ir.passes import PipelineError, expand_pipeline
+from ember.ir.passes import PipelineError, PipelineStage, expand_pipeline, parse_pipeline
 from ember.prims.decomp.table import (
     DecompositionTable,
     decomposition_table,
@@ -70,6 +70,22 @@ class CompileOptions:
         return out
 
 
+def _check_tables(stages: list[PipelineStage]) -> None:
+    """Table names in stages exist now, so a typo is an error at compile(), not a fallback to
+    eager at the first call."""
+    from ember.inductor.lowering import LOWERING_TABLES
+
+    for st in stages:
+        table = st.options.get("table")
+        if not isinstance(table, str) or not table:
+            continue
+        if st.pass_.name == "decompose":
+            decomposition_table(table)
+        elif st.pass_.name == "lower-loops" and table not in LOWERING_TABLES:
+            raise KeyError(f"lower-loops: unknown lowering table {table!r} (known: "
+                           f"{', '.join(sorted(LOWERING_TABLES))})")
+
+
 def _valid() -> str:
     return ", ".join(OPTIONS)
 
@@ -94,9 +110,10 @@ def check_options(options: dict[str, Any] | None, *, inductor: bool) -> CompileO
             raise ValueError(f"option pipeline must be a pipeline string or name, not "
                              f"{type(p).__name__}")
         try:
-            expand_pipeline(p)  # unknown passes, options, pipelines and cycles fail here
-        except PipelineError as e:
-            raise ValueError(f"option pipeline={p!r}: {e}") from None
+            _check_tables(parse_pipeline(p))  # unknown passes, options, pipelines, cycles
+        except (PipelineError, KeyError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"option pipeline={p!r}: {msg}") from None
         kw["pipeline"] = p
     if "decompositions" in opts:
         d = opts["decompositions"]
