@@ -291,3 +291,24 @@ def test_partial_held_by_a_module_is_guarded() -> None:
     same(m, c, x)
     m.act.keywords["negative_slope"] = 0.7
     same(m, c, x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_closure_cell_of_an_inlined_function_changed(backend: str) -> None:
+    k = 2.0
+    act = torch.relu
+
+    def helper(x: torch.Tensor) -> torch.Tensor:
+        return act(x) * k
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return helper(x) + 1
+
+    c = er.compile(fn, backend=backend)
+    x = torch.randn(4)
+    same(fn, c, x)
+    k = -3.0  # the cell's contents, read by helper
+    same(fn, c, x)
+    act = torch.tanh
+    same(fn, c, x)
+    assert len(history(c).recompilations) == 2
