@@ -5,6 +5,8 @@ The top of the package DAG: it may import every other ember layer; no other laye
 
 from ember.runtime.compile import CaptureError, CompiledFunction, CompiledModule, compile
 from ember.runtime.explain import ExplainReport, explain
+from ember.runtime.fallbacks import FallbackWarning
+from ember.runtime.logs import set_logs
 
-__all__ = ["CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport", "compile",
-           "explain"]
+__all__ = ["CaptureError", "CompiledFunction", "CompiledModule", "ExplainReport",
+           "FallbackWarning", "compile", "explain", "set_logs"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import warnings
+import logging
+import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,13 +27,19 @@ from torch import nn
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
 from ember.capture.resume import Broken
-from ember.inductor.kernels import compiled_runner, load_module, summary
+from ember.inductor.cache import STATS
+from ember.inductor.kernels import PRELUDE_NAME, compiled_runner, load_module, summary
 from ember.ir import Module, PrintError
+from ember.ir.effects import allow_effects
 from ember.ir.passes import run_pipeline
-from ember.prims.decomp.table import using_decompositions
+from ember.ir.registry import default_registry
+from ember.prims.decomp.context import DecompositionError
+from ember.prims.decomp.table import active_table, using_decompositions
+from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs, dump_stages
+from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
 from ember.runtime.options import check_options
@@ -114,6 +122,11 @@ class CompiledFunction:
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
+        # the user's function, named in fallback warnings (resume functions share it)
+        self._root = (getattr(target, "__qualname__", None) or type(target).__name__,
+                      self.code.co_filename if self.code else "<unknown>",
+                      self.code.co_firstlineno if self.code else 0)
+        self._graph_no: int | None = None  # the number of the graph a backend is compiling
         self._gave_up = False
         # resume functions and callees compiled for graph breaks: id -> (object, compiled)
         self._spawned: dict[int, tuple[Any, CompiledFunction]] = {}
@@ -136,29 +149,60 @@ class CompiledFunction:
         for n in self.opts.notes():
             self.history.note(n)
 
+    def _fallback(self, kind: str, reason: str, *, ops: tuple[str, ...] = (),
+                  graph: int | None = None) -> None:
+        """Record (and warn once per kind, and log) a fallback of the current graph."""
+        qual, file, line = self._root
+        record(self.history, Fallback(reason, file, line, (), kind,
+                                      self._graph_no if graph is None else graph, ops), qual)
+
+    def _missing(self, module: Module, e: Exception) -> tuple[str, ...]:
+        """Every op of the graph without a decomposition, where `e` says one has none (the
+        decompose pass stops at the first): the ops the pipeline's tables lack."""
+        if not (isinstance(e, DecompositionError) and "no decomposition for" in str(e)):
+            return ()
+        o = self.opts
+        default = o.decompositions if o.decompositions is not None else active_table()
+        pipeline = o.pipeline if self.backend_name == "inductor" else "decompose"
+        try:
+            return tuple(missing_ops(module, decompose_tables(pipeline, default)))
+        except Exception:  # the first op's name (in e) is still reported
+            return ()
+
     def _inductor(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
-        """Backend "inductor": the graph compiled to C++ kernels, or (with a note saying why)
-        the eager backend where the inductor cannot run it."""
+        """Backend "inductor": the graph compiled to C++ kernels, or (with a note and a
+        fallback saying why) the eager backend where the inductor cannot run it."""
         name = f"graph @{module.graph().name}"
 
-        def eager(reason: str) -> Runner:
+        def eager(kind: str, reason: str, ops: tuple[str, ...] = ()) -> Runner:
             self.history.note(f"{name}: {reason}; the eager backend ran it")
+            self._fallback(kind, reason, ops=ops)
             return eager_backend(module, example_inputs)
 
         tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
         if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-            return eager(TRAINING_REASON)
+            # until ember.autograd's joint graphs are wired in, gradients need the aten ops
+            return eager("training", TRAINING_REASON)
         devices = sorted({x.device.type for x in tensors} - {"cpu"})
         if devices:
-            return eager(f"the inductor backend has no {'/'.join(devices)} code generation "
-                         f"yet (Triton comes next); it compiles CPU graphs only")
+            return eager("device", f"the inductor backend has no {'/'.join(devices)} code "
+                         f"generation yet (Triton comes next); it compiles CPU graphs only")
         try:
             compiled = self._run_pipeline(module)
         except Exception as e:
-            return eager(f"the inductor backend cannot compile it: {type(e).__name__}: {e}")
+            ops = self._missing(module, e)
+            if ops:
+                return eager("missing ops", f"the inductor backend cannot compile it: no "
+                             f"decomposition for {', '.join(ops)}", ops)
+            return eager("backend", f"the inductor backend cannot compile it: "
+                         f"{type(e).__name__}: {e}")
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
         runner = compiled_runner(compiled)
         graph = module.graph().name
+        graph_no = self._graph_no
+        slow = interpreter_reason(compiled, graph)
+        if slow:
+            self._fallback("interpreter", slow)
         state: dict[str, Runner | None] = {"fallback": None, "reference": None}
 
         def run(inputs: Sequence[Any]) -> list[Any]:
@@ -178,8 +222,9 @@ class CompiledFunction:
                 if ref is None:
                     ref = state["reference"] = eager_backend(module, example_inputs)
                 outs = ref(inputs)
-                self.history.note(f"{name}: the inductor's compiled code failed: "
-                                  f"{type(e).__name__}: {e}; the eager backend ran it")
+                why = f"the inductor's compiled code failed: {type(e).__name__}: {e}"
+                self.history.note(f"{name}: {why}; the eager backend ran it")
+                self._fallback("runtime", why, graph=graph_no)
                 state["fallback"] = ref
                 return outs
 
@@ -191,22 +236,53 @@ class CompiledFunction:
         over the captured graph; its C++ built (or found in the kernel cache)."""
         o = self.opts
         stages: list[tuple[str, str]] = []
+        timed = logs.pipeline.isEnabledFor(logging.INFO)
+        times: list[tuple[str, float]] = []
+        clock = [time.perf_counter()]
 
         def after(stage: str, m: Module) -> None:
-            try:
-                stages.append((stage, str(m)))
-            except PrintError as e:  # a dump is a note, never the reason a compile fails
-                stages.append((stage, f"# cannot print the module: {e}\n"))
+            if timed:
+                times.append((stage, time.perf_counter() - clock[0]))
+            if o.dump_each:
+                try:
+                    stages.append((stage, str(m)))
+                except PrintError as e:  # a dump is a note, never the reason a compile fails
+                    stages.append((stage, f"# cannot print the module: {e}\n"))
+            clock[0] = time.perf_counter()  # printing for a dump is not the pass's time
 
         table = using_decompositions(o.decompositions) if o.decompositions is not None \
             else contextlib.nullcontext()
+        start = time.perf_counter()
         with table:
             out = run_pipeline(module, o.pipeline, verify_each=o.verify_each,
-                               print_after=after if o.dump_each else None)
+                               print_after=after if o.dump_each or timed else None)
+        if timed:
+            logs.pipeline.info("%s: pipeline %s: %s; total %.1f ms", self._graph_label(module),
+                               o.pipeline, ", ".join(f"{st} {t * 1e3:.1f} ms" for st, t in times),
+                               (time.perf_counter() - start) * 1e3)
         if out.kernels:
+            hits, builds = STATS.hits, STATS.builds
             load_module(out)
+            if logs.kernels.isEnabledFor(logging.INFO):
+                ks = [k for k in out.kernels if k != PRELUDE_NAME]
+                logs.kernels.info("%s: %d kernel(s) %s; C++ units: %d from the kernel cache, "
+                                  "%d compiled, the rest already loaded in this process",
+                                  self._graph_label(module), len(ks),
+                                  ", ".join("@" + k for k in ks), STATS.hits - hits,
+                                  STATS.builds - builds)
+        elif logs.kernels.isEnabledFor(logging.INFO):
+            logs.kernels.info("%s: no kernels generated", self._graph_label(module))
         self._last_stages = stages
         return out
+
+    def _graph_label(self, module: Module) -> str:
+        no = "" if self._graph_no is None else f"graph {self._graph_no} "
+        return f"{self._root[0]}: {no}@{module.graph().name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        """`@compile` on a method in a class body: bound to the instance as a function is (the
+        instance is the first argument, guarded like any other)."""
+        return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         S = self.self_obj
@@ -227,12 +303,15 @@ class CompiledFunction:
             reason = reasons[-1] if reasons else "no cache entry matched"
             if len(self.entries) >= self.cache_limit:
                 self._gave_up = True
-                msg = (f"ember: {self.name} was recompiled {self.cache_limit} times (the cache "
+                msg = (f"{self.name} was recompiled {self.cache_limit} times (the cache "
                        f"limit); it runs eagerly from now on. Last reason: {reason}")
-                warnings.warn(msg, stacklevel=3)
-                self.history.note(msg)
+                self.history.note("ember: " + msg)
+                self._fallback("cache limit", msg, graph=None)
                 return self.eager(*args, **kwargs)
             self.history.recompilations.append(reason)
+            if logs.recompiles.isEnabledFor(logging.INFO):
+                logs.recompiles.info("recompiling %s (%s:%d): %s", self._root[0], *self._root[1:],
+                                     reason)
         got = capture(self.target, args, kwargs)
         brk = got if isinstance(got, Broken) else None
         res: Captured | Unhandled
@@ -241,6 +320,11 @@ class CompiledFunction:
                 raise CaptureError(brk.unhandled)
             u = brk.unhandled
             self.history.breaks.append(Fallback(u.reason, u.file, u.line, u.stack))
+            if logs.graph_breaks.isEnabledFor(logging.INFO):
+                via = "".join(f"\n  via {s}" for s in u.stack) \
+                    if logs.graph_breaks.isEnabledFor(logging.DEBUG) else ""
+                logs.graph_breaks.info("graph break in %s at %s:%d: %s%s", self._root[0],
+                                       u.file, u.line, u.reason, via)
             res = brk.captured
         else:
             assert not isinstance(got, Broken)
@@ -248,7 +332,8 @@ class CompiledFunction:
         if isinstance(res, Unhandled):
             if self.fullgraph:
                 raise CaptureError(res)
-            self.history.fallbacks.append(Fallback(res.reason, res.file, res.line, res.stack))
+            record(self.history, Fallback(res.reason, res.file, res.line, res.stack),
+                   self._root[0])
             entry: _GraphEntry | _EagerEntry | BreakEntry = _EagerEntry(res, self.eager)
             self.entries.append(entry)
             return entry.run(S, args, kwargs, [])
@@ -256,7 +341,8 @@ class CompiledFunction:
         empty = (brk is not None or self._child) and not res.graph.nodes
         backend = eager_backend if empty else self.backend
         self._last_compiled, self._last_stages = None, []
-        runner = backend(backend_module(res), res.input_examples)
+        self._graph_no = None if empty else len(self.history.graphs)
+        runner = self._compile_graph(backend, backend_module(res), res.input_examples)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)
         self.entries.append(graph_entry)
@@ -274,10 +360,48 @@ class CompiledFunction:
             self.history.graphs.append(GraphRecord(
                 res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
                 [describe(s) for s in res.input_sources], str(dumped) if dumped else None))
+            if logs.guards.isEnabledFor(logging.INFO):
+                g = self.history.graphs[-1]
+                logs.guards.info("%s: graph %d @%s: %d guard(s)%s", self._root[0],
+                                 len(self.history.graphs) - 1, g.name, len(g.guards),
+                                 "".join(f"\n  {t}" for t in g.guards))
         outs = runner(inputs)
         if dumped is not None:
             dump_outputs(dumped, outs, res.graph)
         return graph_entry.resume(outs, S, args, kwargs, inputs)
+
+    def _compile_graph(self, backend: Backend, module: Module, examples: Sequence[Any]
+                       ) -> Runner:
+        """The backend's runner for a captured graph. Ops with effects outside the graph (a
+        custom op taking unreviewed text, say) are allowed here: a captured graph holds only
+        operators the user's own code called, as eager would (IR files need --allow-effects)."""
+        if not _has_effects(module):
+            return self._prepare_graph(backend, module, examples)
+        with allow_effects():
+            runner = self._prepare_graph(backend, module, examples)
+
+        def run(inputs: Sequence[Any]) -> list[Any]:
+            with allow_effects():
+                return runner(inputs)
+
+        return run
+
+    def _prepare_graph(self, backend: Backend, module: Module, examples: Sequence[Any]
+                       ) -> Runner:
+        """The backend's runner for a captured graph; where a backend other than ember's
+        inductor (which handles its own) raises, the eager backend's, as a fallback."""
+        if backend is self.backend and self.backend_name != "inductor":
+            try:
+                return backend(module, examples)
+            except Exception as e:
+                ops = self._missing(module, e)
+                why = f"no decomposition for {', '.join(ops)}" if ops else \
+                    f"backend {self.backend_name!r} failed: {type(e).__name__}: {e}"
+                self.history.note(f"graph @{module.graph().name}: {why}; the eager backend ran "
+                                  f"it")
+                self._fallback("missing ops" if ops else "backend", why, ops=ops)
+                return eager_backend(module, examples)
+        return backend(module, examples)
 
     # -- graph breaks -----------------------------------------------------------------------
     def _spawn(self, target: Any) -> CompiledFunction:
@@ -289,6 +413,7 @@ class CompiledFunction:
         # (with "inductor", the child's own inductor backend: it records the child's compiled
         # module, so EMBER_DUMP writes NAME.kernels.ir for resume functions too)
         cf.history = self.history
+        cf._root = self._root  # warnings and logs name the user's function
         cf._spawned = self._spawned
         cf._child = True
         return cf
@@ -361,5 +486,17 @@ def compiled_function_of(obj: Any) -> CompiledFunction | None:
         return obj
     if isinstance(obj, CompiledModule):
         return obj.compiled
+    if isinstance(obj, types.MethodType) and isinstance(obj.__func__, CompiledFunction):
+        return obj.__func__  # a compiled method, bound to an instance
     return None
 
+
+def _has_effects(module: Module) -> bool:
+    """Whether a captured graph calls an op with effects outside the graph (effects.py)."""
+    reg = default_registry()
+    for g in module.graphs.values():
+        for n in g.nodes:
+            d = reg.lookup(n.op)
+            if d is not None and d.effect is not None:
+                return True
+    return False

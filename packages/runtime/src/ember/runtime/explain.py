@@ -4,7 +4,9 @@ Compiles `fn` with the eager backend (or reads an already compiled function's hi
 it with the arguments, and reports the graphs (ir-v1 text) with their op counts, guards and
 inputs; every graph break with its reason and source line (the graphs of resume functions and
 of callees compiled at a break are listed with the rest); the recompilations and why; every
-fallback to eager with its reason and source line; and notes (such as a requested backend that
+fallback (a graph or call that did not run through the requested backend: capture, training,
+device, missing ops, backend, runtime, interpreter, cache limit) with its kind, graph, reason and
+source line, counted per kind in the summary line; and notes (such as a requested backend that
 is not built yet). `str(report)` is readable.
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ember.runtime.compile import compile, compiled_function_of
-from ember.runtime.history import Fallback, GraphRecord, History
+from ember.runtime.history import Fallback, GraphRecord, History, fallback_summary
 
 
 @dataclass
@@ -51,13 +53,25 @@ class ExplainReport:
         return total
 
     @property
+    def fallback_summary(self) -> str:
+        """`2 fallback(s): 1 training (graph 0), 1 missing ops aten.foo, aten.bar (graph 1)`"""
+        return fallback_summary(self.fallbacks)
+
+    @property
+    def fallback_kinds(self) -> Counter[str]:
+        """How many fallbacks of each kind (history.FALLBACK_KINDS)."""
+        return Counter(f.kind for f in self.fallbacks)
+
+    @property
     def guards(self) -> list[list[str]]:
         return [g.guards for g in self.graphs]
 
     def __str__(self) -> str:
         out = [f"ember explain: {len(self.graphs)} graph(s), {len(self.recompilations)} "
-               f"recompilation(s), {len(self.fallbacks)} fallback(s) to eager, "
+               f"recompilation(s), {len(self.fallbacks)} fallback(s), "
                f"{len(self.breaks)} graph break(s), {self.calls} call(s)"]
+        if self.fallbacks:
+            out.append(self.fallback_summary)
         for n in self.notes:
             out.append(f"note: {n}")
         for i, g in enumerate(self.graphs):
@@ -73,17 +87,20 @@ class ExplainReport:
         if self.recompilations:
             out.append("\n-- recompilations:")
             out += [f"  {i + 1}. {r}" for i, r in enumerate(self.recompilations)]
-        out += _located("fallbacks to eager", self.fallbacks)
+        out += _located("fallbacks (graphs or calls that did not run through the backend)",
+                        self.fallbacks, kinds=True)
         return "\n".join(out) + "\n"
 
 
-def _located(title: str, items: list[Fallback]) -> list[str]:
+def _located(title: str, items: list[Fallback], kinds: bool = False) -> list[str]:
     """A section of reasons, each with its source line and the inlined calls that led there."""
     if not items:
         return []
     out = [f"\n-- {title}:"]
     for f in items:
-        out.append(f"  {f.reason}")
+        kind = "" if not kinds else f.kind + (
+            "" if f.graph is None else f" (graph {f.graph})") + ": "
+        out.append(f"  {kind}{f.reason}")
         out.append(f"    at {f.where}")
         out += [f"    via {s}" for s in f.stack if not s.startswith(f.where + " ")]
     return out

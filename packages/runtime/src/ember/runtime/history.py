@@ -1,5 +1,5 @@
-"""What a compiled function records about itself: captures, recompilations, fallbacks, notes.
-`explain()` reports it."""
+"""What a compiled function records about itself: captures, recompilations, fallbacks (each with
+its kind and graph), notes. `explain()` reports it."""
 
 from __future__ import annotations
 
@@ -17,14 +17,32 @@ class GraphRecord:
     dumped_to: str | None = None
 
 
+# Why a graph (or a call) did not run through the requested backend: `Fallback.kind`.
+FALLBACK_KINDS = {
+    "capture": "capture cannot take the function: the call runs eagerly",
+    "training": "gradients are needed: the eager backend runs the graph",
+    "device": "the backend has no code generation for the tensors' device",
+    "missing ops": "ops without a decomposition: the eager backend runs the graph",
+    "backend": "the backend failed to compile the graph: the eager backend runs it",
+    "runtime": "the compiled code failed at run time: the eager backend runs the graph",
+    "interpreter": "the generated code does not cover the graph (or part of it): the reference "
+                   "interpreter runs that",
+    "cache limit": "the cache limit was reached: the function runs eagerly",
+}
+
+
 @dataclass
 class Fallback:
-    """A call (or a cache entry) that runs eagerly, and why."""
+    """A call, cache entry or graph that does not run through the requested backend, and why;
+    `graph` is the graph's number in `History.graphs` (None: no graph, e.g. `capture`)."""
 
     reason: str
     file: str
     line: int
     stack: tuple[str, ...] = ()
+    kind: str = "capture"
+    graph: int | None = None
+    ops: tuple[str, ...] = ()  # `missing ops`: every op of the graph without a decomposition
 
     @property
     def where(self) -> str:
@@ -32,6 +50,25 @@ class Fallback:
 
     def __str__(self) -> str:
         return f"{self.reason} at {self.where}"
+
+
+def fallback_summary(items: list[Fallback]) -> str:
+    """`2 fallback(s): 1 training (graph 0), 1 missing ops aten.foo, aten.bar (graph 1)`: the
+    count per kind, with the graphs and (for missing ops) the ops' names."""
+    if not items:
+        return "0 fallback(s)"
+    parts = []
+    for kind in dict.fromkeys(f.kind for f in items):
+        group = [f for f in items if f.kind == kind]
+        text = f"{len(group)} {kind}"
+        ops = sorted({o for f in group for o in f.ops})
+        if ops:
+            text += " " + ", ".join(ops)
+        graphs = sorted({f.graph for f in group if f.graph is not None})
+        if graphs:
+            text += f" ({', '.join(f'graph {g}' for g in graphs)})"
+        parts.append(text)
+    return f"{len(items)} fallback(s): " + ", ".join(parts)
 
 
 @dataclass
@@ -43,6 +80,7 @@ class History:
     notes: list[str] = field(default_factory=list)
     calls: int = 0
     cache_hits: int = 0
+    warned: set[str] = field(default_factory=set)  # fallback kinds already warned about
 
     def note(self, text: str) -> None:
         if text not in self.notes:
