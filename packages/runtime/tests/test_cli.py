@@ -195,7 +195,7 @@ def test_check_passes_and_fails(mlp: Path, breaking_pass: str,
     rc, out, _ = run_cli(["check", str(mlp), "-p", "dce,cse"], capsys)
     assert rc == 0 and out.startswith("ok:")
     rc, _, err = run_cli(["check", str(mlp), "-p", breaking_pass], capsys)
-    assert rc == 1 and "mismatch" in err and "@f out1" in err and "max abs error" in err
+    assert rc == 1 and "mismatch" in err and "@f out1" in err and "worst abs error" in err
 
 
 def test_console_script_entry_point(mlp: Path) -> None:

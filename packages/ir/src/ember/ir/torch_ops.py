@@ -173,7 +173,14 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
             from None
     device = _device_arg(op, args, kwargs)
     dev = device if device is not None else (devices[0] if devices else "cpu")
-    return _flatten_result(out, dev, _ir_name(op))
+    types = _flatten_result(out, dev, _ir_name(op))
+    if op is torch.ops.aten.native_batch_norm.default and dev == "cpu" and \
+            len(args) > 5 and args[5] is False and len(types) == 3:
+        # the CPU kernel returns empty save_mean/save_invstd in eval mode, its meta kernel [C];
+        # capture records the real kernel's types (fake tensors report them faithfully)
+        types = [types[0], *(TensorType(t.dtype, (0,), None, dev) for t in types[1:]
+                             if isinstance(t, TensorType))]
+    return types
 
 
 def _meta_device(v: Any, kind: str) -> Any:

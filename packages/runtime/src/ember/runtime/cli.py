@@ -1,8 +1,9 @@
-"""The `ember` command line: opt, run, check, passes.
+"""The `ember` command line: opt, run, check, minimize, passes.
 
     ember opt IN.ir [-p PIPELINE] [-o OUT.ir] [--verify-each] [--print-after-all]
     ember run IN.ir (--inputs IN.safetensors | --random [--seed N]) [--out OUT.safetensors]
-    ember check IN.ir -p PIPELINE [--seed N]
+    ember check IN.ir [-p PIPELINE] [--backend B] [--inputs F | --seed N] [--rtol R --atol A]
+    ember minimize IN.ir --backend B [--inputs F] [-o OUT.ir]
     ember passes
     ember explain SCRIPT.py:NAME [--inputs FN]
     ember verify
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn, TextIO
 
+import ember.autograd  # noqa: F401  (registers the joint pass)
 import ember.inductor  # noqa: F401  (loop IR, kernels, the inductor backend)
 import ember.prims  # noqa: F401  (registers the prims and the decompose pass)
 from ember.ir import (
@@ -36,16 +38,22 @@ from ember.ir.backends import Runner, default_backends
 from ember.ir.effects import allow_effects
 from ember.ir.interpreter import failed_node
 from ember.ir.passes import PipelineError, default_pass_registry, run_pipeline
+from ember.runtime.check import (
+    Diff,
+    Tolerance,
+    compare_results,
+    graph_inputs,
+    has_random_ops,
+    torch_seeded,
+)
 from ember.runtime.explain import add_explain_command
+from ember.runtime.minimize import MinimizeError, minimize
 from ember.runtime.tensors import (
     MAX_INPUT_BYTES_ENV,
     InputError,
     check_result_names,
     check_storable,
-    compare,
-    load_inputs,
     max_input_bytes,
-    random_inputs,
     result_names,
     save_tensors,
 )
@@ -223,18 +231,24 @@ def cmd_run(a: argparse.Namespace) -> int:
     m = load_module(a.input, allow_unregistered=a.allow_unregistered)
     _kernel_gate(m, a.input, a.allow_kernels)
     g = _graph(m, a.graph, a.input)
+    extras: dict[str, Any] = {}  # a dumped aten graph's philox_seed/philox_offset
+    random = has_random_ops(m)
     try:
         if a.out:
             check_result_names(g)
         check_storable(g, results=bool(a.out), params=bool(a.save_inputs))
-        if a.inputs:
-            inputs = load_inputs(a.inputs, g, m)
-        else:
-            inputs = random_inputs(m, g, a.seed, max_input_bytes(a.max_input_bytes))
+        limit = 0 if a.inputs else max_input_bytes(a.max_input_bytes)
+        inputs = graph_inputs(m, g, a.inputs, a.seed, limit, extras)
     except InputError as e:
         raise CLIError(str(e)) from None
     saved = {p.name: x for p, x in zip(g.params, inputs, strict=True)}
-    outputs, updates = _run(_runner(m, a.backend), a.input, a.graph, inputs)
+    if random:  # so that `--inputs` of the saved file replays the same random numbers
+        saved.update(extras)
+    try:
+        with torch_seeded(extras, random):
+            outputs, updates = _run(_runner(m, a.backend), a.input, a.graph, inputs)
+    except InputError as e:
+        raise CLIError(str(e), a.input) from None
     if a.out:
         _save(a.out, result_names(g, outputs, updates))
     if a.save_inputs:
@@ -265,7 +279,15 @@ def _describe(v: object) -> str:
     return repr(v)
 
 
+def _tolerance(a: argparse.Namespace) -> Tolerance:
+    try:
+        return Tolerance(a.rtol, a.atol)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
 def cmd_check(a: argparse.Namespace) -> int:
+    tol = _tolerance(a)
     before = load_module(a.input, allow_unregistered=a.allow_unregistered)
     _kernel_gate(before, a.input, a.allow_kernels)
     if not a.pipeline and a.backend == "reference":
@@ -280,32 +302,93 @@ def cmd_check(a: argparse.Namespace) -> int:
         raise CLIError(f"-p {a.pipeline!r}: {e}") from None
     except VerificationError as e:
         raise CLIError(f"after a pass of {a.pipeline!r}: {e}", a.input) from None
-    names = [a.graph] if a.graph else list(before.graphs)
+    # an inputs file fits one graph: --graph, else the first
+    names = [a.graph] if a.graph else [_graph(before, None, a.input).name] if a.inputs \
+        else list(before.graphs)
     ref_runner, new_runner = _runner(before, "reference"), _runner(after, a.backend)
-    worst_all, checked = 0.0, 0
+    random = has_random_ops(before)
+    diffs: list[Diff] = []
     for name in names:
         g = _graph(before, name, a.input)
         if name not in after.graphs:
             raise CLIError(f"@{name} disappeared under {a.pipeline!r}", a.input)
+        if len(after.graph(name).params) != len(g.params):
+            raise CLIError(f"@{name} takes {len(after.graph(name).params)} inputs after "
+                           f"{a.pipeline!r}, {len(g.params)} before (decomposing random ops "
+                           f"adds %philox_seed, %philox_offset: check the decomposed module "
+                           f"instead)", a.input)
+        extras: dict[str, Any] = {}
         try:
-            inputs = random_inputs(before, g, a.seed, max_input_bytes(a.max_input_bytes))
+            limit = 0 if a.inputs else max_input_bytes(a.max_input_bytes)
+            inputs = graph_inputs(before, g, a.inputs, a.seed, limit, extras)
+            with torch_seeded(extras, random):
+                ref_out, ref_upd = _run(ref_runner, a.input, name, [_clone(x) for x in inputs])
+            with torch_seeded(extras, random):
+                try:
+                    new_out, new_upd = _run(new_runner, a.input, name,
+                                            [_clone(x) for x in inputs])
+                except CLIError as e:
+                    raise CLIError(f"{what} fails where the reference runs: {e}", e.file,
+                                   e.line, e.col) from None
         except InputError as e:
             raise CLIError(str(e), a.input) from None
-        ref_out, ref_upd = _run(ref_runner, a.input, name, [_clone(x) for x in inputs])
-        new_out, new_upd = _run(new_runner, a.input, name, [_clone(x) for x in inputs])
         labels = [f"@{name} out{i}" for i in range(len(ref_out))]
         labels += [f"@{name} update of %{g.params[p].name}" for p in ref_upd]
         if len(new_out) != len(ref_out) or set(new_upd) != set(ref_upd):
             raise CLIError(f"@{name}: {what} changed the number of results", a.input)
-        bad, worst = compare(ref_out + list(ref_upd.values()),
-                             new_out + [new_upd[p] for p in ref_upd], labels)
-        worst_all = max(worst_all, worst)
-        checked += len(labels)
-        if bad:
-            w = max(bad, key=lambda b: b.max_abs)
-            raise CLIError(f"mismatch with {what}: {w.where}: {w.detail}", a.input)
-    print(f"ok: {checked} result(s) of {len(names)} graph(s) match with {what} "
-          f"(worst abs error {worst_all:.3g})")
+        diffs += compare_results(ref_out + list(ref_upd.values()),
+                                 new_out + [new_upd[p] for p in ref_upd], labels, tol)
+    bad = [d for d in diffs if not d.ok]
+    for d in bad:
+        print(f"MISMATCH {d.describe()}")
+    if bad:
+        hint = (" (the graph draws random numbers: the reference from torch's generator, a "
+                "decomposing backend from philox; decompose it first with ember opt -p "
+                "decompose)") if random else ""
+        raise CLIError(f"mismatch with {what}: {len(bad)} of {len(diffs)} result(s) differ "
+                       f"beyond tolerance; first: {bad[0].describe()}{hint}", a.input)
+    worst = max(diffs, key=lambda d: d.max_abs / d.scale, default=None)
+    print(f"ok: {len(diffs)} result(s) of {len(names)} graph(s) match with {what} within "
+          f"{tol.describe()}" + (f"; closest call: {worst.describe()}" if worst else ""))
+    return 0
+
+
+def cmd_minimize(a: argparse.Namespace) -> int:
+    tol = _tolerance(a)
+    if a.output is None and a.input == "-":
+        raise CLIError("-o OUT.ir is needed when the module comes from stdin")
+    out = a.output or (a.input[:-3] if a.input.endswith(".ir") else a.input) + ".min.ir"
+    inputs_out = (out[:-3] if out.endswith(".ir") else out) + ".inputs.safetensors"
+    _check_writable(out, "-o")
+    _check_writable(inputs_out, "-o")
+    m = load_module(a.input, allow_unregistered=a.allow_unregistered)
+    _kernel_gate(m, a.input, a.allow_kernels)
+    g = _graph(m, a.graph, a.input)
+    try:
+        default_backends().get(a.backend)
+    except KeyError as e:
+        raise CLIError(str(e.args[0])) from None
+    try:
+        limit = 0 if a.inputs else max_input_bytes(a.max_input_bytes)
+        inputs = graph_inputs(m, g, a.inputs, a.seed, limit)
+    except InputError as e:
+        raise CLIError(str(e), a.input) from None
+
+    def log(line: str) -> None:
+        sys.stderr.write(f"ember minimize: {line}\n")
+
+    try:
+        rep = minimize(m, inputs, a.backend, graph=g.name, tol=tol, log=log)
+    except MinimizeError as e:
+        raise CLIError(str(e), a.input) from None
+    try:
+        ir_path, in_path = rep.write(out)
+    except (OSError, InputError) as e:
+        raise CLIError(f"cannot write the repro: {e}") from None
+    print(f"minimized @{g.name} from {rep.nodes_before} to {rep.nodes} node(s) "
+          f"({rep.runs} backend runs); it still fails: {rep.failure.summary}")
+    print(f"wrote {ir_path} and {in_path}; replay: ember check {ir_path} --backend "
+          f"{a.backend} --inputs {in_path}")
     return 0
 
 
@@ -394,18 +477,41 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow running a module that holds kernel blocks")
     r.set_defaults(fn=cmd_run)
 
-    c = sub.add_parser("check", help="compare a graph before and after passes on random inputs")
+    def inputs_and_tolerances(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--inputs", help="inputs from this safetensors file (as for `run`; an "
+                        "EMBER_DUMP's NAME.inputs.safetensors) instead of random ones")
+        sp.add_argument("--seed", type=int, default=0, help="seed for random inputs")
+        sp.add_argument("--max-input-bytes", metavar="SIZE",
+                        help=f"refuse random inputs larger than this (default: "
+                             f"${MAX_INPUT_BYTES_ENV} or 4G)")
+        sp.add_argument("--rtol", type=float, help="relative tolerance for every float dtype "
+                        "(default per dtype: f32 1e-4, f16 1e-2, bf16 5e-2, f64 1e-7)")
+        sp.add_argument("--atol", type=float, help="absolute tolerance, times max(1, the "
+                        "largest |value| of the expected result) (default per dtype: f32 1e-5, "
+                        "f16 1e-3, bf16 1e-2, f64 1e-7)")
+        sp.add_argument("--allow-kernels", action="store_true",
+                        help="allow running a module that holds kernel blocks")
+
+    c = sub.add_parser("check", help="compare the reference run of a graph with its run after "
+                       "passes and/or on a backend, within whole-graph tolerances")
     common(c)
     c.add_argument("-p", "--pipeline", default="", help="passes to check")
     c.add_argument("--backend", default="reference",
                    help="run the transformed module with this backend (vs the reference)")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--max-input-bytes", metavar="SIZE",
-                   help=f"refuse random inputs larger than this (default: "
-                        f"${MAX_INPUT_BYTES_ENV} or 4G)")
-    c.add_argument("--graph", help="check only this graph (default: all)")
-    c.add_argument("--allow-kernels", action="store_true")
+    c.add_argument("--graph", help="check only this graph (default: all; with --inputs, the "
+                   "first)")
+    inputs_and_tolerances(c)
     c.set_defaults(fn=cmd_check)
+
+    mn = sub.add_parser("minimize", help="shrink a graph on which a backend raises or "
+                        "disagrees with the reference to a small repro (.ir + inputs)")
+    common(mn)
+    mn.add_argument("--backend", required=True, help="the backend that fails")
+    mn.add_argument("-o", "--output", help="the repro's .ir (default: IN.min.ir); its inputs "
+                    "go to OUT.inputs.safetensors")
+    mn.add_argument("--graph", help="the graph to minimize (default: the first)")
+    inputs_and_tolerances(mn)
+    mn.set_defaults(fn=cmd_minimize)
 
     ps = sub.add_parser("passes", help="list the registered passes")
     ps.set_defaults(fn=cmd_passes)

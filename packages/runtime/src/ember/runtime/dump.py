@@ -10,7 +10,8 @@ compiled `kernels.*` module (C++ sources in `kernel` blocks) is written as NAME.
 
     ember run dir/NAME.kernels.ir --inputs dir/NAME.inputs.safetensors --allow-kernels
 
-replays the compiled code itself.
+replays the compiled code itself. A graph with random ops also gets `philox_seed` and
+`philox_offset` in its inputs file (see `philox_inputs`): both replays draw the same numbers.
 
 Several processes may share one directory: a dump's stem `NAME_N` is claimed by creating
 `NAME_N.ir` exclusively (O_CREAT|O_EXCL), so no two dumps get the same stem, and every file is
@@ -33,11 +34,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
 from ember.capture import Captured
-from ember.ir import Graph, Module
+from ember.ir import Graph, Module, default_registry
 from ember.runtime.tensors import save_tensors
 
 ENV = "EMBER_DUMP"
+PHILOX_SEED, PHILOX_OFFSET = "philox_seed", "philox_offset"
 T = TypeVar("T")
 
 
@@ -121,12 +125,28 @@ def dump_capture(cap: Captured, inputs: Sequence[Any], directory: Path | None = 
         stem = _claim_stem(d, cap.graph.name)
         ir_path = d / f"{stem}.ir"
         tensors = {p.name: x for p, x in zip(cap.graph.params, inputs, strict=True)}
+        tensors.update(philox_inputs(cap.module, cap.graph))
         _atomic(d / f"{stem}.inputs.safetensors", lambda tmp: save_tensors(tmp, tensors))
         _write_text(d / f"{stem}.guards.txt", "".join(g.text() + "\n" for g in cap.guards))
         _write_text(ir_path, str(cap.module))
         return ir_path
 
     return _guarded(d, write)
+
+
+def philox_inputs(module: Module, graph: Graph) -> dict[str, int]:
+    """The seed and offset a decomposing backend (prims, inductor) draws the graph's random
+    numbers from on this call, for a graph with random ops: a fresh compiled graph's first call
+    uses torch's initial seed and offset 0 (docs/decisions.md, "Random numbers in graphs").
+    Stored as `philox_seed`/`philox_offset`, the names the decompose pass gives the parameters
+    (so NAME.kernels.ir takes the same file); `ember run` of NAME.ir reseeds torch with them."""
+    reg = default_registry()
+    random = any(getattr(reg.lookup(n.op), "nondeterministic", False)
+                 for g in module.graphs.values() for n in g.nodes)
+    if not random or {p.name for p in graph.params} & {PHILOX_SEED, PHILOX_OFFSET}:
+        return {}
+    seed = torch.initial_seed()  # a u64: stored as the i64 of the same bits (philox masks it)
+    return {PHILOX_SEED: seed - (1 << 64) if seed >= 1 << 63 else seed, PHILOX_OFFSET: 0}
 
 
 def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path | None:

@@ -76,12 +76,14 @@ def check_device(device: str, what: str) -> torch.device:
     return d
 
 
-def load_inputs(path: str, graph: Graph, module: Module | None = None) -> list[Any]:
+def load_inputs(path: str, graph: Graph, module: Module | None = None, *,
+                optional: dict[str, Any] | None = None) -> list[Any]:
     """Inputs for `graph` from a safetensors file keyed by parameter name (without `%`).
 
     Every stored tensor must match its parameter's declared type exactly (dtype, rank, sizes,
     a symbol bound once and within its declared min/max); a scalar parameter takes a 0-dim
-    tensor of its kind, or one that converts losslessly (an integer for `f64`)."""
+    tensor of its kind, or one that converts losslessly (an integer for `f64`). A key of
+    `optional` that names no parameter is stored there instead of being refused."""
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, not a safetensors file")
     try:
@@ -100,6 +102,9 @@ def load_inputs(path: str, graph: Graph, module: Module | None = None) -> list[A
         raise InputError(f"{path}: no tensor for parameter(s) {', '.join(missing)} "
                          f"(keys: {', '.join(sorted(data)) or 'none'})")
     extra = sorted(set(data) - set(names))
+    if optional is not None:
+        optional.update({k: data[k] for k in extra if k in optional})
+        extra = [k for k in extra if k not in optional]
     if extra:
         raise InputError(f"{path}: tensor(s) {', '.join(extra)} name no parameter of "
                          f"@{graph.name} (parameters: {', '.join(names) or 'none'})")
