@@ -22,6 +22,7 @@ import torch
 
 from ember.capture import contexts, pyops
 from ember.capture.errors import UserError, unhandled
+from ember.capture.symbolic import concrete
 from ember.capture.torchcalls import has_tensor, run_real, unwrap
 from ember.capture.variables import (
     ConstVar,
@@ -90,7 +91,8 @@ def _len(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 @builtin(range)
 def _range(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     _noargs(kwargs, "range")
-    return ConstVar(pyops.real(range, *[_c(a, "an int") for a in args]))
+    return ConstVar(pyops.real(range, *[concrete(_c(a, "an int"), "a loop over a size")
+                                        for a in args]))
 
 
 @builtin(enumerate)

@@ -32,6 +32,18 @@ from ember.capture.resume import Broken, find_site, split
 from ember.capture.side_effects import collect as collect_effects
 from ember.capture.side_effects import value_spec
 from ember.capture.sources import ArgSource, ArgsSource, KwargSource, KwargsSource, SelfSource
+from ember.capture.symbolic import (
+    Narrow,
+    Policy,
+    Restarts,
+    ShapeEnv,
+    Specialize,
+    reset_env,
+    reset_policy,
+    using_env,
+    using_policy,
+)
+from ember.capture.symgraph import NotSymbolic, finish, same
 from ember.capture.tracer import Tracer
 from ember.capture.variables import (
     ConstVar,
@@ -89,8 +101,8 @@ def _param_names(target: Any, nargs: int) -> list[str]:
     return out
 
 
-def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-            ) -> Captured | Broken | Unhandled:
+def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+            dynamic: Policy | None = None) -> Captured | Broken | Unhandled:
     """Capture one call `target(*args, **kwargs)` into an aten graph with guards.
 
     `target` is a Python function, a bound method (its `self` is the call's `S`), or an
@@ -99,9 +111,16 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     construct capture does not cover, and the code that runs it and resumes after it: see
     `ember.capture.resume`); or, where the frame cannot be split there, an `Unhandled` naming
     the construct and the user's source line.
+
+    With a dynamic-shape `dynamic` policy, the input dims it names become size symbols where
+    the whole function is captured (symbolic.py); otherwise shapes are static.
     """
-    tx = Tracer(graph_name(target))
     code = target_code(target)
+    if dynamic is not None:
+        got = _capture_dynamic(target, args, kwargs, code, dynamic)
+        if got is not None:
+            return got
+    tx = Tracer(graph_name(target))
     try:
         return _capture(tx, target, args, kwargs, code)
     except CaptureUnhandled as e:
@@ -117,6 +136,61 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
         file = e.file or (code.co_filename if code else "<unknown>")
         return Unhandled(f"the function raises {type(e.exc).__name__}: {e.exc}", file, e.line,
                          None, tuple(e.stack), tuple(tx.guards.guards))
+
+
+_ATTEMPTS = 8  # restarts of a dynamic capture (a range narrowed, a symbol made static)
+
+
+def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     code: types.CodeType | None, policy: Policy) -> Captured | None:
+    """The capture with the policy's dims symbolic, recorded twice at different probe sizes
+    (both must give the same graph); None where it has no symbol or does not capture whole
+    (the caller captures with static shapes, graph breaks included)."""
+    learnt = Restarts()
+    for _ in range(_ATTEMPTS):
+        runs: list[Captured] = []
+        try:
+            for run in (0, 1):
+                env = ShapeEnv(run=run, learnt=learnt)
+                tx = Tracer(graph_name(target))
+                tokens = using_env(env), using_policy(policy)
+                try:
+                    cap = _capture(tx, target, args, kwargs, code)
+                finally:
+                    reset_policy(tokens[1])
+                    reset_env(tokens[0])
+                if not env.symbols:
+                    return None
+                runs.append(finish(cap, env, tx.recorder.sym_layouts))
+        except Specialize as e:
+            learnt.static |= {o for n in e.names if n in env.symbols
+                              for o in env.symbols[n].origins}
+            continue
+        except Narrow as e:
+            for o in env.symbols[e.name].origins:
+                learnt.ranges[o] = (e.lo, e.hi)
+            continue
+        except UserError as e:
+            # an op that fails only at the probe sizes (a dynamic dim meeting a static size of
+            # a weight): the symbols whose probes the message names become static
+            text = str(e.exc)
+            hits = [s for s in env.symbols.values() if str(s.probe) in text
+                    and not set(s.origins) <= learnt.static]
+            if hits:  # the newest first: it is usually the one that met a static size
+                learnt.static |= set(hits[-1].origins)
+                continue
+            policy.static_reason = f"{type(e.exc).__name__}: {e.exc}"
+            return None
+        except (CaptureUnhandled, StopCapture, NotSymbolic) as e:
+            policy.static_reason = f"{type(e).__name__}: {e}"
+            return None
+        if same(runs[0], runs[1]):
+            policy.static_reason = None
+            return runs[0]
+        policy.static_reason = "two recordings at different probe sizes differ"
+        return None
+    policy.static_reason = f"no symbolic capture after {_ATTEMPTS} restarts"
+    return None
 
 
 def _graph_break(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

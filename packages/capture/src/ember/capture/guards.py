@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from ember.capture.sources import AttrSource, RefFn, Source, describe, held_name
+from ember.capture.symbolic import py_var, pyexpr, rel_text
+from ember.ir.expr import to_text
 
 
 class GuardKind(enum.Enum):
@@ -36,6 +38,7 @@ class GuardKind(enum.Enum):
     DEFAULT_DTYPE = "default_dtype"  # torch.get_default_dtype()
     NO_HOOKS = "no_hooks"  # an nn.Module has no forward hooks
     CLASS_ATTR = "class_attr"  # a class's MRO lookup of a name finds the same object
+    SHAPE = "shape"  # a relation between size symbols (a branch on a dynamic size)
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,65 @@ class TensorMeta:
         return f"{cls}{dt}{list(self.shape)} stride={list(self.stride)} on {self.device}{rg}"
 
 
+@dataclass(frozen=True)
+class SymTensorMeta:
+    """A TENSOR_MATCH for an input with dynamic dims: sizes are ints or size expressions,
+    `binds` the symbols whose first appearance (in guard order) this guard is, with their
+    ranges; strides are expressions of the sizes (a dense layout)."""
+
+    cls: type
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[Any, ...]
+    stride: tuple[Any, ...]
+    requires_grad: bool
+    binds: tuple[tuple[str, int, int | float], ...] = ()  # (symbol, min, max)
+
+    def text(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        rg = ", requires_grad" if self.requires_grad else ""
+        cls = "" if self.cls is torch.Tensor else f"{self.cls.__name__} "
+        dims = ", ".join(map(to_text, self.shape))
+        stride = ", ".join(map(to_text, self.stride))
+        ranges = "".join(f", {n} in [{lo}, {'inf' if hi == math.inf else hi}]"
+                         for n, lo, hi in self.binds)
+        return f"{cls}{dt}[{dims}] stride=[{stride}] on {self.device}{rg}{ranges}"
+
+    def code(self, x: str, ref: RefFn, dev: str) -> str:
+        parts = [f"type({x}) is {ref(self.cls, 'T')}", f"{x}.dtype is {ref(self.dtype, 'D')}",
+                 dev, f"{x}.requires_grad is {self.requires_grad!r}",
+                 f"{x}.dim() == {len(self.shape)}"]
+        ranges = {n: (lo, hi) for n, lo, hi in self.binds}
+        for d, e in enumerate(self.shape):
+            if isinstance(e, int):
+                parts.append(f"{x}.shape[{d}] == {e}")
+            elif e.is_Symbol and e.name in ranges:
+                lo, hi = ranges.pop(e.name)
+                var = py_var(e.name)
+                parts.append(f"({var} := {x}.shape[{d}]) >= {lo}")
+                if hi != math.inf:
+                    parts.append(f"{var} <= {hi}")
+            else:
+                parts.append(f"{x}.shape[{d}] == {pyexpr(e)}")
+        # strides of size-1 dims are not observable; the layout check skips them
+        parts.append(" and ".join(f"({x}.shape[{d}] == 1 or {x}.stride({d}) == {pyexpr(e)})"
+                                  for d, e in enumerate(self.stride)) or "True")
+        return " and ".join(parts)
+
+
+@dataclass(frozen=True)
+class ShapeRelation:
+    """A relation between size symbols that held at capture (SHAPE guard)."""
+
+    rel: Any  # a sympy relation
+
+    def code(self) -> str:
+        return pyexpr(self.rel)
+
+    def text(self) -> str:
+        return rel_text(self.rel)
+
+
 @dataclass(frozen=True, eq=False)
 class Guard:
     kind: GuardKind
@@ -104,6 +166,8 @@ class Guard:
             return f"{ref(torch.is_grad_enabled, 'F')}() is {e!r}"
         if k is GuardKind.DEFAULT_DTYPE:
             return f"{ref(torch.get_default_dtype, 'F')}() is {ref(e, 'D')}"
+        if k is GuardKind.SHAPE:
+            return str(e.code())
         assert self.source is not None
         x = self.source.expr(ref)
         if k is GuardKind.TENSOR_MATCH:
@@ -116,6 +180,8 @@ class Guard:
                     dev = f"{x}.device == {ref(m.device, 'Dev')}"
             else:
                 dev = f"{x}.device == {ref(m.device, 'Dev')}"
+            if isinstance(e, SymTensorMeta):
+                return e.code(x, ref, dev)
             return (f"type({x}) is {ref(m.cls, 'T')} and {x}.dtype is {ref(m.dtype, 'D')} "
                     f"and {x}.shape == {m.shape!r} and {x}.stride() == {m.stride!r} "
                     f"and {dev} and {x}.requires_grad is {m.requires_grad!r}")
@@ -161,6 +227,12 @@ class Guard:
         """Why `actual` (the source's value now) fails the guard, in words."""
         what = describe(self.source) if self.source is not None else "global state"
         e = self.expected
+        if self.kind is GuardKind.TENSOR_MATCH and isinstance(e, SymTensorMeta):
+            if isinstance(actual, torch.Tensor):
+                return (f"{what}: {str(actual.dtype).replace('torch.', '')}"
+                        f"{list(actual.shape)} stride={list(actual.stride())}, expected "
+                        f"{e.text()}")
+            return f"{what} is {type(actual).__name__}, expected a tensor {e.text()}"
         if self.kind is GuardKind.TENSOR_MATCH and isinstance(actual, torch.Tensor):
             now = TensorMeta.of(actual)
             for field, label in (("cls", "type"), ("dtype", "dtype"), ("shape", "shape"),
@@ -194,6 +266,8 @@ class Guard:
             return f"torch.is_grad_enabled() is {e}"
         if k is GuardKind.DEFAULT_DTYPE:
             return f"torch.get_default_dtype() is {e}"
+        if k is GuardKind.SHAPE:
+            return f"sizes: {e.text()}"
         assert self.source is not None
         what = describe(self.source)
         if k is GuardKind.TENSOR_MATCH:

@@ -28,7 +28,8 @@ from ember.capture.errors import unhandled
 from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
 from ember.capture.quiet import quiet_torch_errors
 from ember.capture.result import OutAlias, OutResult, OutSpec, OutTensor, Update
-from ember.capture.sources import ConstantSource, Source, param_name
+from ember.capture.sources import ConstantSource, Source, describe, param_name
+from ember.capture.symbolic import Layout, current_env, current_policy, symbolic_layout
 from ember.ir import DType, GraphBuilder, Loc, Module, TensorType, Value
 from ember.ir.types import device_text
 
@@ -67,6 +68,8 @@ class Recorder:
         self.updates: list[Update] = []
         self.pinned: list[Value] = []  # parameters the runtime reads (view bases): never pruned
         self._pending: list[tuple[str, Value, int, bool]] = []
+        # dynamic inputs: source -> (symbolic shape, symbolic strides)
+        self.sym_layouts: dict[Source, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
 
     # -- inputs -----------------------------------------------------------------------------
     def lift(self, real: torch.Tensor, source: Source) -> FakeTensor:
@@ -76,8 +79,16 @@ class Recorder:
         if type(real) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
                 real, torch.nn.parameter.Buffer):
             raise unhandled(f"a tensor subclass input ({type(real).__qualname__})")
+        layout = self._symbolic_layout(real, source)
         with _no_modes():
-            fake = self.fake_mode.from_tensor(real, static_shapes=True)
+            if layout is None:
+                fake = self.fake_mode.from_tensor(real, static_shapes=True)
+            else:  # dynamic dims at their probe sizes (symbolic.py)
+                with self.fake_mode:
+                    fake = torch.empty_strided(layout[2], layout[3], dtype=real.dtype,
+                                               device=real.device)
+                fake.requires_grad_(real.requires_grad)
+                self.sym_layouts[source] = (layout[0], layout[1])
         name = param_name(source)
         v = self.gb.param(name, _type_of(fake))
         self._bind(fake, v)
@@ -86,6 +97,20 @@ class Recorder:
         self.input_sources.append(source)
         self.input_examples.append(real)
         return fake
+
+    def _symbolic_layout(self, real: torch.Tensor, source: Source) -> Layout | None:
+        """The symbolic layout of a dynamic input: plain tensors the caller passes, dense and
+        alone in their storage (a view of another input keeps its static shape)."""
+        env, policy = current_env(), current_policy()
+        if env is None or policy is None or type(real) is not torch.Tensor or \
+                isinstance(source, ConstantSource) or real.storage_offset() != 0 or \
+                real.untyped_storage().nbytes() != real.numel() * real.element_size():
+            return None
+        where = describe(source)
+        dims = policy.dims(where, real)
+        if not dims:
+            return None
+        return symbolic_layout(env, tuple(real.shape), tuple(real.stride()), dims, where)
 
     def lift_constant(self, real: torch.Tensor) -> FakeTensor:
         """A real tensor reached without a source (a literal's data, a tensor held by library
@@ -149,7 +174,10 @@ class Recorder:
                 results.append(v)
             return index[id(v)]
 
+        env = current_env()
         for fake, root, steps in self._plan_src:
+            if steps and env is not None and env.symbols and id(root) not in self.aliases.inputs:
+                steps = []  # symbolic view sizes: returned as the result it is (no `_base`)
             if id(root) in self.aliases.inputs:  # a view of (or the very) caller's tensor
                 p = self._param_of[id(root)]
                 self.pinned.append(p)

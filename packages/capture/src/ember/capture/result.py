@@ -65,7 +65,7 @@ class OutResult:
     """A returned tensor that is graph result `result`, laid out with eager's strides."""
 
     result: int
-    stride: tuple[int, ...]
+    stride: tuple[int, ...] | None  # None: as the backend laid it out (symbolic sizes)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
+from ember.capture.symbolic import as_sym
 from ember.capture.variables import (
     ConstVar,
     DictVar,
@@ -107,6 +108,9 @@ def unwrap(v: Var) -> Any:
 
 def wrap_result(tx: Tracer, value: Any) -> Var:
     """A real call's result as a symbolic value (no source: nothing to guard)."""
+    sym = as_sym(value)  # sizes of dynamic dims come back as SymInts (symbolic.py)
+    if sym is not value:
+        return ConstVar(sym)
     if isinstance(value, torch.Tensor):
         rec = tx.recorder
         if rec.is_fake(value):

@@ -20,6 +20,7 @@ import torch
 from ember.capture.errors import unhandled
 from ember.capture.guards import Guard, GuardKind, TensorMeta
 from ember.capture.sources import AttrSource, GetItemSource, Source
+from ember.capture.symbolic import SymInt, SymSize
 from ember.capture.variables import (
     ConstVar,
     DictVar,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
 
 SCALARS = (int, float, bool, str, bytes, complex, type(None))
+SYMBOLIC = (SymInt, SymSize)
 # Immutable values compared with == (and a type check).
 EQUAL_TYPES = (torch.Size, torch.device, range, slice, frozenset)
 # Singletons or values compared by identity.
@@ -63,7 +65,7 @@ def is_trusted_module(name: str | None) -> bool:
 
 def wrap(tx: Tracer, value: Any, source: Source | None) -> Var:
     """The symbolic value for a real one; with a source, guarded."""
-    if type(value) in SCALARS:
+    if type(value) in SCALARS or type(value) in SYMBOLIC:  # a size of a dynamic dim too
         if source is not None:
             tx.guard(Guard(GuardKind.CONSTANT_MATCH, source, value))
         return ConstVar(value, source)

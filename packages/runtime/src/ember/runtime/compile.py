@@ -39,6 +39,7 @@ from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs, dump_stages
+from ember.runtime.dynamic import DynamicPolicy
 from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
@@ -143,9 +144,7 @@ class CompiledFunction:
             self.history.note(f"mode {mode!r} has no effect yet (it needs the inductor "
                               f"backend and CUDA graphs): the pipeline "
                               f"{self.opts.pipeline} runs as in the default mode")
-        if dynamic:
-            self.history.note("dynamic=True is not built yet: shapes are specialized and a "
-                              "new shape recompiles")
+        self.dyn_policy = DynamicPolicy(dynamic)  # which dims captures make symbolic
         for n in self.opts.notes():
             self.history.note(n)
 
@@ -312,7 +311,10 @@ class CompiledFunction:
             if logs.recompiles.isEnabledFor(logging.INFO):
                 logs.recompiles.info("recompiling %s (%s:%d): %s", self._root[0], *self._root[1:],
                                      reason)
-        got = capture(self.target, args, kwargs)
+        got = capture(self.target, args, kwargs, dynamic=self.dyn_policy)
+        if isinstance(got, Captured):  # later sizes are compared with these (automatic dynamic)
+            for src, x in zip(got.input_sources, got.input_examples, strict=True):
+                self.dyn_policy.observe(describe(src), x)
         brk = got if isinstance(got, Broken) else None
         res: Captured | Unhandled
         if brk is not None:  # the graph up to a graph break, then the break and a resume
