@@ -1,8 +1,10 @@
-"""ember.inductor: loop-level IR, fusion and C++ (CPU) codegen (TorchInductor's job).
+"""ember.inductor: loop-level IR, fusion and code generation per target (TorchInductor's job).
 
 Importing this package registers, in ember.ir's registries: the `loop` and `kernels` dialects,
-the passes `lower-loops`, `fuse` and `codegen-cpp`, and the IR backend `inductor`
-(decompose -> lower-loops -> fuse -> codegen-cpp -> run). See docs/inductor.md.
+the target-neutral passes `lower-loops`, `fuse` and `plan-buffers`, the CPU target
+(targets/cpu/: `conv-nhwc`, `codegen-cpp`, the `cpp` loader, the pipelines `inductor-cpu` and
+`inductor`) and the IR backend `inductor` (the pipeline of the graph's device's target, then
+run). See docs/inductor.md.
 """
 
 import ember.prims  # noqa: F401  (the prims and the decompose pass)
@@ -13,7 +15,11 @@ register_loop_ops(default_registry())
 
 from ember.inductor import lowering  # noqa: E402,F401  isort: skip
 from ember.inductor import fusion  # noqa: E402,F401  isort: skip
-from ember.inductor.kernels import register_backend, register_kernel_ops  # noqa: E402  isort: skip
+from ember.inductor.kernels import register_kernel_ops  # noqa: E402  isort: skip
 
 register_kernel_ops(default_registry())
+
+from ember.inductor.targets import cpu as _cpu  # noqa: E402,F401  isort: skip
+from ember.inductor.backend import register_backend  # noqa: E402  isort: skip
+
 register_backend()

@@ -1,70 +1,42 @@
-"""Compiled modules: the `kernels` dialect, the `codegen-cpp` pass and the `inductor` backend.
-
-`codegen-cpp` turns each loop kernel into a `kernel @name cpp` block (its source between triple
-quotes) and its node into
+"""The `kernels` dialect: a compiled module's graph of buffers, kernel calls and externs.
 
     %y = kernels.call(@f_k0, %x, %b, out_dtypes=[f32], out_shapes=[[4, 8]]) : f32[4, 8]{8, 1}
 
-(buffers with row-major strides; inputs are made contiguous before the call, outputs allocated
-with torch.empty). `loop.extern` becomes `kernels.extern` (the prim's implementation through
-Python, no libtorch headers). All `cpp` blocks of a module, in order, form one translation unit:
-`@cpp_prelude` holds the helpers, each other block one `extern "C"` function named after it
-(`sanitize.kernel_symbol`: `@f_k0` defines `ember_k_f_k0`). A
-kernel the C++ tables cannot express yet keeps its `loop.pointwise`/`loop.reduction` node and body
-(run by the reference), with the reason in `attrs(cpp_fallback=...)` of that body.
+runs kernel block `@f_k0` (`kernel @f_k0 cpp` block, built by the loader of its language,
+launch.py) on buffers with row-major strides (inputs are made contiguous before the call,
+outputs allocated on the call's device). Its declared ABI, checked by the type rule: every
+tensor operand is on `device=` (default "cpu", printed only otherwise), the kernel's language has
+a loader for that device kind, and `launch=[ints]` (grid sizes) appears only where that loader
+takes launch attributes. `kernels.extern` calls an op's own implementation (matmul, sort, ...) on
+buffers; `kernels.view` is a strided view of a buffer. Code generation (a target's pass, e.g. the
+CPU target's `codegen-cpp`) writes these; the backend is backend.py.
 """
 
 from __future__ import annotations
 
-import ctypes
-import math
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
-from ember.inductor import cache
-from ember.inductor.body import body_names
-from ember.inductor.cpp import PRELUDE, CodegenError
-from ember.inductor.cppkernel import kernel_source
+from ember.inductor import launch
 from ember.inductor.indexing import affine_view, parse_index, row_major_strides
-from ember.inductor.sanitize import kernel_symbol
 from ember.ir import (
     Arg,
     DType,
-    Graph,
     InferContext,
     Interpreter,
     Kernel,
-    Module,
-    Node,
     OpDef,
     OpRegistry,
     OpTypeError,
     Ref,
-    RunResult,
     TensorType,
     Type,
     Value,
-    default_registry,
 )
-from ember.ir.backends import Backend, Runner, default_backends
 from ember.ir.expr import as_sympy, simplify_dim
-from ember.ir.interpreter import eager_error
-from ember.ir.passes import register_pass, register_pipeline, run_pipeline
-
-PRELUDE_NAME = "cpp_prelude"
-# The inductor's stages as named pipelines (`ember passes` lists them; compile() runs
-# "inductor" unless options={"pipeline": ...} says otherwise). "inductor" is "to-prims" except
-# that torch's fused CPU attention stays one op (an extern call beats its decomposition).
-INDUCTOR_CPU = register_pipeline(
-    "inductor-cpu", "lower-loops,fuse,codegen-cpp,plan-buffers",
-    "prims -> loop kernels, fused, as C++ kernel blocks with planned buffers").text
-DEFAULT_PIPELINE = register_pipeline(
-    "inductor", "decompose{keep_attention=true},cse,dce,inductor-cpu",
-    "compile()'s default: aten -> prims (fused CPU attention kept) -> C++ kernels").text
+from ember.ir.types import device_text
 
 
 def buffer_type(t: TensorType) -> TensorType:
@@ -74,93 +46,65 @@ def buffer_type(t: TensorType) -> TensorType:
 def _call_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
     if not args or not isinstance(args[0], Ref):
         raise OpTypeError("kernels.call takes @kernel as its first argument")
-    if ctx.module is not None and not isinstance(ctx.module.items.get(args[0].name), Kernel):
+    k = ctx.module.items.get(args[0].name) if ctx.module is not None else None
+    if ctx.module is not None and not isinstance(k, Kernel):
         raise OpTypeError(f"kernels.call: @{args[0].name} is not a kernel of this module")
     dts, shapes = kw.get("out_dtypes"), kw.get("out_shapes")
     if not isinstance(dts, list) or not isinstance(shapes, list) or len(dts) != len(shapes) \
             or not all(isinstance(d, DType) for d in dts) \
             or not all(isinstance(s, list) for s in shapes):
         raise OpTypeError("kernels.call needs out_dtypes=[dtype, ...] and out_shapes=[[...], ...]")
-    return [buffer_type(TensorType(d, tuple(s)))
+    device = _call_abi(k if isinstance(k, Kernel) else None, args, kw)
+    return [buffer_type(TensorType(d, tuple(s), None, device))
             for d, s in zip(dts, shapes, strict=True)]
 
 
-KERNELS_PER_UNIT = 6  # kernels per translation unit before a module's C++ is split
-# kernels whose integer division or modulo may divide by zero (they set the error flag)
-_CHECKED_OPS = ("ember_div_trunc<", "ember_fmod<", "ember_pymod<")
-
-
-def module_source(m: Module) -> str:
-    return "\n".join(k.source for k in m.kernels.values() if k.lang == "cpp")
-
-
-def module_units(m: Module) -> list[list[Kernel]]:
-    """The module's kernel blocks split into translation units compiled in parallel: each
-    unit is the prelude plus a contiguous run of kernels (at most one unit per compile job)."""
-    blocks = [k for k in m.kernels.values() if k.lang == "cpp"]
-    prelude = [k for k in blocks if k.name == PRELUDE_NAME]
-    rest = [k for k in blocks if k.name != PRELUDE_NAME]
-    n = max(1, min(cache.jobs(), math.ceil(len(rest) / KERNELS_PER_UNIT)))
-    size = math.ceil(len(rest) / n) if rest else 0
-    return [prelude + rest[i:i + size] for i in range(0, len(rest), size)] if rest else []
-
-
-def load_module(m: Module) -> dict[str, tuple[Any, Any]]:
-    """Build (or find in the cache) a module's C++ units, in parallel; kernel name -> (its
-    function, the library's error-flag reader if the kernel may divide by zero, else None)."""
-    units = module_units(m)
-    libs = cache.load_all(["\n".join(k.source for k in u) for u in units])
-    table: dict[str, tuple[Any, Any]] = {}
-    for unit, lib in zip(units, libs, strict=True):
-        for k in unit:
-            if k.name != PRELUDE_NAME:
-                fn = _symbol(lib, k)
-                fn.restype = None
-                checks = any(op in k.source for op in _CHECKED_OPS)
-                table[k.name] = (fn, lib.ember_take_errors if checks else None)
-    return table
-
-
-def _symbol(lib: Any, k: Kernel) -> Any:
-    """A kernel block's function: `kernel_symbol(name)` as codegen-cpp names it (never a libc
-    or prelude name); a hand-written block (run only with --allow-kernels) or an older dump
-    may define its plain name instead."""
+def _call_abi(k: Kernel | None, args: Sequence[Arg], kw: Mapping[str, Arg]) -> str:
+    """kernels.call's declared ABI (module docstring): its device, its operands' devices, the
+    kernel language's loader and the launch attributes it takes. Returns the device."""
+    dev = kw.get("device", "cpu")
     try:
-        return lib[kernel_symbol(k.name)]
-    except AttributeError:
-        pass
-    try:
-        return lib[k.name]
-    except AttributeError:
-        raise CodegenError(f"kernel @{k.name}: its source defines no function "
-                           f"{kernel_symbol(k.name)} (or {k.name})") from None
-
-
-_TABLES: weakref.WeakKeyDictionary[Interpreter, dict[str, Any]] = weakref.WeakKeyDictionary()
+        device = device_text(dev) if isinstance(dev, str) else None
+    except (RuntimeError, TypeError, ValueError):
+        device = None
+    if device is None:
+        raise OpTypeError(f"kernels.call: device= must be a torch device string, got {dev!r}")
+    for a in args[1:]:
+        if not isinstance(a, Value) or not isinstance(a.type, TensorType):
+            raise OpTypeError("kernels.call takes buffers (tensor values) after the kernel")
+        if a.type.device != device:
+            raise OpTypeError(f"kernels.call: %{a.name} is on {a.type.device}, the call runs "
+                              f"on {device}")
+    extra = kw.get("launch")
+    if extra is not None and (not isinstance(extra, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in extra)):
+        raise OpTypeError("kernels.call: launch= must be a list of positive integers")
+    if k is not None:
+        ld = launch.loaders().get(k.lang)
+        if ld is None:
+            raise OpTypeError(f"kernels.call: @{k.name} is a {k.lang!r} kernel and no loader is "
+                              f"registered for {k.lang!r} (registered: "
+                              f"{', '.join(sorted(launch.loaders())) or 'none'})")
+        kind = device.split(":", 1)[0]
+        if kind not in ld.devices:
+            raise OpTypeError(f"kernels.call: {k.lang!r} kernels run on "
+                              f"{', '.join(ld.devices)}, not {device}")
+        if extra is not None and not ld.launch_attrs:
+            raise OpTypeError(f"kernels.call: {k.lang!r} kernels take no launch= attributes")
+    return device
 
 
 def _call_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     ref = args[0]
     assert isinstance(ref, Ref)
-    table = _TABLES.get(interp)
-    if table is None:
-        table = _TABLES[interp] = dict(load_module(interp.module))
-    fn, take_errors = table[ref.name]
+    k = launch.kernel(launch.table_for(interp), ref.name)
+    device = kw.get("device", "cpu")
     ins = [a.contiguous() for a in args[1:]]
     reuse = list(kw.get("reuse") or [])
-    outs = []
-    for j, (d, s) in enumerate(zip(kw["out_dtypes"], kw["out_shapes"], strict=True)):
-        shape = [int(x) for x in s]
-        old = reuse[j] if j < len(reuse) else None
-        if isinstance(old, torch.Tensor) and old.dtype == d.torch and old.is_contiguous() \
-                and old.numel() == math.prod(shape):
-            outs.append(old.view(shape))  # a dead buffer's storage (see plan_buffers)
-        else:
-            outs.append(torch.empty(shape, dtype=d.torch))
-    fn(*[ctypes.c_void_p(t.data_ptr()) for t in ins + outs])
-    if take_errors is not None and take_errors():
-        # eager's message for an integer division or modulo by zero on the CPU
-        raise RuntimeError("ZeroDivisionError")
+    outs = [launch.out_buffer([int(x) for x in s], d.torch, device,
+                              reuse[j] if j < len(reuse) else None)
+            for j, (d, s) in enumerate(zip(kw["out_dtypes"], kw["out_shapes"], strict=True))]
+    k.launch(ins, outs)
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -231,176 +175,23 @@ def register_kernel_ops(registry: OpRegistry) -> None:
             registry.register(op)
 
 
-# ---- the codegen pass --------------------------------------------------------------------------
-
-@register_pass("codegen-cpp", "loop IR -> kernels.* graph with C++ kernel blocks (one function "
-               "per loop kernel)")
-def codegen_cpp(module: Module) -> Module:
-    src = module.clone()
-    bodies = body_names(src)
-    kernels: list[Kernel] = [Kernel(PRELUDE_NAME, "cpp", PRELUDE)]
-    graphs: list[Graph] = []
-    fallback: list[Graph] = []
-    for g in src.graphs.values():
-        if g.name in bodies:
-            continue
-        for p in g.params:
-            _retype(p)
-        g.nodes = [_lower_node(src, g, n, kernels, fallback) for n in g.nodes]
-        g.result_types = [o.type for o in g.outputs]
-        graphs.append(g)
-    out = Module(src.symbols, {}, src.version)
-    if len(kernels) > 1:
-        for k in kernels:
-            out.add(k)
-    items: list[Graph | Kernel] = [*src.kernels.values(), *graphs, *fallback]
-    for item in items:
-        if item.name not in out.items:
-            out.add(item)
-    return out
+# Names that lived here before the split (kernels dialect / backend.py / targets/cpu/): kept
+# importable, resolved on first use (importing them here would make an import cycle).
+_MOVED = {
+    "compile_module": "ember.inductor.backend", "compiled_runner": "ember.inductor.backend",
+    "summary": "ember.inductor.backend", "register_backend": "ember.inductor.backend",
+    "DEFAULT_PIPELINE": "ember.inductor.targets.cpu", "INDUCTOR_CPU": "ember.inductor.targets.cpu",
+    "PRELUDE_NAME": "ember.inductor.targets.cpu.codegen",
+    "module_source": "ember.inductor.targets.cpu.codegen",
+    "module_units": "ember.inductor.targets.cpu.codegen",
+    "codegen_cpp": "ember.inductor.targets.cpu.codegen",
+    "load_module": "ember.inductor.launch",
+}
 
 
-def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph]
-                ) -> Node:
-    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
-        # a strided view of a buffer (matmul reads it as it is); its type says its strides
-        ctx = InferContext(module=m, registry=default_registry())
-        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
-            r.type = t
-        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
-    if n.op == "loop.extern":
-        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
-    if n.op not in ("loop.pointwise", "loop.reduction"):
-        return n
-    ref = n.args[0]
-    assert isinstance(ref, Ref)
-    body = m.items[ref.name]
-    assert isinstance(body, Graph)
-    name = ref.name
-    while any(k.name == name for k in kernels):  # two loop nodes may share one body
-        name += "_"
-    try:
-        source = kernel_source(name, n, body, f"@{g.name}", m.items)
-    except CodegenError as e:
-        body.attrs["cpp_fallback"] = str(e)
-        fallback.append(body)
-        stack = [body]  # the bodies of fused reductions (nested too) run on the reference
-        while stack:
-            for bn in stack.pop().nodes:
-                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
-                    and isinstance(bn.args[0], Ref) else None
-                if isinstance(sub, Graph) and sub not in fallback:
-                    fallback.append(sub)
-                    stack.append(sub)
-        return n
-    kernels.append(Kernel(name, "cpp", source))
-    types = [r.type for r in n.results]
-    assert all(isinstance(t, TensorType) for t in types)
-    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
-                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
-    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
-                 [_retype(r) for r in n.results])
-
-
-def _retype(v: Value) -> Value:
-    if isinstance(v.type, TensorType):
-        v.type = buffer_type(v.type)
-    return v
-
-
-def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results: list[Value]
-          ) -> Node:
-    new = Node(op, list(args), dict(kwargs), results, n.loc, n.pos)
-    for r in results:
-        r.node = new
-    return new
-
-
-# ---- the backend -------------------------------------------------------------------------------
-
-def compile_module(module: Module, pipeline: str = DEFAULT_PIPELINE) -> Module:
-    """The compiled (kernels.*) module, its C++ already built (or found in the cache)."""
-    out = run_pipeline(module, pipeline)
-    if out.kernels:
-        load_module(out)
-    return out
-
-
-def compiled_runner(compiled: Module) -> Runner:
-    """The runner of an already compiled (kernels.*) module: random prims draw from torch's
-    seed with a philox offset that advances from call to call."""
-    from ember.inductor.wrapper import WrapperUnsupported, generate
-    from ember.prims.decomp.random import run_with_philox
-
-    interp = Interpreter(compiled)
-    offset = [0]
-    # Per graph: its generated straight-line call (wrapper.py), or None where the interpreter
-    # runs it (symbolic shapes, random ops).
-    calls: dict[str | None, Callable[[Sequence[Any]], RunResult] | None] = {}
-
-    def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
-        if graph not in calls:
-            try:
-                calls[graph] = generate(compiled, graph, interp).call
-            except WrapperUnsupported:
-                calls[graph] = None
-        fast = calls[graph]
-        if fast is not None:
-            return fast(inputs)
-        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
-        return res
-    return run
-
-
-def _inductor_backend(module: Module) -> Runner:
-    run = compiled_runner(compile_module(module))
-
-    def checked(graph: str | None, inputs: Sequence[Any]) -> RunResult:
-        try:
-            return run(graph, inputs)
-        except Exception as e:
-            # An op failed on its data (an out-of-range id in an index_select extern, an
-            # integer division by zero): raise what eager raises there, which only the
-            # original op knows (x[i] raises IndexError where its gather form raises
-            # RuntimeError). Compiled kernels never read at data-dependent indices: ids reach
-            # only extern ops, which check them (see docs/inductor.md).
-            err = eager_error(module, graph, inputs, e)
-            if err is e:
-                raise
-            raise err from None
-    return checked
-
-
-def summary(compiled: Module) -> str:
-    """What a compiled module runs: `3 C++ kernel(s), 1 extern call(s)`, plus the kernels and
-    ops left to the reference interpreter, with the reasons."""
-    counts = {"kernels.call": 0, "kernels.extern": 0}
-    other: list[str] = []
-    bodies = body_names(compiled)
-    for g in compiled.graphs.values():
-        if g.name in bodies:
-            continue
-        for n in g.nodes:
-            if n.op == "kernels.view":  # a strided view of a buffer: nothing runs
-                continue
-            if n.op in counts:
-                counts[n.op] += 1
-            elif n.op in ("loop.pointwise", "loop.reduction"):
-                ref = n.args[0]
-                assert isinstance(ref, Ref)
-                body = compiled.items[ref.name]
-                why = body.attrs.get("cpp_fallback") if isinstance(body, Graph) else None
-                other.append(f"{n.op} @{ref.name} ({why})")
-            else:
-                other.append(n.op)
-    text = f"{counts['kernels.call']} C++ kernel(s), {counts['kernels.extern']} extern call(s)"
-    if other:
-        text += f"; run by the reference interpreter: {', '.join(sorted(set(other)))}"
-    return text
-
-
-def register_backend() -> None:
-    if "inductor" not in default_backends().all():
-        default_backends().add(Backend(
-            "inductor", f"the pipeline inductor ({DEFAULT_PIPELINE}), then run the compiled "
-            f"C++ kernels (CPU)", _inductor_backend))
+def __getattr__(name: str) -> Any:
+    import importlib
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)

@@ -23,7 +23,6 @@ from typing import Any
 import sympy
 
 from ember.inductor.body import BodyBuilder, body_names, fresh_body_name
-from ember.inductor.epilogue import Epilogue, conv_epilogues
 from ember.inductor.indexing import (
     affine_view,
     flat_offset,
@@ -34,12 +33,13 @@ from ember.inductor.indexing import (
     simplify_index,
 )
 from ember.inductor.indexing import substitute as subst_index
+from ember.inductor.targets import device_kind, graph_devices, targets
 from ember.ir import Arg, Builder, DType, Graph, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, simplify_dim
 from ember.ir.graph import map_args
 from ember.ir.passes import PipelineError, register_pass
 from ember.prims import PRIMS_BY_OP
-from ember.prims.decomp.passes import FUSED_ATTENTION
+from ember.prims.decomp.passes import is_custom_op
 
 
 @dataclass(frozen=True)
@@ -208,21 +208,12 @@ class _Lowering:
 
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
-        # a convolution with a per-channel affine (+ReLU) epilogue is emitted, folded, where
-        # its epilogue ends (the epilogue's per-channel operands are defined by then)
-        epis = {e.last: e for e in conv_epilogues(self.g).values()}
-        folded = {id(x) for e in epis.values() for x in [e.conv, *e.chain[:-1]]}
         for n in self.g.nodes:
-            if id(n) in folded:
-                continue
-            if n in epis:
-                _convolution(self, epis[n].conv, epis[n])
-                continue
             rule = self.rules.get(n.op)
             scalar_operand = any(not isinstance(v.type, TensorType) for v in n.operands())
             if n.op.startswith("prims.") and (rule is None or scalar_operand):
                 self.passthrough(n, n.op)
-            elif n.op in FUSED_ATTENTION:  # kept by decompose{keep_attention=true}
+            elif rule is None and is_custom_op(n.op):  # a torch.library op: an extern call
                 self.passthrough(n, n.op)
             elif rule is None:
                 self.passthrough(n)
@@ -454,90 +445,6 @@ def _pad(lw: _Lowering, n: Node) -> None:
     lw.pointwise(n, emit, loads=False)
 
 
-def _convolution(lw: _Lowering, n: Node, epi: Epilogue | None = None) -> None:
-    """A 2-d convolution runs channels-last (`loop.conv2d_nhwc`, oneDNN's fast layout): its
-    input is written as an NHWC buffer by a copy kernel (the kernel that computed it fuses into
-    that copy; no copy when it already is one) and its NHWC result is read through a permuted
-    view. A per-channel affine epilogue (eval BatchNorm) and a ReLU after it (`epi`) are folded
-    into it: weight * A, bias B, ReLU applied by oneDNN (epilogue.py)."""
-    x, xt = _x(n)
-    w = n.args[1]
-    t = n.results[0].type
-    assert isinstance(t, TensorType) and isinstance(w, Value)
-    if xt.rank != 4 or not all(isinstance(d, int) for d in (*xt.shape, *t.shape)) \
-            or xt.dtype != DType.f32 or 0 in (*xt.shape, *t.shape):  # oneDNN's fast path
-        lw.passthrough(n, n.op)
-        for m in epi.chain if epi is not None else ():  # the epilogue as it was
-            rule = lw.rules.get(m.op)
-            if rule is None:  # a table without it: the prim's own implementation
-                lw.passthrough(m, m.op)
-            else:
-                rule(lw, m)
-        return
-    i = [ivar(k) for k in range(4)]
-    nhwc = TensorType(xt.dtype, (xt.shape[0], xt.shape[2], xt.shape[3], xt.shape[1]), None,
-                      xt.device)
-    src, idx = lw.index_of(x, [i[0], i[3], i[1], i[2]], _ranges(nhwc.shape))
-    if isinstance(src.type, TensorType) and list(src.type.shape) == list(nhwc.shape) \
-            and idx == i:
-        xb = src  # already an NHWC buffer (the previous convolution's result)
-    else:
-        xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
-    res = (epi.last if epi is not None else n).results[0]
-    lw.b.taken.discard(f"{res.name}.nhwc")
-    args: list[Arg] = [xb, lw.extern_operand(w)]
-    kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc", **n.kwargs}
-    if epi is not None:
-        args, kw = _fold_epilogue(lw, epi, args, kw, int(t.shape[1]))
-    out = lw.b.emit("loop.extern", args, kw,
-                    types=[TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]),
-                                      None, t.device)], names=[f"{res.name}.nhwc"], loc=n.loc)[0]
-    lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
-
-
-def _fold_epilogue(lw: _Lowering, epi: Epilogue, args: list[Arg], kw: dict[str, Arg],
-                   channels: int) -> tuple[list[Arg], dict[str, Arg]]:
-    """The folded convolution's operands: weight * A (per output channel), bias B, relu=."""
-    scales = any(op in ("prims.mul", "prims.div") for op, _ in epi.steps)
-    shifts = any(op in ("prims.add", "prims.sub") for op, _ in epi.steps)
-    ct = TensorType(DType.f32, (channels,))
-    name = epi.last.results[0].name
-
-    def affine(which: str) -> Value:
-        """A kernel over the channels computing A (which="a") or B of y = conv * A + B."""
-        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
-        a: Any = 1.0
-        b: Any = 0.0
-        for op, u in epi.steps:
-            if isinstance(u, Value):
-                buf, idx = lw.index_of(u, [ivar(0)], {ivar(0): channels})
-                u = bb.load(buf, idx)
-            if op in ("prims.add", "prims.sub"):
-                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
-            else:
-                a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
-                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
-        v = a if which == "a" else b
-        if not isinstance(v, Value):
-            v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
-                                           "device": "cpu"}, name=f"{name}.{which}")
-        return lw.kernel("loop.pointwise", bb, v, {"ranges": [channels]}, ct,
-                         f"{name}.{which}")
-    x, w = args
-    if scales:  # the weight scaled per output channel, every call
-        assert isinstance(w, Value) and isinstance(w.type, TensorType)
-        scale = affine("a")
-        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
-        wl = bb.load(w, [ivar(k) for k in range(w.type.rank)])
-        sl = bb.load(scale, [ivar(0)])
-        wt = TensorType(w.type.dtype, w.type.shape, None, w.type.device)
-        w = lw.kernel("loop.pointwise", bb, bb.b.op("prims.mul", [wl, sl], {},
-                                                    name=f"{name}.w"),
-                      {"ranges": list(wt.shape)}, wt, f"{name}.w")
-    out_args: list[Arg] = [x, w, affine("b")] if shifts else [x, w]
-    return out_args, {**kw, "relu": epi.relu}
-
-
 def _gather(lw: _Lowering, n: Node) -> None:
     """A gather whose index varies only along `dim` and keeps x's other sizes (an embedding
     lookup: the ids broadcast over the row) is `index_select` of the 1-d ids
@@ -590,7 +497,6 @@ LOWERINGS: dict[str, Rule] = {
     "prims.full": _full,
     "prims.concatenate": _concatenate,
     "prims.pad": _pad,
-    "prims.convolution": _convolution,
     "prims.gather": _gather,
 }
 
@@ -622,10 +528,21 @@ def lower_loops(module: Module, *, table: str = "default") -> Module:
     taken: set[str] = set()
     for g in list(out.graphs.values()):
         if not _is_body(out, g):
-            _Lowering(out, g, bodies, taken, rules).run()
+            _Lowering(out, g, bodies, taken, _with_target_rules(g, rules)).run()
     for body in bodies:
         out.add(body)
     return out
+
+
+def _with_target_rules(g: Graph, rules: dict[str, Rule]) -> dict[str, Rule]:
+    """The table plus the rules of the target of g's device for ops the table leaves out (the
+    CPU target's channels-last convolution, its fused attention): lowering itself knows no
+    device. A device with no target gets the table alone (loop IR is device-neutral)."""
+    kinds = {device_kind(d) for d in graph_devices(g)} or {"cpu"}
+    target = targets().get(kinds.pop()) if len(kinds) == 1 else None
+    if target is None or not target.lowerings:
+        return rules
+    return {**target.lowerings, **rules}
 
 
 def _is_body(m: Module, g: Graph) -> bool:

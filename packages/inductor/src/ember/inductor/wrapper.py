@@ -3,8 +3,9 @@
 The interpreter pays, on every node of every call, an op lookup, argument binding, a result type
 check and (for `kernels.call`) the kernel's lookup and argument conversion. The wrapper does that
 work once: it generates one Python function per graph that unpacks the inputs,
-checks their dtypes and shapes, allocates each kernel's output with a constant shape, and calls
-the kernel's ctypes function pointer (argument types set once) on the buffers' addresses. Nodes
+checks their dtypes and shapes, allocates each kernel's output with a constant shape on the call's
+device (launch.out_buffer where it reuses a dead buffer), and calls the kernel's launcher
+(launch.py; argument types set once) on the buffers' addresses or the tensors, as its ABI says. Nodes
 other than `kernels.call` (`kernels.extern`, ops the C++ tables left to the reference) call their
 op's reference directly, their tensor results checked like the interpreter checks them.
 
@@ -17,8 +18,6 @@ constant is passed in the function's namespace, never printed into the source.
 
 from __future__ import annotations
 
-import ctypes
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ import sympy
 import torch
 
 from ember.inductor.buffers import last_uses
+from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
 from ember.ir.graph import map_args
@@ -55,12 +55,12 @@ class _Gen:
         self.m, self.g, self.interp = module, graph, interp
         self.ns: dict[str, Any] = {"_empty": torch.empty, "RunResult": RunResult,
                                    "_interp": interp, "_unpack": _unpack, "_bad": _bad,
-                                   "_contiguous": _contiguous}
+                                   "_contiguous": _contiguous, "_out": out_buffer}
         self.names: dict[Value, str] = {}
         self.params: set[Value] = set()
         self.buffers: set[Value] = set()  # contiguous by construction (kernel outputs)
         self.lines: list[str] = []
-        self.table: dict[str, tuple[Any, Any]] | None = None  # kernels.load_module
+        self.table: dict[str, LoadedKernel] | None = None  # launch.load_module
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -136,13 +136,14 @@ class _Gen:
         assert isinstance(ref, Ref)
         if not isinstance(self.m.items.get(ref.name), Kernel):
             raise WrapperUnsupported(f"@{ref.name} is not a kernel")
-        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse"}
+        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse", "device"}
         if unknown:
             raise WrapperUnsupported(f"kernels.call with {', '.join(sorted(unknown))}")
         if self.table is None:
-            from ember.inductor.kernels import load_module
             self.table = load_module(self.m)
-        fn, take_errors = self.table[ref.name]
+        k = kernel(self.table, ref.name)
+        dev = node.kwargs.get("device", "cpu")
+        device = self.const(torch.device(dev if isinstance(dev, str) else "cpu"))
         ins: list[str] = []
         for j, a in enumerate(node.args[1:]):
             if not isinstance(a, Value):
@@ -160,27 +161,25 @@ class _Gen:
             if not isinstance(r.type, TensorType):
                 raise WrapperUnsupported("kernels.call with a scalar result")
             name, shape, dt = f"v{i}_{j}", _concrete(r.type), self.dtype(r.type)
-            new = f"_empty({shape!r}, dtype={dt})"
             old = reuse[j] if j < len(reuse) else None
             if isinstance(old, Value) and isinstance(old.type, TensorType):
-                # a dead buffer's storage (as kernels._call_run: same dtype, size, contiguous)
-                o = self.name(old)
-                new = (f"{o}.view({shape!r}) if {o}.dtype is {dt} and {o}.is_contiguous() and "
-                       f"{o}.numel() == {math.prod(shape)} else {new}")
+                # a dead buffer's storage, as the interpreter's kernels.call takes it
+                new = f"_out({shape!r}, {dt}, {device}, {self.name(old)})"
+            else:
+                new = f"_empty({shape!r}, dtype={dt}, device={device})"
             self.lines.append(f"    {name} = {new}")
             self.names[r] = name
             self.buffers.add(r)
             outs.append(name)
-        fn.argtypes = [ctypes.c_void_p] * (len(ins) + len(outs))
-        fn.restype = None
-        self.lines.append(f"    {self.const(fn)}({', '.join(f'{x}.data_ptr()' for x in ins + outs)})")
+        fn = self.const(k.launcher(len(ins) + len(outs)))
+        # the kernel's ABI: data addresses ("pointer") or the tensors themselves
+        conv = ".data_ptr()" if k.abi == "pointer" else ""
+        self.lines.append(f"    {fn}({', '.join(f'{x}{conv}' for x in ins + outs)})")
         copies = [x for x in ins if x.startswith("c")]
         if copies:
             self.lines.append(f"    del {', '.join(copies)}")
-        if take_errors is not None:
-            # eager's message for an integer division or modulo by zero on the CPU
-            self.lines.append(f"    if {self.const(take_errors)}(): "
-                              f"raise RuntimeError('ZeroDivisionError')")
+        if k.take_errors is not None:
+            self.lines.append(f"    {self.const(k.check)}()")
 
     def strided_view(self, i: int, node: Node) -> None:
         """A strided view of a buffer (any strides: an input's real ones are used); the index
@@ -215,7 +214,7 @@ class _Gen:
         else:  # an input: its real strides
             self.lines.append(f"    {name} = _strided({self.name(x)}, {shape!r}, "
                               f"{self.const(offsets)}, {self.const(coefs)})")
-        self.ns["_strided"] = _strided
+        self.ns["_strided"] = strided_view
         self.names[r] = name
 
     def other(self, i: int, node: Node) -> None:
@@ -242,16 +241,6 @@ class _Gen:
                 self.check(n, r.type, f"result of {node.op}")
                 if node.op == "kernels.extern":  # made contiguous above
                     self.buffers.add(r)
-
-
-def _strided(x: torch.Tensor, shape: tuple[int, ...], offsets: list[int],
-             coefs: list[list[int]]) -> torch.Tensor:
-    """loop.view's strided view (loopir._view_run) with its index parsed once, when the
-    wrapper was generated; bounds were checked at lowering and the input's shape is checked."""
-    st = x.stride()
-    strides = [sum(c[k] * s for c, s in zip(coefs, st, strict=True)) for k in range(len(shape))]
-    off = x.storage_offset() + sum(o * s for o, s in zip(offsets, st, strict=True))
-    return x.as_strided(shape, strides, off)
 
 
 def _read_or_made(node: Node) -> list[Value]:

@@ -1,0 +1,134 @@
+"""The `inductor` backend: compile a module for its device's target, then run it.
+
+`compile_module` picks the target from the module's devices (targets/), runs its pipeline and
+loads the kernel blocks (launch.py); `compiled_runner` runs a compiled module through the
+generated wrapper (wrapper.py) or, for graphs it does not cover, the interpreter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ember.inductor.body import body_names
+from ember.inductor.launch import load_module
+from ember.inductor.targets import target_for
+from ember.inductor.wrapper import WrapperUnsupported, generate
+from ember.ir import Graph, Interpreter, Module, Ref, RunResult
+from ember.ir.backends import Backend, Runner, default_backends
+from ember.ir.interpreter import eager_error
+from ember.ir.passes import default_pass_registry, run_pipeline
+from ember.prims.decomp.random import run_with_philox
+
+# how summary() names a language's kernels
+LANG_NAMES = {"cpp": "C++"}
+
+
+INDUCTOR = "inductor"  # the pipeline name that means "the pipeline of the graph's target"
+
+
+def pipeline_for(module: Module, pipeline: str = INDUCTOR) -> str:
+    """The pipeline to run: the target's own (front end and all) for the default `inductor`,
+    else `pipeline` as given. Either way a module on a device with no target is refused
+    (`TargetError`, naming the device and the registered targets)."""
+    target = target_for(module)
+    return target.full_pipeline if pipeline == INDUCTOR else pipeline
+
+
+def compile_module(module: Module, pipeline: str = INDUCTOR) -> Module:
+    """The compiled (kernels.*) module for its device's target, its kernels already built (or
+    found in the cache)."""
+    out = run_pipeline(module, pipeline_for(module, pipeline))
+    if out.kernels:
+        load_module(out)
+    return out
+
+
+def compiled_runner(compiled: Module) -> Runner:
+    """The runner of an already compiled (kernels.*) module: random prims draw from torch's
+    seed with a philox offset that advances from call to call."""
+    interp = Interpreter(compiled)
+    offset = [0]
+    # Per graph: its generated straight-line call (wrapper.py), or None where the interpreter
+    # runs it (symbolic shapes, random ops).
+    calls: dict[str | None, Callable[[Sequence[Any]], RunResult] | None] = {}
+
+    def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        if graph not in calls:
+            try:
+                calls[graph] = generate(compiled, graph, interp).call
+            except WrapperUnsupported:
+                calls[graph] = None
+        fast = calls[graph]
+        if fast is not None:
+            return fast(inputs)
+        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
+        return res
+    return run
+
+
+def _inductor_backend(module: Module) -> Runner:
+    run = compiled_runner(compile_module(module))
+
+    def checked(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        try:
+            return run(graph, inputs)
+        except Exception as e:
+            # An op failed on its data (an out-of-range id in an index_select extern, an
+            # integer division by zero): raise what eager raises there, which only the
+            # original op knows (x[i] raises IndexError where its gather form raises
+            # RuntimeError). Compiled kernels never read at data-dependent indices: ids reach
+            # only extern ops, which check them (see docs/inductor.md).
+            err = eager_error(module, graph, inputs, e)
+            if err is e:
+                raise
+            raise err from None
+    return checked
+
+
+def summary(compiled: Module) -> str:
+    """What a compiled module runs: `3 C++ kernel(s), 1 extern call(s)` (the kernels named
+    after their language), plus the kernels and ops left to the reference interpreter, with
+    the reasons."""
+    counts = {"kernels.call": 0, "kernels.extern": 0}
+    langs = sorted({k.lang for k in compiled.kernels.values()
+                    if any(n.op == "kernels.call" and isinstance(n.args[0], Ref)
+                           and n.args[0].name == k.name
+                           for g in compiled.graphs.values() for n in g.nodes)})
+    other: list[str] = []
+    bodies = body_names(compiled)
+    for g in compiled.graphs.values():
+        if g.name in bodies:
+            continue
+        for n in g.nodes:
+            if n.op == "kernels.view":  # a strided view of a buffer: nothing runs
+                continue
+            if n.op in counts:
+                counts[n.op] += 1
+            elif n.op in ("loop.pointwise", "loop.reduction"):
+                ref = n.args[0]
+                assert isinstance(ref, Ref)
+                body = compiled.items[ref.name]
+                why = body.attrs.get("cpp_fallback") if isinstance(body, Graph) else None
+                other.append(f"{n.op} @{ref.name} ({why})")
+            else:
+                other.append(n.op)
+    lang = "/".join(LANG_NAMES.get(x, x) for x in langs) or LANG_NAMES["cpp"]
+    text = f"{counts['kernels.call']} {lang} kernel(s), {counts['kernels.extern']} extern call(s)"
+    if other:
+        text += f"; run by the reference interpreter: {', '.join(sorted(set(other)))}"
+    return text
+
+
+def register_backend() -> None:
+    if "inductor" not in default_backends().all():
+        default_backends().add(Backend(
+            "inductor", "the pipeline of the graph's device's target (cpu: "
+            f"{pipeline_text()}), then run the compiled kernels", _inductor_backend))
+
+
+def pipeline_text() -> str:
+    pl = default_pass_registry().pipelines().get(INDUCTOR)
+    return pl.text if pl is not None else INDUCTOR

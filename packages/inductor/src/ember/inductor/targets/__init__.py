@@ -1,0 +1,149 @@
+"""Code generation targets: one record per device kind (docs/inductor.md, "Targets").
+
+The core (lower-loops, fuse, plan-buffers, the `kernels` dialect and its launch path) knows no
+device. A target says, for graphs whose tensors live on its device kind: the registered pipeline
+that turns them into a `kernels.*` module (`pipeline`, after `front` has lowered aten to prims),
+the lowering rules it adds to lower-loops' table (`lowerings`), a fusion veto (`fusion`) and the
+kernel language its kernel blocks are written in (`loader`, see launch.py). The CPU target
+(targets/cpu/) registers itself when `ember.inductor` is imported; a graph on a device with no
+target is refused (`TargetError`, naming the device and the registered targets), never compiled
+for another one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ember.inductor.body import body_names
+from ember.ir import Graph, Module, Node, TensorType
+from ember.ir.passes import PipelineError
+
+# lowering.Rule, spelled loosely here: targets/ is imported by lowering.py
+Rule = Callable[[Any, Node], None]
+# (module, graph, producer, consumer) -> why the two kernels must stay apart, or None
+FusionVeto = Callable[[Module, Graph, Node, Node], "str | None"]
+
+
+class TargetError(PipelineError):
+    """A graph's device has no registered target (or its tensors are on several devices)."""
+
+
+@dataclass(frozen=True)
+class FusionHooks:
+    """A target's say in fusion: `veto` names a reason to keep a producer and its reader in
+    separate kernels (say, a GPU kernel's shared-memory budget); None lets the core rules
+    decide."""
+
+    veto: FusionVeto | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    device_kind: str  # torch.device(...).type: "cpu", "cuda", ...
+    pipeline: str  # a registered pipeline: prims -> kernels.* module (e.g. "inductor-cpu")
+    loader: str  # the kernel language of its kernel blocks (launch.register_loader)
+    lowerings: Mapping[str, Rule] = field(default_factory=dict)  # op -> rule, over the table
+    fusion: FusionHooks = FusionHooks()
+    front: str = "to-prims"  # aten -> prims for this target (which ops it keeps whole)
+    description: str = ""
+
+    @property
+    def full_pipeline(self) -> str:
+        """aten -> kernels.*: what the `inductor` backend runs for a graph on this device."""
+        return f"{self.front},{self.pipeline}"
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def register_target(device_kind: str, pipeline: str, loader: str, *,
+                    lowerings: Mapping[str, Rule] | None = None,
+                    fusion: FusionHooks | None = None, front: str = "to-prims",
+                    description: str = "") -> Target:
+    """Register the target of a device kind; registering a kind twice is an error."""
+    return add_target(Target(device_kind, pipeline, loader, dict(lowerings or {}),
+                             fusion or FusionHooks(), front, description))
+
+
+def add_target(t: Target) -> Target:
+    """Register a target record (register_target builds one); a kind twice is an error."""
+    if t.device_kind in _TARGETS:
+        raise ValueError(f"a target for device {t.device_kind!r} is already registered")
+    _TARGETS[t.device_kind] = t
+    return t
+
+
+def unregister_target(device_kind: str) -> None:
+    """Remove a target (tests that register their own)."""
+    _TARGETS.pop(device_kind, None)
+
+
+def targets() -> dict[str, Target]:
+    return dict(_TARGETS)
+
+
+def device_kind(device: str) -> str:
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError):
+        return device
+
+
+def graph_devices(g: Graph) -> set[str]:
+    """The devices of a graph's tensors (parameters, results and node results)."""
+    vals = [*g.params, *(r for n in g.nodes for r in n.results)]
+    return {v.type.device for v in vals if isinstance(v.type, TensorType)}
+
+
+def top_graphs(m: Module) -> list[Graph]:
+    """The graphs that are not loop kernel bodies (bodies hold 0-dim values of no device)."""
+    bodies = body_names(m)
+    return [g for g in m.graphs.values() if g.name not in bodies]
+
+
+def module_devices(m: Module, graphs: Iterable[Graph] | None = None) -> set[str]:
+    return set().union(*(graph_devices(g) for g in (top_graphs(m) if graphs is None
+                                                      else graphs)))
+
+
+def _known() -> str:
+    return ", ".join(sorted(_TARGETS)) or "none"
+
+
+def target_for_devices(devices: Iterable[str], what: str = "the graph") -> Target:
+    """The target of the one device kind `devices` are on (no tensors: the CPU's)."""
+    kinds = sorted({device_kind(d) for d in devices}) or ["cpu"]
+    if len(kinds) > 1:
+        raise TargetError(f"ember.inductor: {what} has tensors on several devices "
+                          f"({', '.join(kinds)}); a compiled graph runs on one")
+    t = _TARGETS.get(kinds[0])
+    if t is None:
+        devs = sorted(set(devices)) or kinds
+        raise TargetError(f"ember.inductor: {what} is on {', '.join(devs)}, and no code "
+                          f"generation target is registered for {kinds[0]} (registered "
+                          f"targets: {_known()})")
+    return t
+
+
+def target_for(m: Module, graphs: Iterable[Graph] | None = None) -> Target:
+    """The target of a module's device (refused when it has none: `TargetError`)."""
+    return target_for_devices(module_devices(m, graphs), "the module")
+
+
+def require_device(m: Module, graphs: Iterable[Graph], kind: str, what: str) -> None:
+    """A target's own passes refuse graphs on another device: `what` (say "codegen-cpp")
+    emits code for `kind` only."""
+    for g in graphs:
+        other = sorted(d for d in graph_devices(g) if device_kind(d) != kind)
+        if other:
+            raise TargetError(f"{what}: graph @{g.name} is on {', '.join(other)}; {what} "
+                              f"generates {kind} code only (registered targets: {_known()})")
+
+
+__all__ = ["FusionHooks", "add_target", "FusionVeto", "Rule", "Target", "TargetError", "device_kind",
+           "graph_devices", "module_devices", "register_target", "require_device",
+           "target_for", "target_for_devices", "targets", "top_graphs", "unregister_target"]

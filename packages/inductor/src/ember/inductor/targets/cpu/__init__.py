@@ -1,0 +1,48 @@
+"""The CPU target: C++/OpenMP kernels built by g++ (docs/inductor.md).
+
+Registers, for device kind "cpu": the `cpp` loader (codegen.py: g++ through the compile cache,
+cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `conv-nhwc`, the target-neutral
+`lower-loops` and `fuse`, `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
+`decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
+channels-last convolution (conv.py) and torch's fused CPU attention kept as one extern call
+(`keep_attention=true` keeps it through decompose: torch's flash kernel beats matmul + softmax
+kernel + matmul ~1.4x, as TorchInductor does on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ember.inductor.launch import register_loader
+from ember.inductor.targets import Rule, register_target
+from ember.inductor.targets.cpu.codegen import load_cpp
+from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
+from ember.ir import Node
+from ember.ir.passes import register_pipeline
+from ember.prims.decomp.passes import FUSED_ATTENTION
+
+FRONT = "decompose{keep_attention=true},cse,dce"
+INDUCTOR_CPU = register_pipeline(
+    "inductor-cpu", "conv-nhwc,lower-loops,fuse,codegen-cpp,plan-buffers",
+    "prims -> loop kernels, fused, as C++ kernel blocks with planned buffers (CPU)").text
+# compile()'s default on CPU graphs: the inductor backend runs the pipeline of the graph's
+# device's target, which for the CPU is this one
+DEFAULT_PIPELINE = register_pipeline(
+    "inductor", f"{FRONT},inductor-cpu",
+    "compile()'s default: aten -> prims (fused CPU attention kept) -> C++ kernels").text
+
+
+def _attention(lw: Any, n: Node) -> None:
+    """Torch's fused CPU attention (kept by decompose{keep_attention=true}): one extern call
+    on strided views of q, k, v."""
+    lw.passthrough(n, n.op)
+
+
+LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d,
+                              **{op: _attention for op in FUSED_ATTENTION}}
+
+CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
+CPU = register_target("cpu", "inductor-cpu", "cpp", lowerings=LOWERINGS, front=FRONT,
+                      description="C++/OpenMP kernels built by g++")
+
+__all__ = ["CPU", "DEFAULT_PIPELINE", "FRONT", "INDUCTOR_CPU", "LOWERINGS"]

@@ -1,0 +1,182 @@
+"""The CPU target's code generation and loading: the `codegen-cpp` pass and the `cpp` loader.
+
+`codegen-cpp` turns each loop kernel into a `kernel @name cpp` block (its source between triple
+quotes) and its node into `kernels.call(@name, bufs..., out_dtypes=, out_shapes=)` (see
+kernels.py). `loop.extern` becomes `kernels.extern` (the prim's implementation through
+Python, no libtorch headers). All `cpp` blocks of a module, in order, form one translation unit:
+`@cpp_prelude` holds the helpers, each other block one `extern "C"` function named after it
+(`sanitize.kernel_symbol`: `@f_k0` defines `ember_k_f_k0`). A kernel the C++ tables cannot
+express yet keeps its `loop.pointwise`/`loop.reduction` node and body (run by the reference),
+with the reason in `attrs(cpp_fallback=...)` of that body. The `cpp` loader (`load_cpp`) builds
+a module's blocks with g++ through the cache (cache.py), split into translation units compiled
+in parallel; its kernels take their buffers' data addresses (ABI "pointer").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
+from ember.inductor.body import body_names
+from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
+from ember.inductor.launch import LoadedKernel
+from ember.inductor.sanitize import kernel_symbol
+from ember.inductor.targets import require_device
+from ember.inductor.targets.cpu import cache
+from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
+from ember.inductor.targets.cpu.cppkernel import kernel_source
+from ember.ir import (
+    Arg,
+    Graph,
+    InferContext,
+    Kernel,
+    Module,
+    Node,
+    Ref,
+    TensorType,
+    Value,
+    default_registry,
+)
+from ember.ir.passes import register_pass
+
+PRELUDE_NAME = "cpp_prelude"
+KERNELS_PER_UNIT = 6  # kernels per translation unit before a module's C++ is split
+# kernels whose integer division or modulo may divide by zero (they set the error flag)
+_CHECKED_OPS = ("ember_div_trunc<", "ember_fmod<", "ember_pymod<")
+
+
+def module_source(m: Module) -> str:
+    return "\n".join(k.source for k in m.kernels.values() if k.lang == "cpp")
+
+
+def module_units(m: Module, blocks: list[Kernel] | None = None) -> list[list[Kernel]]:
+    """The module's kernel blocks split into translation units compiled in parallel: each
+    unit is the prelude plus a contiguous run of kernels (at most one unit per compile job)."""
+    blocks = [k for k in m.kernels.values() if k.lang == "cpp"] if blocks is None else blocks
+    prelude = [k for k in blocks if k.name == PRELUDE_NAME]
+    rest = [k for k in blocks if k.name != PRELUDE_NAME]
+    n = max(1, min(cache.jobs(), math.ceil(len(rest) / KERNELS_PER_UNIT)))
+    size = math.ceil(len(rest) / n) if rest else 0
+    return [prelude + rest[i:i + size] for i in range(0, len(rest), size)] if rest else []
+
+
+def load_cpp(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
+    """The `cpp` loader: build (or find in the cache) a module's C++ units, in parallel; kernel
+    name -> its function (with the library's error-flag reader if it may divide by zero)."""
+    units = module_units(m, blocks)
+    libs = cache.load_all(["\n".join(k.source for k in u) for u in units])
+    table: dict[str, LoadedKernel] = {}
+    for unit, lib in zip(units, libs, strict=True):
+        for k in unit:
+            if k.name != PRELUDE_NAME:
+                fn = _symbol(lib, k)
+                fn.restype = None
+                checks = any(op in k.source for op in _CHECKED_OPS)
+                table[k.name] = LoadedKernel(fn, "pointer",
+                                             lib.ember_take_errors if checks else None)
+    return table
+
+
+def _symbol(lib: Any, k: Kernel) -> Any:
+    """A kernel block's function: `kernel_symbol(name)` as codegen-cpp names it (never a libc
+    or prelude name); a hand-written block (run only with --allow-kernels) or an older dump
+    may define its plain name instead."""
+    try:
+        return lib[kernel_symbol(k.name)]
+    except AttributeError:
+        pass
+    try:
+        return lib[k.name]
+    except AttributeError:
+        raise CodegenError(f"kernel @{k.name}: its source defines no function "
+                           f"{kernel_symbol(k.name)} (or {k.name})") from None
+
+
+@register_pass("codegen-cpp", "loop IR -> kernels.* graph with C++ kernel blocks (one function "
+               "per loop kernel)")
+def codegen_cpp(module: Module) -> Module:
+    src = module.clone()
+    bodies = body_names(src)
+    # C++ for CPU buffers only: a graph on another device is refused, never compiled for the CPU
+    require_device(src, [g for g in src.graphs.values() if g.name not in bodies], "cpu",
+                   "codegen-cpp")
+    kernels: list[Kernel] = [Kernel(PRELUDE_NAME, "cpp", PRELUDE)]
+    graphs: list[Graph] = []
+    fallback: list[Graph] = []
+    for g in src.graphs.values():
+        if g.name in bodies:
+            continue
+        for p in g.params:
+            _retype(p)
+        g.nodes = [_lower_node(src, g, n, kernels, fallback) for n in g.nodes]
+        g.result_types = [o.type for o in g.outputs]
+        graphs.append(g)
+    out = Module(src.symbols, {}, src.version)
+    if len(kernels) > 1:
+        for k in kernels:
+            out.add(k)
+    items: list[Graph | Kernel] = [*src.kernels.values(), *graphs, *fallback]
+    for item in items:
+        if item.name not in out.items:
+            out.add(item)
+    return out
+
+
+def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph]
+                ) -> Node:
+    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
+        # a strided view of a buffer (matmul reads it as it is); its type says its strides
+        ctx = InferContext(module=m, registry=default_registry())
+        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
+            r.type = t
+        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
+    if n.op == "loop.extern":
+        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
+    if n.op not in ("loop.pointwise", "loop.reduction"):
+        return n
+    ref = n.args[0]
+    assert isinstance(ref, Ref)
+    body = m.items[ref.name]
+    assert isinstance(body, Graph)
+    name = ref.name
+    while any(k.name == name for k in kernels):  # two loop nodes may share one body
+        name += "_"
+    try:
+        source = kernel_source(name, n, body, f"@{g.name}", m.items)
+    except CodegenError as e:
+        body.attrs["cpp_fallback"] = str(e)
+        fallback.append(body)
+        stack = [body]  # the bodies of fused reductions (nested too) run on the reference
+        while stack:
+            for bn in stack.pop().nodes:
+                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
+                    and isinstance(bn.args[0], Ref) else None
+                if isinstance(sub, Graph) and sub not in fallback:
+                    fallback.append(sub)
+                    stack.append(sub)
+        return n
+    kernels.append(Kernel(name, "cpp", source))
+    types = [r.type for r in n.results]
+    assert all(isinstance(t, TensorType) for t in types)
+    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
+                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
+    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
+                 [_retype(r) for r in n.results])
+
+
+def _retype(v: Value) -> Value:
+    if isinstance(v.type, TensorType):
+        v.type = buffer_type(v.type)
+    return v
+
+
+def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results: list[Value]
+          ) -> Node:
+    new = Node(op, list(args), dict(kwargs), results, n.loc, n.pos)
+    for r in results:
+        r.node = new
+    return new
+
+

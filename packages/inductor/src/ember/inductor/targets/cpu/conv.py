@@ -1,0 +1,222 @@
+"""The CPU target's convolutions: channels-last (oneDNN's fast layout) with BatchNorm+ReLU folded.
+
+`conv-nhwc` (a pass over prims, before lower-loops) rewrites each 2-d f32 convolution with
+concrete, non-zero sizes, and the per-channel affine chain (+ReLU) after it (epilogue.py), into
+one node placed where the chain ended (its per-channel operands are defined by then):
+
+    %r = loop.conv2d(%x, %w, %m, %rs, steps=["prims.sub", "prims.mul"], relu=true,
+                     stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+
+(NCHW result, the chain's value; operands after the weight: one per step, a [C] vector or a
+number; y = y <step> operand per channel). The CPU target's lowering rule for it (`_lower`)
+writes the input as an NHWC buffer by a copy kernel (its producer fuses into that copy; none
+when it already is one), computes weight * A and bias B by small kernels every call, and emits
+`loop.extern(op="loop.conv2d_nhwc")`, read back through a permuted view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ember.inductor.body import BodyBuilder, fresh_body_name
+from ember.inductor.indexing import ivar
+from ember.inductor.lowering import View, _Lowering, _ranges, _x
+from ember.inductor.targets.cpu.epilogue import AFFINE_OPS, conv_epilogues
+from ember.ir import (
+    Arg,
+    DType,
+    Graph,
+    InferContext,
+    Interpreter,
+    Module,
+    Node,
+    OpDef,
+    OpTypeError,
+    TensorType,
+    Type,
+    Value,
+    default_registry,
+)
+from ember.ir.passes import register_pass
+
+CONV_OP = "loop.conv2d"
+_OWN_KW = ("steps", "relu")  # the rest are prims.convolution's attributes
+
+
+def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
+    """oneDNN's fast path: a 4-d f32 input with concrete, non-zero sizes."""
+    sizes = (*x.shape, *t.shape)
+    return x.rank == 4 and x.dtype == DType.f32 and all(isinstance(d, int) for d in sizes) \
+        and 0 not in sizes
+
+
+@register_pass("conv-nhwc", "CPU: 2-d f32 convolutions, with a per-channel affine epilogue "
+               "(eval BatchNorm) and ReLU folded, become loop.conv2d (lowered channels-last)")
+def conv_nhwc(module: Module) -> Module:
+    out = module.clone()
+    for g in out.graphs.values():
+        _rewrite(g)
+    return out
+
+
+def _rewrite(g: Graph) -> None:
+    epis = conv_epilogues(g)
+    at: dict[int, Node] = {}  # id(the node a fused convolution replaces) -> that convolution
+    drop: set[int] = set()
+    for n in g.nodes:
+        if n.op != "prims.convolution" or not isinstance(n.args[0], Value):
+            continue
+        xt, t = n.args[0].type, n.results[0].type
+        if not isinstance(xt, TensorType) or not isinstance(t, TensorType) \
+                or not _nhwc_ok(xt, t):
+            continue
+        epi = epis.get(n)
+        last = epi.last if epi is not None else n
+        steps = epi.steps if epi is not None else []
+        kw: dict[str, Arg] = {"steps": [op for op, _ in steps],
+                              "relu": epi.relu if epi is not None else False,
+                              **n.kwargs}
+        fused = Node(CONV_OP, [n.args[0], n.args[1], *(u for _, u in steps)], kw,
+                     list(last.results), n.loc, n.pos)
+        for r in fused.results:
+            r.node = fused
+        at[id(last)] = fused
+        drop.update(id(m) for m in [n, *(epi.chain if epi is not None else [])])
+    if at:
+        g.nodes = [at.get(id(n), n) for n in g.nodes if id(n) in at or id(n) not in drop]
+
+
+# ---- the op: type rule and reference ------------------------------------------------------------
+
+def _steps(args: Sequence[Any], kw: Mapping[str, Any]) -> list[str]:
+    steps = kw.get("steps", [])
+    if not isinstance(steps, list) or not all(s in AFFINE_OPS for s in steps) \
+            or len(args) != 2 + len(steps):
+        raise OpTypeError(f"{CONV_OP} takes x, a weight and one operand per step; steps= "
+                          f"must list {', '.join(AFFINE_OPS)}")
+    return steps
+
+
+def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    _steps(args, kw)
+    conv = ctx.registry.lookup("prims.convolution") if ctx.registry else None
+    assert conv is not None
+    t = conv.infer(ctx, list(args[:2]), {k: v for k, v in kw.items() if k not in _OWN_KW})[0]
+    assert isinstance(t, TensorType)
+    for u in args[2:]:
+        if isinstance(u, (int, float)) and not isinstance(u, bool):
+            continue
+        if not isinstance(u, Value) or not isinstance(u.type, TensorType) \
+                or list(u.type.shape) != [t.shape[1]] or u.type.dtype != t.dtype:
+            raise OpTypeError(f"{CONV_OP}: an epilogue operand is a number or a "
+                              f"{t.dtype.name}[{t.shape[1]}] vector (one value per channel)")
+    if not isinstance(kw.get("relu", False), bool):
+        raise OpTypeError(f"{CONV_OP}: relu= is true or false")
+    return [t]
+
+
+def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    x, w, *ops = args
+    conv = interp.registry.lookup("prims.convolution")
+    assert conv is not None
+    y = conv.reference(interp, [x, w], {k: v for k, v in kw.items() if k not in _OWN_KW})
+    for step, u in zip(_steps(args, kw), ops, strict=True):
+        u = u[:, None, None] if isinstance(u, torch.Tensor) else u
+        y = {"prims.add": torch.add, "prims.sub": torch.sub, "prims.mul": torch.mul,
+             "prims.div": torch.div}[step](y, u)
+    return torch.relu(y) if kw.get("relu") else y
+
+
+CONV_OPDEF = OpDef(CONV_OP, "a 2-d convolution followed by per-channel steps y = y <op> "
+                   "operand (steps=[...], one operand each: a [C] vector or a number) and "
+                   "relu=; the CPU target lowers it channels-last (conv-nhwc writes it)",
+                   _infer, _run)
+if default_registry().lookup(CONV_OP) is None:
+    default_registry().register(CONV_OPDEF)
+
+
+# ---- the lowering rule ---------------------------------------------------------------------------
+
+def lower_conv2d(lw: _Lowering, n: Node) -> None:
+    """`loop.conv2d` channels-last (module docstring): the NHWC input buffer, weight * A and
+    bias B of the folded steps, `loop.extern(op="loop.conv2d_nhwc")`, a permuted view."""
+    x, xt = _x(n)
+    w = n.args[1]
+    t = n.results[0].type
+    assert isinstance(t, TensorType) and isinstance(w, Value)
+    if not _nhwc_ok(xt, t):  # written by hand: the op's own implementation
+        lw.passthrough(n, n.op)
+        return
+    i = [ivar(k) for k in range(4)]
+    nhwc = TensorType(xt.dtype, (xt.shape[0], xt.shape[2], xt.shape[3], xt.shape[1]), None,
+                      xt.device)
+    src, idx = lw.index_of(x, [i[0], i[3], i[1], i[2]], _ranges(nhwc.shape))
+    if isinstance(src.type, TensorType) and list(src.type.shape) == list(nhwc.shape) \
+            and idx == i:
+        xb = src  # already an NHWC buffer (the previous convolution's result)
+    else:
+        xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
+    res = n.results[0]
+    lw.b.taken.discard(f"{res.name}.nhwc")
+    args: list[Arg] = [xb, lw.extern_operand(w)]
+    kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc",
+                          **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
+    steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
+    if steps or n.kwargs.get("relu"):
+        args, kw = _fold_epilogue(lw, res.name, steps, bool(n.kwargs.get("relu")), args, kw,
+                                  int(t.shape[1]))
+    out = lw.b.emit("loop.extern", args, kw,
+                    types=[TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]),
+                                      None, t.device)], names=[f"{res.name}.nhwc"], loc=n.loc)[0]
+    lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
+
+
+def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]], relu: bool,
+                   args: list[Arg], kw: dict[str, Arg], channels: int
+                   ) -> tuple[list[Arg], dict[str, Arg]]:
+    """The folded convolution's operands: weight * A (per output channel), bias B, relu=."""
+    scales = any(op in ("prims.mul", "prims.div") for op, _ in steps)
+    shifts = any(op in ("prims.add", "prims.sub") for op, _ in steps)
+    ct = TensorType(DType.f32, (channels,))
+
+    def affine(which: str) -> Value:
+        """A kernel over the channels computing A (which="a") or B of y = conv * A + B."""
+        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+        a: Any = 1.0
+        b: Any = 0.0
+        for op, u in steps:
+            if isinstance(u, Value):
+                buf, idx = lw.index_of(u, [ivar(0)], {ivar(0): channels})
+                u = bb.load(buf, idx)
+            elif isinstance(u, int):
+                u = float(u)  # as epilogue.py reads a number operand
+            if op in ("prims.add", "prims.sub"):
+                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+            else:
+                a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
+                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+        v = a if which == "a" else b
+        if not isinstance(v, Value):
+            v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
+                                           "device": "cpu"}, name=f"{name}.{which}")
+        return lw.kernel("loop.pointwise", bb, v, {"ranges": [channels]}, ct,
+                         f"{name}.{which}")
+    x, w = args
+    if scales:  # the weight scaled per output channel, every call
+        assert isinstance(w, Value) and isinstance(w.type, TensorType)
+        scale = affine("a")
+        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+        wl = bb.load(w, [ivar(k) for k in range(w.type.rank)])
+        sl = bb.load(scale, [ivar(0)])
+        wt = TensorType(w.type.dtype, w.type.shape, None, w.type.device)
+        w = lw.kernel("loop.pointwise", bb, bb.b.op("prims.mul", [wl, sl], {},
+                                                    name=f"{name}.w"),
+                      {"ranges": list(wt.shape)}, wt, f"{name}.w")
+    out_args: list[Arg] = [x, w, affine("b")] if shifts else [x, w]
+    return out_args, {**kw, "relu": relu}
+
+
+__all__ = ["CONV_OP", "conv_nhwc", "lower_conv2d"]

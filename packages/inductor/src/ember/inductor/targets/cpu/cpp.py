@@ -1,0 +1,357 @@
+"""C++ code generation for loop kernels, by tables.
+
+`CPP_OPS` maps each body op to a C++ expression template per dtype class ("f" floating, "i"
+integer, "b" bool); `{0}`, `{1}`, `{2}` are the operands, `{T}` the result's compute type.
+f16 and bf16 are stored as `_Float16` / `uint16_t` and computed in float, rounded back to their
+precision after every op (as eager rounds each op's result). Integer ops wrap (`-fwrapv`);
+integer division and modulo by zero set a flag that the caller turns into eager's error. One `extern "C"`
+function per kernel, named after the kernel, with comments naming the IR nodes it computes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sympy
+import torch
+
+from ember.inductor.indexing import flat_offset, parse_index
+from ember.inductor.sanitize import comment, ident, short
+from ember.ir import DType, Graph, Node, TensorType, Value
+from ember.ir.expr import Dim, FloorDiv, PyMod
+
+# dtype -> (storage C type, compute C type)
+CTYPES: dict[DType, tuple[str, str]] = {
+    DType.f16: ("_Float16", "float"), DType.bf16: ("uint16_t", "float"),
+    DType.f32: ("float", "float"), DType.f64: ("double", "double"),
+    DType.i8: ("int8_t", "int8_t"), DType.i16: ("int16_t", "int16_t"),
+    DType.i32: ("int32_t", "int32_t"), DType.i64: ("int64_t", "int64_t"),
+    DType.u8: ("uint8_t", "uint8_t"), DType.u16: ("uint16_t", "uint16_t"),
+    DType.u32: ("uint32_t", "uint32_t"), DType.u64: ("uint64_t", "uint64_t"),
+    DType.b8: ("bool", "bool"),
+}
+
+_F, _I, _B = "f", "i", "b"
+
+
+def _math(fn: str) -> dict[str, str]:
+    return {_F: f"std::{fn}({{0}})"}
+
+
+CPP_OPS: dict[str, dict[str, str]] = {
+    "prims.exp": {_F: "ember_exp<{T}>({0})"},  # -inf without libmvec's slow path
+    **{f"prims.{fn}": _math(fn) for fn in (
+        "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan",
+        "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
+        "lgamma")},
+    **{f"prims.{fn}": {_F: f"std::{fn}({{0}})", _I: "{0}"} for fn in ("floor", "ceil", "trunc")},
+    "prims.rsqrt": {_F: "({T})1 / std::sqrt({0})"},
+    "prims.round": {_F: "std::nearbyint({0})", _I: "{0}"},
+    "prims.abs": {_F: "std::abs({0})", _I: "({0} < 0 ? ({T})-{0} : {0})"},
+    "prims.neg": {_F: "-{0}", _I: "({T})-{0}"},
+    # as torch's CPU kernel: sign(nan) = 0, sign(-0.0) = +0
+    "prims.sign": {_F: "({T})(({0} > 0) - ({0} < 0))", _I: "({T})(({0} > 0) - ({0} < 0))"},
+    "prims.bitwise_not": {_I: "({T})~{0}", _B: "!{0}"},
+    "prims.add": {_F: "{0} + {1}", _I: "({T})({0} + {1})"},
+    "prims.sub": {_F: "{0} - {1}", _I: "({T})({0} - {1})"},
+    "prims.mul": {_F: "{0} * {1}", _I: "({T})({0} * {1})"},
+    "prims.div": {_F: "{0} / {1}", _I: "ember_div_trunc<{T}>({0}, {1})"},
+    "prims.fmod": {_F: "std::fmod({0}, {1})", _I: "ember_fmod<{T}>({0}, {1})"},
+    "prims.remainder": {_F: "ember_remainder<{T}>({0}, {1})", _I: "ember_pymod<{T}>({0}, {1})"},
+    "prims.pow": {_F: "std::pow({0}, {1})", _I: "ember_ipow<{T}>({0}, {1})"},
+    "prims.maximum": {_F: "(({0} != {0} || {0} > {1}) ? {0} : {1})",
+                      _I: "std::max<{T}>({0}, {1})"},
+    "prims.minimum": {_F: "(({0} != {0} || {0} < {1}) ? {0} : {1})",
+                      _I: "std::min<{T}>({0}, {1})"},
+    "prims.atan2": {_F: "std::atan2({0}, {1})"},
+    "prims.bitwise_and": {_I: "({T})({0} & {1})", _B: "({0} && {1})"},
+    "prims.bitwise_or": {_I: "({T})({0} | {1})", _B: "({0} || {1})"},
+    "prims.bitwise_xor": {_I: "({T})({0} ^ {1})", _B: "({0} != {1})"},
+    "prims.shift_left": {_I: "ember_shl<{T}>({0}, {1})"},
+    "prims.shift_right": {_I: "ember_shr<{T}>({0}, {1})"},
+    **{f"prims.{name}": {c: f"({{0}} {sym} {{1}})" for c in (_F, _I, _B)} for name, sym in (
+        ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+    "prims.where": {c: "({0} ? {1} : {2})" for c in (_F, _I, _B)},
+}
+
+# reduction -> (accumulator init per class, combine statement); `acc`, `v` are the names
+ACC_INIT: dict[str, dict[str, str]] = {
+    "sum": {_F: "0", _I: "0"}, "prod": {_F: "1", _I: "1"},
+    "amax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()", _B: "false"},
+    "amin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()", _B: "true"},
+    "argmax": {_F: "-INFINITY", _I: "std::numeric_limits<{S}>::lowest()"},
+    "argmin": {_F: "INFINITY", _I: "std::numeric_limits<{S}>::max()"},
+}
+COMBINE: dict[str, dict[str, str]] = {
+    "sum": {_F: "acc += v;", _I: "acc += v;"},
+    "prod": {_F: "acc *= v;", _I: "acc *= v;"},
+    "amax": {_F: "if (v > acc || v != v) acc = v;", _I: "if (v > acc) acc = v;",
+             _B: "acc = acc || v;"},
+    "amin": {_F: "if (v < acc || v != v) acc = v;", _I: "if (v < acc) acc = v;",
+             _B: "acc = acc && v;"},
+    "argmax": {_F: "if (!(acc != acc) && (v > acc || v != v)) { acc = v; arg = r; }",
+               _I: "if (v > acc) { acc = v; arg = r; }"},
+    "argmin": {_F: "if (!(acc != acc) && (v < acc || v != v)) { acc = v; arg = r; }",
+               _I: "if (v < acc) { acc = v; arg = r; }"},
+}
+
+PRELUDE = r"""// ember.inductor C++ prelude: helpers the kernels below share.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <type_traits>
+#include <omp.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#ifdef EMBER_MVEC
+// glibc's vector math library (libmvec, <= 4 ulp): declaring the SIMD variants lets g++
+// vectorise loops that call these functions (math.h declares them only under -ffast-math)
+extern "C" {
+#define EMBER_SIMD(fn) float fn##f(float) __attribute__((simd("notinbranch"))); \
+  double fn(double) __attribute__((simd("notinbranch")));
+EMBER_SIMD(sin) EMBER_SIMD(cos) EMBER_SIMD(tan) EMBER_SIMD(asin) EMBER_SIMD(acos)
+EMBER_SIMD(atan) EMBER_SIMD(sinh) EMBER_SIMD(cosh) EMBER_SIMD(tanh) EMBER_SIMD(asinh)
+EMBER_SIMD(acosh) EMBER_SIMD(atanh) EMBER_SIMD(exp) EMBER_SIMD(exp2) EMBER_SIMD(expm1)
+EMBER_SIMD(log) EMBER_SIMD(log2) EMBER_SIMD(log10) EMBER_SIMD(log1p) EMBER_SIMD(erf)
+EMBER_SIMD(erfc)
+#undef EMBER_SIMD
+float atan2f(float, float) __attribute__((simd("notinbranch")));
+double atan2(double, double) __attribute__((simd("notinbranch")));
+float powf(float, float) __attribute__((simd("notinbranch")));
+double pow(double, double) __attribute__((simd("notinbranch")));
+}
+#endif
+// a large output is faulted in as 2 MB pages (transparent huge pages, "madvise" mode) rather
+// than 4 KB ones: a fresh 64 MB buffer's page faults otherwise cost as much as softmax's math
+static inline void ember_hugepages(void* p, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t H = (uintptr_t)2 << 20;  // only whole 2 MB pages inside the buffer
+  uintptr_t a = ((uintptr_t)p + H - 1) & ~(H - 1), e = ((uintptr_t)p + bytes) & ~(H - 1);
+  if (e > a) madvise((void*)a, e - a, MADV_HUGEPAGE);
+#else
+  (void)p; (void)bytes;
+#endif
+}
+// float exp whose vector form never meets -inf (a masked softmax's entries): libmvec sends every
+// vector holding one to its scalar slow path (4x slower softmax). Below -80 it is computed as
+// exp(max(x, -104) + 24) * e^-24 (the same 0 or denormal), times 0 below -104 so that no
+// denormal product (a microcode assist per lane) is formed where the result is 0 anyway.
+template <typename T> static inline T ember_exp(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    const bool low = x < -80.0f;
+    // the scale is 1 where x >= -80: one exp call per vector (selecting between e and e * s
+    // after the call made g++ call the vector exp twice: softmax's exp cost 2x)
+    const float y = std::max(x, -104.0f) + (low ? 24.0f : 0.0f);
+    const float s = low ? (x < -104.0f ? 0.0f : 3.77513454e-11f) : 1.0f;
+    return std::exp(y) * s;
+  } else {
+    return std::exp(x);
+  }
+}
+static inline float ember_bf16_to_float(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16; float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint16_t ember_float_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (f != f) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+static inline float ember_round_bf16(float f) { return ember_bf16_to_float(ember_float_to_bf16(f)); }
+static inline float ember_round_f16(float f) { return (float)(_Float16)f; }
+// integer division or modulo by zero: eager raises; the kernel sets this flag, returns 0 for
+// the element, and the caller raises after the call (ember_take_errors)
+static int ember_errors = 0;
+extern "C" int ember_take_errors() { int e = ember_errors; ember_errors = 0; return e; }
+static inline void ember_zero_division() { __atomic_store_n(&ember_errors, 1, __ATOMIC_RELAXED); }
+template <typename T> static inline T ember_div_trunc(T a, T b) {
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return (T)(0 - (uint64_t)a);
+  return a / b; }
+template <typename T> static inline T ember_fmod(T a, T b) {
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return 0; return a % b; }
+template <typename T> static inline T ember_pymod(T a, T b) {
+  if (b == 0) { ember_zero_division(); return 0; }
+  if (std::is_signed<T>::value && b == (T)-1) return 0;
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r; }
+template <typename T> static inline T ember_remainder(T a, T b) {
+  T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+template <typename T> static inline T ember_ipow(T a, T b) {
+  if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+  T r = 1; while (b) { if (b & 1) r = (T)(r * a); a = (T)(a * a); b >>= 1; } return r; }
+template <typename T> static inline T ember_shl(T a, T b) {
+  if (b < 0 || b >= (T)(8 * sizeof(T))) return 0; return (T)((uint64_t)a << b); }
+template <typename T> static inline T ember_shr(T a, T b) {
+  if (b < 0 || b >= (T)(8 * sizeof(T))) return a < 0 ? (T)-1 : (T)0; return (T)(a >> b); }
+static inline int64_t ember_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q; }
+static inline int64_t ember_mod(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+
+
+_LOOP_VAR = re.compile(r"[ir][0-9]+")
+
+
+class CodegenError(NotImplementedError):
+    """A kernel the C++ tables cannot express yet (it keeps running on the reference)."""
+
+
+def dclass(dt: DType) -> str:
+    return _F if dt.is_floating else _B if dt == DType.b8 else _I
+
+
+def ctypes_of(dt: DType) -> tuple[str, str]:
+    if dt not in CTYPES:
+        raise CodegenError(f"dtype {dt.name} has no C++ type yet")
+    return CTYPES[dt]
+
+
+def cexpr(e: Dim) -> str:
+    """An index expression as C++ (int64 arithmetic, Python // and mod)."""
+    if isinstance(e, int):
+        return f"{e}LL" if abs(e) >= 2**31 else str(e)
+    if e.is_Integer:
+        return cexpr(int(e))
+    if e.is_Symbol:
+        if e.name.startswith("s"):
+            raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+        if not _LOOP_VAR.fullmatch(e.name):  # only the loops' own variables are C++ names
+            raise CodegenError(f"index symbol {short(e.name)!r} is not a loop variable")
+        return str(e.name)
+    args = [cexpr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"ember_floordiv({args[0]}, {args[1]})"
+    if isinstance(e, PyMod):
+        return f"ember_mod({args[0]}, {args[1]})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "std::max" if isinstance(e, sympy.Max) else "std::min"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}<int64_t>({out}, {a})"
+        return out
+    raise CodegenError(f"index expression {e} has no C++ form")
+
+
+def literal(v: object, dt: DType) -> str:
+    """A number operand converted to `dt` exactly as eager does (torch.tensor(v, dtype))."""
+    x: Any = torch.tensor(v, dtype=dt.torch).item()
+    if isinstance(x, bool):
+        return "true" if x else "false"
+    if isinstance(x, int):
+        return "(-9223372036854775807LL - 1)" if x == -(2**63) else f"(int64_t){x}LL"
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "-INFINITY"
+    return f"({ctypes_of(dt)[1]}){float(x)!r}"
+
+
+def _round(dt: DType, text: str) -> str:
+    if dt == DType.f16:
+        return f"ember_round_f16({text})"
+    if dt == DType.bf16:
+        return f"ember_round_bf16({text})"
+    return text
+
+
+def _tensor(v: Value) -> TensorType:
+    assert isinstance(v.type, TensorType)
+    return v.type
+
+
+def _cname(v: Value, pre: str = "v_") -> str:
+    """The C++ variable of a body value: an injective identifier of its IR name (sanitize)."""
+    return ident(v.name, pre)
+
+
+def body_statements(body: Graph, args: dict[Value, str], pre: str = "v_",
+                    reduce_value: Callable[[Node], str] | None = None,
+                    override: Mapping[Value, str] | None = None) -> list[str]:
+    """One C++ statement per body node (loads read `args[param]` at the row-major offset);
+    C++ names are the values' names after `pre`. A `loop.reduce` node reads the variable that
+    `reduce_value(node)` names (computed before the loops that need it); a value in
+    `override` is that C++ expression instead (softmax's rescale)."""
+    out: list[str] = []
+    for n in body.nodes:
+        r = n.results[0]
+        dt = _tensor(r).dtype
+        ct = ctypes_of(dt)[1]
+        out.append(comment(_describe(n)))
+        if override is not None and r in override:
+            rhs = override[r]
+        elif n.op == "loop.reduce":
+            if reduce_value is None:
+                raise CodegenError("loop.reduce outside a kernel that computes it")
+            rhs = reduce_value(n)
+        else:
+            rhs = _rhs(n, args, pre)
+        out.append(f"{ct} {_cname(r, pre)} = {rhs};")
+    return out
+
+
+def _describe(n: Node) -> str:
+    """A node as comment text (raw IR text: callers write it through sanitize.comment)."""
+    loc = f" ({short(n.loc.file)}:{n.loc.line})" if n.loc else ""
+    return f"%{n.results[0].name} = {n.op}{loc}"
+
+
+def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
+    r = n.results[0]
+    dt = _tensor(r).dtype
+    if n.op == "loop.load":
+        buf = n.args[0]
+        assert isinstance(buf, Value)
+        bt = _tensor(buf)
+        index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+        text = f"{args[buf]}[{cexpr(flat_offset(index, bt.shape))}]"
+        if dt == DType.b8:  # read as bytes: g++ 12 leaves a loop selecting on a bool load scalar
+            return f"(((const unsigned char*){args[buf]})[{cexpr(flat_offset(index, bt.shape))}] != 0)"
+        return f"ember_bf16_to_float({text})" if dt == DType.bf16 else \
+            f"(float){text}" if dt == DType.f16 else text
+    if n.op == "loop.index":
+        return cexpr(parse_index(str(n.kwargs["index"])))
+    if n.op == "prims.full":
+        return literal(n.kwargs["value"], dt)
+    if n.op == "prims.convert_element_type":
+        x = n.args[0]
+        assert isinstance(x, Value)
+        src = _cname(x, pre)
+        if dt == DType.b8:
+            return f"({src} != 0)"
+        return _round(dt, f"({ctypes_of(dt)[1]}){src}")
+    table = CPP_OPS.get(n.op)
+    tensors = [a for a in n.args if isinstance(a, Value)]
+    if table is None or not tensors:
+        raise CodegenError(f"{n.op} has no C++ template yet")
+    odt = _tensor(tensors[-1]).dtype  # where: the branches' dtype decides the class
+    tmpl = table.get(dclass(odt))
+    if tmpl is None:
+        raise CodegenError(f"{n.op} has no C++ template for {odt.name}")
+    ops = [_cname(a, pre) if isinstance(a, Value) else literal(a, odt) for a in n.args]
+    text = tmpl.format(*ops, T=ctypes_of(dt)[1])
+    return _round(dt, text)
+
+
+def _store(dt: DType, text: str) -> str:
+    if dt == DType.bf16:
+        return f"ember_float_to_bf16({text})"
+    if dt == DType.f16:
+        return f"(_Float16){text}"
+    return text
+
+
+def _int(d: object) -> int:
+    if not isinstance(d, int):
+        raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+    return d

@@ -1,0 +1,617 @@
+"""The loop structure of one C++ kernel: OpenMP across the outer loops, `omp simd` inner loops,
+reductions computed once per outer index with vectorisable accumulators.
+
+A kernel is a `loop.pointwise` node (its body may return several values: a multi-output kernel)
+or a `loop.reduction` node. Every `loop.reduce` reachable from the body (also inside the bodies of
+other reductions: softmax's sum reads its max) is collected once, keyed by its body and buffers,
+and computed at depth k = len(its ranges) of the outer loops, before what reads it:
+
+    #pragma omp parallel for                 (the outer loops, when the work is large)
+    for i0:                                  (depth 0 .. k-1)
+      red0 = amax over r of x[i0, r]         (the reductions of depth k, in dependency order;
+      red1 = sum over r of exp(x - red0)      independent ones over the same domain share a loop)
+      #pragma omp simd
+      for i1: out0[i0, i1] = exp(x - red0) / red1
+
+Float sums and max/min accumulate per SIMD lane (`omp simd reduction`) in blocks of `BLOCK`
+elements whose partial sums are added in double: vectorised, and as accurate as eager's cascade
+sum. max/min propagate NaN through a separate flag. prod, argmax and argmin keep one scalar
+accumulator (double for float prod). Three loop orders beyond that one (see docs/inductor.md):
+- **outer reductions** (the reduced dims are outer in memory, `x.sum(0)`): rows in the outer
+  loop, the kept innermost dim vectorised with an array of accumulators per block of columns,
+  OpenMP over the blocks (`_Col`);
+- **split reductions** (depth 0: a full reduction to a scalar): per-thread partials over a
+  static partition of the outermost reduced loop, combined in thread order (deterministic for a
+  thread count);
+- **rescale** (softmax's `e / sum(e)`): the sum's pass stores each `e` in the output, and the
+  output pass reads the quotient as `out * (1 / sum)` (eager's order: `e` is computed once, no
+  division per element).
+Outputs of HUGE_OUTPUT bytes or more are asked to be backed by 2 MB pages before they are first
+written (`ember_hugepages`): fewer page faults on a fresh buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import sympy
+
+from ember.inductor.body import body_signature
+from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
+from ember.inductor.sanitize import comment, kernel_symbol
+from ember.inductor.targets.cpu.cpp import (
+    ACC_INIT,
+    COMBINE,
+    CodegenError,
+    _cname,
+    _describe,
+    _int,
+    _round,
+    _store,
+    _tensor,
+    body_statements,
+    cexpr,
+    ctypes_of,
+    dclass,
+)
+from ember.ir import DType, Graph, Node, Ref, Value
+
+BLOCK = 4096  # elements per vectorised partial sum (then added in double)
+PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
+SIMD_KINDS = ("sum", "amax", "amin")
+COL_KINDS = ("sum", "amax", "amin", "prod", "argmax", "argmin")
+COL_BLOCK = 1024  # columns per block of an outer reduction (its accumulators stay in L1)
+COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, where it can be
+COL_BYTES = 64 << 10  # stack bytes of a block's column arrays (accumulators, results)
+COL_ROWS = 256  # rows a column's float lane sum takes before it is added into its double
+MAX_THREADS = 64  # per-thread partials of a split reduction
+# output bytes from which its pages are asked to be 2 MB ones: glibc's malloc serves buffers
+# above its largest mmap threshold (32 MB) from fresh mappings, faulted in again every call;
+# smaller ones are mostly recycled heap memory, where the advice measured slower (khugepaged)
+HUGE_OUTPUT = 32 << 20
+COLLAPSE_MIN = 64  # outer iterations enough for OpenMP's static split: collapse no deeper
+
+Key = tuple[object, ...]
+
+
+@dataclass
+class _Reduce:
+    key: Key
+    j: int  # the C++ names: red<j>, acc<j>, n<j>_...
+    node: Node
+    body: Graph
+    args: dict[Value, str]
+    kind: str
+    k: int
+    red: list[int]
+    var: str
+    deps: set[Key] = field(default_factory=set)
+    stores: list[str] = field(default_factory=list)  # extra statements in its pass (rescale)
+
+    @property
+    def elem(self) -> DType:
+        return _tensor(self.body.outputs[0]).dtype
+
+    @property
+    def rdt(self) -> DType:
+        return _tensor(self.node.results[0]).dtype
+
+    @property
+    def simd(self) -> bool:
+        return self.kind in SIMD_KINDS and dclass(self.elem) in ("f", "i")
+
+
+@dataclass
+class _Col:
+    """An outer reduction's loop order: blocks of `block` columns of the kept dim i<d-1>."""
+    d: int
+    extent: int
+    block: int
+    nblocks: int
+
+    @property
+    def var(self) -> str:
+        return f"i{self.d - 1}"
+
+
+class _Writer:
+    def __init__(self, bodies: Mapping[str, object]):
+        self.bodies = bodies
+        self.reduces: dict[Key, _Reduce] = {}  # insertion order is a dependency order
+        self.col: _Col | None = None
+
+    def sub(self, n: Node) -> Graph:
+        ref = n.args[0]
+        g = self.bodies.get(ref.name) if isinstance(ref, Ref) else None
+        if not isinstance(g, Graph):
+            raise CodegenError(f"loop.reduce: body {ref} not found")
+        return g
+
+    def key(self, n: Node, args: Mapping[Value, str]) -> Key:
+        """Equal for reductions that compute the same thing: the same body (compared by
+        structure: fusion may have copied it) over the same buffers and domains."""
+        return (body_signature(self.bodies, self.sub(n)),
+                tuple(args[a] for a in n.args[1:] if isinstance(a, Value)),
+                str(n.kwargs["ranges"]), str(n.kwargs["reduce_ranges"]),
+                n.kwargs["reduction"])
+
+    def collect(self, body: Graph, args: Mapping[Value, str]) -> set[Key]:
+        """Register every reduction `body` reads (nested ones first); its direct ones' keys."""
+        direct: set[Key] = set()
+        for n in body.nodes:
+            if n.op != "loop.reduce":
+                continue
+            key = self.key(n, args)
+            direct.add(key)
+            if key in self.reduces:
+                continue
+            sub = self.sub(n)
+            sargs = {sp: args[a] for sp, a in zip(sub.params, n.args[1:], strict=True)
+                     if isinstance(a, Value)}
+            deps = self.collect(sub, sargs)
+            k = len(n.kwargs["ranges"])  # type: ignore[arg-type]
+            if any(self.reduces[d].k > k for d in deps):
+                raise CodegenError("a reduction reads one over a longer outer domain")
+            red = [_int(d) for d in n.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+            j = len(self.reduces)
+            self.reduces[key] = _Reduce(key, j, n, sub, sargs, str(n.kwargs["reduction"]), k,
+                                        red, f"red{j}", deps)
+        return direct
+
+    def ref(self, r: _Reduce) -> str:
+        """How code reads a computed reduction: a scalar, or its column's array element."""
+        return f"{r.var}[{self.col.var} - ib]" if self.col is not None else r.var
+
+    def value(self, args: Mapping[Value, str]) -> Callable[[Node], str]:
+        return lambda n: self.ref(self.reduces[self.key(n, args)])
+
+    # ---- reductions ------------------------------------------------------------------------
+    def level(self, k: int) -> list[str]:
+        """The statements computing the reductions of depth k, grouped: independent SIMD
+        reductions over the same domain share one pass."""
+        groups: list[list[_Reduce]] = []
+        for r in (r for r in self.reduces.values() if r.k == k):
+            g = groups[-1] if groups else None
+            if g is not None and r.simd and g[0].simd and g[0].red == r.red \
+                    and not any(x.key in r.deps for x in g):
+                g.append(r)
+            else:
+                groups.append([r])
+        out: list[str] = []
+        for g in groups:
+            if self.col is not None:
+                out += self.col_group(g)
+            elif not g[0].simd:
+                out += self.scalar(g[0])
+            else:
+                # depth 0 is outside every parallel loop: a large one is split over threads
+                split = k == 0 and math.prod(g[0].red) >= PARALLEL_WORK
+                out += self.simd_group(g, split)
+        return out
+
+    def statements(self, r: _Reduce, j: int) -> list[str]:
+        return body_statements(r.body, r.args, f"n{j}_", self.value(r.args))
+
+    def header(self, g: list[_Reduce]) -> list[str]:
+        out = []
+        for r in g:
+            out.append(comment(f"{_describe(r.node)} @{r.body.name}: a reduction fused here"))
+            size = f"[{self.col.block}]" if self.col is not None else ""
+            out.append(f"{ctypes_of(r.rdt)[1]} {r.var}{size};")
+        return out
+
+    def simd_group(self, g: list[_Reduce], split: bool) -> list[str]:
+        red = g[0].red or [1]
+        inner = red[-1]
+        init, lane, step, merge, final, clauses = [], [], [], [], [], []
+        parts, keep, combine = [], [], []  # split: per-thread partials
+        for r in g:
+            j = r.j
+            ct = ctypes_of(r.elem)[1]
+            v = _cname(r.body.outputs[0], f"n{j}_")
+            if r.kind == "sum":
+                acc_t = "double" if dclass(r.elem) == "f" else "int64_t"
+                lane_t = ct if dclass(r.elem) == "f" else "int64_t"
+                init.append(f"{acc_t} acc{j} = 0;")
+                lane.append(f"{lane_t} a{j} = 0;")
+                clauses.append(f"reduction(+:a{j})")
+                step += [f"a{j} += {v};", *r.stores]
+                merge.append(f"acc{j} += a{j};")
+                final.append(f"{r.var} = {_round(r.rdt, f'({ct})acc{j}')};")
+                parts.append(f"{acc_t} pacc{j}[{MAX_THREADS}];")
+                keep.append(f"pacc{j}[t] = acc{j};")
+                combine.append(f"acc{j} += pacc{j}[t];")
+                continue
+            op, cmp = ("max", ">") if r.kind == "amax" else ("min", "<")
+            start = ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)
+            init.append(f"{ct} acc{j} = {start};")
+            lane.append(f"{ct} a{j} = {start};")
+            clauses.append(f"reduction({op}:a{j})")
+            step += [f"a{j} = a{j} {cmp} {v} ? a{j} : {v};", *r.stores]
+            merge.append(f"acc{j} = acc{j} {cmp} a{j} ? acc{j} : a{j};")
+            parts.append(f"{ct} pacc{j}[{MAX_THREADS}];")
+            keep.append(f"pacc{j}[t] = acc{j};")
+            combine.append(f"acc{j} = acc{j} {cmp} pacc{j}[t] ? acc{j} : pacc{j}[t];")
+            if dclass(r.elem) == "f":
+                init.append(f"int nan{j} = 0;")
+                clauses.append(f"reduction(|:nan{j})")
+                step.append(f"nan{j} |= ({v} != {v});")
+                final.append(f"{r.var} = {_round(r.rdt, f'nan{j} ? ({ct})NAN : acc{j}')};")
+                parts.append(f"int pnan{j}[{MAX_THREADS}];")
+                keep.append(f"pnan{j}[t] = nan{j};")
+                combine.append(f"nan{j} |= pnan{j}[t];")
+            else:
+                final.append(f"{r.var} = acc{j};")
+        last = f"r{len(red) - 1}"
+        stmts = [s for r in g for s in self.statements(r, r.j)]
+        vec = [f"#pragma omp simd {' '.join(clauses)}",
+               f"for (int64_t {last} = rb; {last} < re; ++{last}) {{",
+               *["  " + s for s in [*stmts, *step]], "}"]
+        pass_ = [*lane, *vec, *merge]
+        nblk = -(-inner // BLOCK)
+        if split and len(red) == 1:  # the threads take runs of blocks of the one loop
+            body = [f"for (int64_t rk = {nblk}LL * t / nt; rk < {nblk}LL * (t + 1) / nt; ++rk) {{",
+                    f"  const int64_t rb = rk * {BLOCK}, "
+                    f"re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+                    *["  " + s for s in pass_], "}"]
+        else:
+            if inner > BLOCK:
+                blocked = [f"for (int64_t rb = 0; rb < {inner}; rb += {BLOCK}) {{",
+                           f"  const int64_t re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+                           *["  " + s for s in pass_], "}"]
+            else:
+                blocked = ["{", f"  const int64_t rb = 0, re = {inner};",
+                           *["  " + s for s in pass_], "}"]
+            if split:  # the threads take runs of the outermost reduced loop
+                n0 = red[0]
+                body = [f"for (int64_t r0 = {n0}LL * t / nt; r0 < {n0}LL * (t + 1) / nt; ++r0) {{",
+                        *["  " + s for s in loops("r", red[1:-1], blocked, first=1)], "}"]
+            else:
+                body = loops("r", red[:-1], blocked)
+        if not split:
+            return [*self.header(g), "{", *["  " + s for s in [*init, *body, *final]], "}"]
+        region = ["const int t = omp_get_thread_num(), nt = omp_get_num_threads();",
+                  "if (t == 0) nt_used = nt;", *init, *body, *keep]
+        return [*self.header(g), "{", *["  " + s for s in [
+            *parts, "int nt_used = 1;",
+            f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))",
+            "{", *["  " + s for s in region], "}",
+            *init, "for (int t = 0; t < nt_used; ++t) {", *["  " + s for s in combine], "}",
+            *final]], "}"]
+
+    def col_group(self, g: list[_Reduce]) -> list[str]:
+        """One pass over the rows of a block of columns [ib, ie) of the kept dim: the reduced
+        loops outside, the columns inside (`omp simd`), one accumulator per column."""
+        c = self.col
+        assert c is not None
+        at, iv, size = f"{c.var} - ib", c.var, f"[{c.block}]"
+        decl, zero, step, flush, final = [], [], [], [], []
+        for r in g:
+            j = r.j
+            ct = ctypes_of(r.elem)[1]
+            v = _cname(r.body.outputs[0], f"n{j}_")
+            if r.kind == "sum" and dclass(r.elem) == "f":
+                decl += [f"double acc{j}{size};", f"{ct} a{j}{size};"]
+                zero += [f"acc{j}[l] = 0;", f"a{j}[l] = 0;"]
+                step.append(f"a{j}[{at}] += {v};")
+                flush += [f"acc{j}[l] += a{j}[l];", f"a{j}[l] = 0;"]
+                final.append(f"{r.var}[l] = {_round(r.rdt, f'({ct})(acc{j}[l] + a{j}[l])')};")
+            elif r.kind in ("sum", "prod"):
+                acc_t = "double" if dclass(r.elem) == "f" else "int64_t"
+                decl.append(f"{acc_t} acc{j}{size};")
+                zero.append(f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)]};")
+                step.append(f"acc{j}[{at}] {'+' if r.kind == 'sum' else '*'}= {v};")
+                final.append(f"{r.var}[l] = {_round(r.rdt, f'({ctypes_of(r.rdt)[1]})acc{j}[l]')};")
+            elif r.kind in ("argmax", "argmin"):
+                # the scalar COMBINE as selects: the first extreme, NaN counting as one
+                cmp = ">" if r.kind == "argmax" else "<"
+                a = f"acc{j}[{at}]"
+                decl += [f"{ct} acc{j}{size};", f"int64_t arg{j}{size};"]
+                zero += [f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)};",
+                         f"arg{j}[l] = 0;"]
+                take = f"({v} {cmp} {a} || {v} != {v}) && {a} == {a}" \
+                    if dclass(r.elem) == "f" else f"{v} {cmp} {a}"
+                roff = cexpr(flat_offset([rvar(k) for k in range(len(r.red))], r.red))
+                step += [f"const bool t{j} = {take};", f"{a} = t{j} ? {v} : {a};",
+                         f"arg{j}[{at}] = t{j} ? (int64_t){roff} : arg{j}[{at}];"]
+                final.append(f"{r.var}[l] = arg{j}[l];")
+            else:
+                cmp = ">" if r.kind == "amax" else "<"
+                decl.append(f"{ct} acc{j}{size};")
+                zero.append(f"acc{j}[l] = {ACC_INIT[r.kind][dclass(r.elem)].format(S=ct)};")
+                step.append(f"acc{j}[{at}] = acc{j}[{at}] {cmp} {v} ? acc{j}[{at}] : {v};")
+                if dclass(r.elem) == "f":
+                    decl.append(f"int nan{j}{size};")
+                    zero.append(f"nan{j}[l] = 0;")
+                    step.append(f"nan{j}[{at}] |= ({v} != {v});")
+                    final.append(f"{r.var}[l] = "
+                                 f"{_round(r.rdt, f'nan{j}[l] ? ({ct})NAN : acc{j}[l]')};")
+                else:
+                    final.append(f"{r.var}[l] = acc{j}[l];")
+        stmts = [s for r in g for s in self.statements(r, r.j)]
+        row = ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+               *["  " + s for s in [*stmts, *step]], "}"]
+        if flush:
+            row += [f"if (++rows == {COL_ROWS}) {{", "  rows = 0;", *_lanes(flush, "  "), "}"]
+        body = loops("r", g[0].red, row)
+        init = ["for (int64_t l = 0; l < ie - ib; ++l) {", *["  " + s for s in zero], "}"]
+        return [*self.header(g), "{", *["  " + s for s in [  # (g++ makes memsets of init)
+            *decl, *init, *(["int64_t rows = 0;"] if flush else []), *body,
+            *_lanes(final)]], "}"]
+
+    def scalar(self, r: _Reduce) -> list[str]:
+        j = r.j
+        cls = dclass(r.elem)
+        if r.kind not in COMBINE or cls not in COMBINE[r.kind]:
+            raise CodegenError(f"reduction {r.kind} over {r.elem.name} has no C++ form yet")
+        acc_t = "double" if cls == "f" else "int64_t"
+        if r.kind in ("amax", "amin", "argmax", "argmin"):
+            acc_t = ctypes_of(r.elem)[1]
+        init = ACC_INIT[r.kind][cls].format(S=acc_t)
+        red = r.red or [1]
+        roff = cexpr(flat_offset([rvar(k) for k in range(len(red))], red))
+        v = _cname(r.body.outputs[0], f"n{j}_")
+        body = loops("r", red, [*self.statements(r, j), f"{acc_t} v = {v};",
+                                f"int64_t r = {roff}; (void)r;", COMBINE[r.kind][cls]])
+        final = "arg" if r.kind in ("argmax", "argmin") else \
+            _round(r.rdt, f"({ctypes_of(r.elem)[1]})acc")
+        return [*self.header([r]), "{", f"  {acc_t} acc = {init};",
+                "  int64_t arg = 0; (void)arg;", *["  " + s for s in body],
+                f"  {r.var} = {final};", "}"]
+
+
+def _lanes(stmts: list[str], pad: str = "") -> list[str]:
+    """A vectorised loop over the columns of the current block."""
+    return [f"{pad}#pragma omp simd", f"{pad}for (int64_t l = 0; l < ie - ib; ++l) {{",
+            *[f"{pad}  {s}" for s in stmts], f"{pad}}}"]
+
+
+def kernel_source(name: str, node: Node, body: Graph, provenance: str,
+                  bodies: Mapping[str, object] | None = None) -> str:
+    """One `extern "C"` function computing the loop node `node` whose body is `body`
+    (`bodies`: the module's items, where `loop.reduce` nodes find their bodies). Its parameters
+    are the body's buffers, then one pointer per output."""
+    w = _Writer(bodies or {})
+    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
+           for k, p in enumerate(body.params)]
+    outs = [_tensor(r) for r in node.results]
+    sig = ", ".join([*ins, *(f"{ctypes_of(t.dtype)[0]}* __restrict__ out{j}"
+                             for j, t in enumerate(outs))])
+    args = {p: f"in{k}" for k, p in enumerate(body.params)}
+    ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
+    lines = [comment(f"kernel @{name}: {node.op} of {provenance}"),
+             *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
+             f'extern "C" void {kernel_symbol(name)}({sig}) {{']
+    for j, t in enumerate(outs):
+        size = math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
+        if size >= HUGE_OUTPUT:
+            lines.append(f"  ember_hugepages(out{j}, {size}LL);")
+    off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
+    if node.op == "loop.pointwise":
+        w.collect(body, args)
+        w.col = _column_plan(w, ranges)
+        plan = _rescale_plan(w, body, args, ranges) if w.col is None else None
+        override: dict[Value, str] = {}
+        if plan is not None:  # g++ drops the numerator's now dead computation
+            r, q = plan
+            k = len(ranges) - 1
+            at_r = cexpr(flat_offset([*(ivar(d) for d in range(k)), rvar(0)], ranges))
+            r.stores.append(f"out0[{at_r}] = {_cname(r.body.outputs[0], f'n{r.j}_')};")
+            ct = ctypes_of(r.rdt)[1]
+            override[q] = f"out0[{off}] * (({ct})1 / {r.var})"
+        stmts = body_statements(body, args, reduce_value=w.value(args), override=override)
+        note = [comment("the sum's pass stored the numerators of %" + plan[1].name)] if plan \
+            else []
+        store = [f"out{j}[{off}] = {_store(_tensor(o).dtype, _cname(o))};"
+                 for j, o in enumerate(body.outputs)]
+        inner = [*note, *stmts, *store]
+    else:  # loop.reduction: one reduce of depth len(ranges), stored
+        red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+        deps = w.collect(body, args)
+        elem = _tensor(body.outputs[0]).dtype
+        key: Key = ("@" + body.name, tuple(args.values()), "", "", "")
+        j = len(w.reduces)
+        r = w.reduces[key] = _Reduce(key, j, node, body, args, str(node.kwargs["reduction"]),
+                                     len(ranges), red, f"red{j}", deps)
+        w.col = _column_plan(w, ranges)
+        value = w.ref(r) if r.kind in ("argmax", "argmin") else _store(elem, w.ref(r))
+        inner = [f"out0[{off}] = {value};"]
+    work = math.prod(ranges) + sum(math.prod(ranges[:r.k]) * max(1, math.prod(r.red))
+                                   for r in w.reduces.values())
+    parallel = bool(ranges) and work >= PARALLEL_WORK
+    nest = _nest_col(w, ranges, inner, parallel) if w.col is not None else \
+        _nest(w, ranges, inner, parallel)
+    lines += ["  " + x for x in nest]
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
+    if isinstance(off, int):
+        return False
+    return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
+
+
+def _column_plan(w: _Writer, ranges: Sequence[int]) -> _Col | None:
+    """The outer-reduction loop order, where every reduction is per output element of the
+    same depth d, vectorisable, and its loads are contiguous along the kept dim i<d-1> more
+    often than along the innermost reduced dim."""
+    rs = list(w.reduces.values())
+    if not rs:
+        return None
+    d = rs[0].k
+    if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
+                     or not r.red for r in rs) or ranges[d - 1] < 2:
+        return None
+    along_i = along_r = 0
+    for r in rs:
+        for n in r.body.nodes:
+            if n.op != "loop.load":
+                continue
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            off = flat_offset(index, _tensor(buf).shape)
+            along_i += _unit_stride(off, ivar(d - 1))
+            along_r += _unit_stride(off, rvar(len(r.red) - 1))
+    if along_i <= along_r:
+        return None
+    extent, outer = ranges[d - 1], math.prod(ranges[:d - 1])
+    # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
+    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(rs))) // 16 * 16)
+    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
+    block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
+    return _Col(d, extent, block, _cdiv(extent, block))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
+          subst: Mapping[sympy.Symbol, sympy.Expr]) -> object:
+    """A value's expression tree as a comparable key: loads by buffer and index (after `subst`),
+    fused reductions by their key."""
+    made = {res: n for n in g.nodes for res in n.results}
+    memo: dict[Value, object] = {}
+
+    def go(x: Value) -> object:
+        if x in memo:
+            return memo[x]
+        n = made.get(x)
+        if n is None:
+            out: object = ("param", args.get(x))
+        elif n.op == "loop.load":
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            out = ("load", args[buf], tuple(
+                str(substitute(parse_index(str(s)), subst))
+                for s in n.kwargs["index"]))  # type: ignore[union-attr]
+        elif n.op == "loop.reduce":
+            out = ("reduce", w.key(n, args))
+        else:
+            out = (n.op, tuple(go(a) if isinstance(a, Value) else repr(a) for a in n.args),
+                   repr(sorted(n.kwargs.items())), str(n.results[0].type))
+        memo[x] = out
+        return out
+    return go(v)
+
+
+def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[int]
+                  ) -> tuple[_Reduce, Value] | None:
+    """The sum whose pass can store the kernel's numerators, and the quotient: the body holds
+    `q = e / s` where s sums e over the innermost output dim (softmax; HF's masked softmax
+    wraps q in a where), and its one output is f32/f64 like e (so e is stored exactly)."""
+    if len(body.outputs) != 1 or not ranges:
+        return None
+    dt = _tensor(body.outputs[0]).dtype
+    if dt not in (DType.f32, DType.f64):
+        return None
+    made = {res: n for n in body.nodes for res in n.results}
+    for n in body.nodes:
+        if n.op != "prims.div" or len(n.args) != 2 \
+                or not all(isinstance(a, Value) for a in n.args):
+            continue
+        num, den = n.args
+        assert isinstance(num, Value) and isinstance(den, Value)
+        dn = made.get(den)
+        if dn is None or dn.op != "loop.reduce":
+            continue
+        r = w.reduces[w.key(dn, args)]
+        if r.kind != "sum" or r.k != len(ranges) - 1 or r.red != [ranges[-1]] \
+                or r.elem != dt or r.rdt != dt or _tensor(num).dtype != dt:
+            continue
+        if _expr(w, r.body, r.body.outputs[0], r.args, {rvar(0): ivar(r.k)}) \
+                == _expr(w, body, num, args, {}):
+            return r, n.results[0]
+    return None
+
+
+def _pragma(n_par: int, simd: bool = False) -> str:
+    coll = f" collapse({n_par})" if n_par > 1 else ""
+    return f"#pragma omp parallel for{' simd' if simd else ''} schedule(static){coll}"
+
+
+def _collapse(ranges: Sequence[int], n_par: int) -> int:
+    """The fewest outer loops (at most n_par) giving OpenMP enough iterations to split well:
+    collapsing more only adds index arithmetic."""
+    for p in range(1, n_par):
+        if math.prod(ranges[:p]) >= COLLAPSE_MIN:
+            return p
+    return n_par
+
+
+def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -> list[str]:
+    """Loops i0.. with each depth's reductions computed before the deeper loops, the pointwise
+    part innermost. OpenMP splits the outer loops that hold no reductions between them (all of
+    them but the innermost in a pure pointwise kernel); the innermost pointwise loop is SIMD."""
+    depth = max((r.k for r in w.reduces.values()), default=0)
+    levels = {d: w.level(d) for d in range(depth + 1)}
+    # the outer loops OpenMP may collapse: up to the first level that computes something
+    first = next((d for d in range(depth + 1) if levels[d]), depth)
+    n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
+    n_par = _collapse(ranges, min(n_par, len(ranges)))
+
+    def pragma(d: int) -> list[str]:
+        if not parallel or d != 0 or n_par == 0:
+            return []
+        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0)]
+
+    def build(d: int) -> list[str]:
+        out = list(levels.get(d, [])) if d <= depth else []
+        if d >= len(ranges):
+            return [*out, *inner]
+        if d >= depth:  # only pointwise loops below
+            out += pragma(d) + _simd_loops(d, ranges, inner, pragma(d) != [])
+            return out
+        out += pragma(d) + [f"for (int64_t i{d} = 0; i{d} < {ranges[d]}; ++i{d}) {{",
+                            *["  " + s for s in build(d + 1)], "}"]
+        return out
+    return build(0)
+
+
+def _nest_col(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool
+              ) -> list[str]:
+    """An outer reduction: loops i0..i<d-2> and the column blocks of i<d-1> (split by OpenMP),
+    in each the reductions' column passes, then the pointwise part over the block's columns
+    (and any deeper dims, the innermost SIMD)."""
+    c = w.col
+    assert c is not None
+    d, iv = c.d, c.var
+    body = [f"const int64_t ib = b * {c.block}, ie = std::min<int64_t>(ib + {c.block}, "
+            f"{c.extent});", *w.level(d)]
+    if d == len(ranges):
+        body += ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+                 *["  " + s for s in inner], "}"]
+    else:
+        body += [f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+                 *["  " + s for s in _simd_loops(d, ranges, inner, False)], "}"]
+    loop = [f"for (int64_t b = 0; b < {c.nblocks}; ++b) {{", *["  " + s for s in body], "}"]
+    out = loops("i", ranges[:d - 1], loop)
+    return ([_pragma(d)] if parallel else []) + out
+
+
+def _simd_loops(d: int, ranges: Sequence[int], inner: list[str], has_pragma: bool
+                ) -> list[str]:
+    """Loops i<d>.. with `omp simd` on the innermost (unless it already carries the parallel
+    pragma as `parallel for simd`)."""
+    n = len(ranges)
+    out = []
+    for k in range(d, n):
+        if k == n - 1 and not (has_pragma and k == d):
+            out.append("  " * (k - d) + "#pragma omp simd")
+        out.append("  " * (k - d) + f"for (int64_t i{k} = 0; i{k} < {ranges[k]}; ++i{k}) {{")
+    out += ["  " * (n - d) + s for s in inner]
+    out += ["  " * (k - d) + "}" for k in reversed(range(d, n))]
+    return out
+
+
+def loops(var: str, ranges: Sequence[int], inner: list[str], first: int = 0) -> list[str]:
+    """Plain nested loops var<first>.. over `ranges`, `inner` innermost."""
+    if not ranges:
+        return list(inner)
+    head = [f"for (int64_t {var}{k + first} = 0; {var}{k + first} < {cexpr(n)}; "
+            f"++{var}{k + first}) {{" for k, n in enumerate(ranges)]
+    return head + ["  " + x for x in inner] + ["}"] * len(ranges)

@@ -1,0 +1,97 @@
+"""Per-channel affine epilogues of 2-d convolutions (BatchNorm in eval mode, then ReLU).
+
+`(conv(x, w) - mean) * rsqrt(var + eps) * gamma + beta`, then `max(., 0)`, is
+`relu(conv(x, w * A[o]) + B[o])` with `A`, `B` per output channel: the lowering folds such a
+chain into the convolution (oneDNN applies the bias and the ReLU as it writes the result), so
+no kernel reads and writes the activation again. `A` and `B` (and the scaled weight) are small
+kernels computed on every call from the graph's inputs, so parameters changed between calls
+(running statistics, weights) are read as they are then. Folding rounds differently from the
+unfolded chain (as TorchInductor's freezing does): within f32 tolerances.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ember.ir import DType, Graph, Node, TensorType, Value
+
+AFFINE_OPS = ("prims.sub", "prims.add", "prims.mul", "prims.div")
+Operand = Value | float  # a per-channel [C] vector, or a number
+
+
+@dataclass
+class Epilogue:
+    conv: Node
+    steps: list[tuple[str, Operand]] = field(default_factory=list)  # y = y <op> operand
+    relu: bool = False
+    chain: list[Node] = field(default_factory=list)  # the nodes folded, in order
+
+    @property
+    def last(self) -> Node:
+        return self.chain[-1]
+
+
+def _per_channel(g_defs: dict[Value, Node], v: object, t: TensorType) -> Operand | None:
+    """`v` as a per-channel operand of a [N, C, H, W] value: a number, or a broadcast of a
+    [C] vector along dim 1."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if not isinstance(v, Value):
+        return None
+    d = g_defs.get(v)
+    if d is None or d.op != "prims.broadcast_in_dim" or d.kwargs.get("broadcast_dims") != [1]:
+        return None
+    u = d.args[0]
+    if not isinstance(u, Value) or not isinstance(u.type, TensorType) \
+            or list(u.type.shape) != [t.shape[1]] or u.type.dtype != t.dtype:
+        return None
+    return u
+
+
+def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
+    """Each f32 2-d convolution whose result feeds, through single-reader nodes that are not
+    graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)."""
+    readers: dict[Value, list[Node]] = {}
+    defs: dict[Value, Node] = {}
+    for n in g.nodes:
+        for res in n.results:
+            defs[res] = n
+        for v in n.operands():
+            readers.setdefault(v, []).append(n)
+    outputs = set(g.outputs)
+    found: dict[Node, Epilogue] = {}
+    for n in g.nodes:
+        t = n.results[0].type if n.results else None
+        if n.op != "prims.convolution" or not isinstance(t, TensorType) or t.rank != 4 \
+                or t.dtype != DType.f32:
+            continue
+        epi = Epilogue(n)
+        cur = n.results[0]
+        while cur not in outputs and len(readers.get(cur, [])) == 1:
+            r = readers[cur][0]
+            if len(r.args) != 2 or r.results[0].type != cur.type or r.kwargs:
+                break
+            a, b = r.args
+            zero = b if a is cur else a
+            if r.op == "prims.maximum" and (a is cur or b is cur) \
+                    and isinstance(zero, (int, float)) and not isinstance(zero, bool) \
+                    and zero == 0:
+                epi.relu = True
+                epi.chain.append(r)
+                break
+            if r.op not in AFFINE_OPS:
+                break
+            other = b if a is cur else a if r.op in ("prims.add", "prims.mul") else None
+            op = _per_channel(defs, other, t) if other is not None and other is not cur \
+                else None
+            if op is None:
+                break
+            epi.steps.append((r.op, op))
+            epi.chain.append(r)
+            cur = r.results[0]
+        if epi.chain:
+            found[n] = epi
+    return found
+
+
+__all__ = ["Epilogue", "conv_epilogues"]
