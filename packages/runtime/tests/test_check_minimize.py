@@ -140,6 +140,24 @@ def test_planted_wrong_result_fails_check(dumped_models: dict[str, Path], model:
     assert "MISMATCH" in cap.out and "beyond tolerance" in cap.err and "worst abs error" in cap.err
 
 
+def test_minimize_a_dumped_model(dumped_models: dict[str, Path], tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    ir = dumped_models["neox"]
+    # attention is tagged random for its dropout, off here: no philox numbers in the dump
+    assert "philox_seed" not in load_file(_inputs_of(ir))
+    fn = DECOMPOSITIONS.get("aten.gelu.default")
+    monkeypatch.setitem(DECOMPOSITIONS._fns, "aten.gelu.default", _wrong(fn, 1.001))
+    out = tmp_path / "r.ir"
+    assert main(["minimize", str(ir), "--backend", "prims", "--inputs", _inputs_of(ir),
+                 "-o", str(out)]) == 0
+    assert "it still fails" in capsys.readouterr().out
+    m = parse(out.read_text())
+    assert [n.op for n in m.graph().nodes] == ["aten.gelu.default"]
+    assert main(["check", str(out), "--backend", "prims", "--inputs",
+                 str(tmp_path / "r.inputs.safetensors")]) == 1
+
+
 def test_check_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ir = tmp_path / "g.ir"
     ir.write_text(_chain_text(["aten.sin.default", "aten.mul.Tensor"]))
@@ -200,6 +218,10 @@ def test_random_gives_philox_params_the_seed_and_offset_zero(
         assert int(ins["philox_seed"]) == 7 and int(ins["philox_offset"]) == 0
         outs.append(load_file(o)["out0"])
     assert all(torch.equal(outs[0], o) for o in outs[1:])  # every backend draws the same
+    assert main(["check", str(dec), "--backend", "inductor", "--seed", "7"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(ir), "--backend", "prims"]) == 1  # torch's numbers vs philox
+    assert "decompose it first" in capsys.readouterr().err
     # the aten graph: --random seeds torch, and the saved inputs replay it
     o1, o2, saved = (tmp_path / n for n in ("a1.st", "a2.st", "a.in.st"))
     assert main(["run", str(ir), "--random", "--seed", "3", "--backend", "prims",

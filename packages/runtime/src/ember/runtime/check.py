@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ember.ir import Graph, Module, default_registry
+from ember.ir import Graph, Module, Node, default_registry
 from ember.prims.decomp.random import philox_params
 from ember.runtime.tensors import (
     InputError,
@@ -181,9 +181,21 @@ def _text(t: torch.Tensor) -> str:
 def has_random_ops(module: Module) -> bool:
     """Does the module draw random numbers from torch's generator (aten random ops)? After
     decomposition they draw from the graph's own %philox_seed/%philox_offset instead."""
-    reg = default_registry()
-    return any(getattr(reg.lookup(n.op), "nondeterministic", False) and
-               not n.op.startswith("prims.") for g in module.graphs.values() for n in g.nodes)
+    return any(is_random(n) for g in module.graphs.values() for n in g.nodes)
+
+
+def is_random(node: Node) -> bool:
+    """A torch op tagged nondeterministic_seeded, unless its `dropout_p` is 0 (attention ops
+    carry the tag for their dropout, which is off in inference)."""
+    op = default_registry().lookup(node.op)
+    if op is None or not op.nondeterministic or op.torch_op is None:
+        return False
+    for i, a in enumerate(op.torch_op._schema.arguments):
+        if a.name == "dropout_p":
+            p = node.args[i] if i < len(node.args) and not a.kwarg_only else \
+                node.kwargs.get(a.name, a.default_value if a.has_default_value() else None)
+            return not (isinstance(p, int | float) and p == 0)
+    return True
 
 
 def graph_inputs(module: Module, graph: Graph, path: str | None, seed: int, max_bytes: int,
@@ -193,7 +205,8 @@ def graph_inputs(module: Module, graph: Graph, path: str | None, seed: int, max_
     `extras` receives the file's philox_seed/philox_offset where the graph has no such
     parameters (a dumped aten graph: decomposing backends seed from torch)."""
     if path is not None:
-        optional = None if extras is None else {PHILOX_SEED: None, PHILOX_OFFSET: None}
+        optional: dict[str, Any] | None = None if extras is None else \
+            {PHILOX_SEED: None, PHILOX_OFFSET: None}
         inputs = load_inputs(path, graph, module, optional=optional)
         if extras is not None and optional is not None:
             extras.update({k: int(v.item()) for k, v in optional.items() if v is not None})

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import torch
 
 from ember.capture import Captured
-from ember.ir import Graph, Module, default_registry
+from ember.ir import Graph, Module
 from ember.runtime.tensors import save_tensors
 
 ENV = "EMBER_DUMP"
@@ -140,10 +140,9 @@ def philox_inputs(module: Module, graph: Graph) -> dict[str, int]:
     uses torch's initial seed and offset 0 (docs/decisions.md, "Random numbers in graphs").
     Stored as `philox_seed`/`philox_offset`, the names the decompose pass gives the parameters
     (so NAME.kernels.ir takes the same file); `ember run` of NAME.ir reseeds torch with them."""
-    reg = default_registry()
-    random = any(getattr(reg.lookup(n.op), "nondeterministic", False)
-                 for g in module.graphs.values() for n in g.nodes)
-    if not random or {p.name for p in graph.params} & {PHILOX_SEED, PHILOX_OFFSET}:
+    from ember.runtime.check import has_random_ops
+
+    if not has_random_ops(module) or {p.name for p in graph.params} & {PHILOX_SEED, PHILOX_OFFSET}:
         return {}
     seed = torch.initial_seed()  # a u64: stored as the i64 of the same bits (philox masks it)
     return {PHILOX_SEED: seed - (1 << 64) if seed >= 1 << 63 else seed, PHILOX_OFFSET: 0}
