@@ -242,7 +242,8 @@ def test_cache_limit_falls_back_with_one_warning() -> None:
     def f(x):
         return x + 1
 
-    c = er.compile(f, backend="eager", options={"cache_limit": 3})
+    # dynamic=False: a new shape is a new capture (automatic dynamic would make one graph)
+    c = er.compile(f, backend="eager", dynamic=False, options={"cache_limit": 3})
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for n in range(1, 8):
@@ -258,7 +259,7 @@ def test_default_cache_limit_is_8() -> None:
     def f(x):
         return x - 1
 
-    c = er.compile(f, backend="eager")
+    c = er.compile(f, backend="eager", dynamic=False)  # every new shape a new capture
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for n in range(1, 12):
