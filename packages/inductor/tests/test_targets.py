@@ -5,6 +5,7 @@ inductor's modules import one another without a cycle."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,11 @@ import torch
 import ember.inductor  # noqa: F401  (registers the passes, the CPU target and the backend)
 from ember.inductor import launch
 from ember.inductor.backend import compile_module, compiled_runner
+from ember.inductor.fusion import why_not_fused
 from ember.inductor.kernels import buffer_type
 from ember.inductor.launch import LoadedKernel, out_buffer, register_loader, unregister_loader
 from ember.inductor.targets import (
+    FusionHooks,
     Target,
     TargetError,
     add_target,
@@ -148,6 +151,21 @@ def test_a_target_registered_outside_the_core_runs_a_graph(pyref_on_cpu: Target)
         torch.testing.assert_close(run(None, [x, y]).outputs[0], want)
     from ember.ir import Interpreter  # the interpreter's kernels.call: the same launch path
     torch.testing.assert_close(Interpreter(compiled).run([x, y]).outputs[0], want)
+
+
+def test_a_targets_fusion_veto_keeps_kernels_apart(pyref_on_cpu: Target) -> None:
+    unregister_target("cpu")
+    add_target(dataclasses.replace(pyref_on_cpu, fusion=FusionHooks(
+        veto=lambda m, g, a, b: "pyref kernels stay one op each")))
+    compiled = compile_module(parse(SMALL))
+    assert [n.op for n in compiled.graph().nodes] == ["kernels.call"] * 3
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    torch.testing.assert_close(compiled_runner(compiled)(None, [x, y]).outputs[0],
+                               torch.sin(torch.exp(x) * y))
+    loop = run_pipeline(parse(SMALL), "to-prims,lower-loops")
+    g = loop.graph()
+    assert why_not_fused(loop, g, g.nodes[0], g.nodes[1]) == \
+        "the cpu target keeps them apart: pyref kernels stay one op each"
 
 
 def test_registries_refuse_duplicates() -> None:

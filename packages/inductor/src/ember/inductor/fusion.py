@@ -46,6 +46,7 @@ from ember.inductor.body import (
 )
 from ember.inductor.indexing import index_text, ivar, parse_index
 from ember.inductor.indexing import substitute as subst_index
+from ember.inductor.targets import device_kind, graph_devices, targets
 from ember.ir import Graph, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim
 from ember.ir.passes import register_pass
@@ -140,7 +141,18 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
     size = body_size(pbody) + body_size(cbody)
     if size > max_nodes:
         return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
-    return None
+    return target_veto(m, g, producer, consumer)
+
+
+def target_veto(m: Module, g: Graph, a: Node, b: Node) -> str | None:
+    """The reason the target of g's device gives (its FusionHooks.veto) to keep kernels a and
+    b apart, or None (no target, no veto, or the veto lets them fuse)."""
+    kinds = {device_kind(d) for d in graph_devices(g)} or {"cpu"}
+    target = targets().get(kinds.pop()) if len(kinds) == 1 else None
+    veto = target.fusion.veto if target is not None else None
+    why = veto(m, g, a, b) if veto is not None else None
+    return f"the {target.device_kind} target keeps them apart: {why}" \
+        if why is not None and target is not None else None
 
 
 # ---- rebuilding bodies -------------------------------------------------------------------------
@@ -318,6 +330,8 @@ def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> bool:
             if nx.has_path(dg, a, b) or nx.has_path(dg, b, a):
                 continue
             if body_size(_body(m, na)) + body_size(_body(m, nb)) > max_nodes:
+                continue
+            if target_veto(m, g, na, nb) is not None:
                 continue
             _merge(m, g, a, b, dg, taken)
             return True

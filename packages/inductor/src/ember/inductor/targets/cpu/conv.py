@@ -125,8 +125,9 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     y = conv.reference(interp, [x, w], {k: v for k, v in kw.items() if k not in _OWN_KW})
     for step, u in zip(_steps(args, kw), ops, strict=True):
         u = u[:, None, None] if isinstance(u, torch.Tensor) else u
-        y = {"prims.add": torch.add, "prims.sub": torch.sub, "prims.mul": torch.mul,
-             "prims.div": torch.div}[step](y, u)
+        fn: Any = {"prims.add": torch.add, "prims.sub": torch.sub, "prims.mul": torch.mul,
+                   "prims.div": torch.div}[step]
+        y = fn(y, u)
     return torch.relu(y) if kw.get("relu") else y
 
 
