@@ -5,6 +5,7 @@ breaks, recompiles, fallbacks, guards, pipeline passes and kernels through `logg
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import warnings
@@ -18,10 +19,13 @@ from hypothesis import strategies as st
 from torch import nn
 
 import ember.runtime as er
-import ember.runtime.compile as compile_mod
 from ember.prims.decomp.table import DECOMPOSITIONS
 from ember.runtime import logs
 from ember.runtime.history import FALLBACK_KINDS, Fallback, fallback_summary
+
+# the module (ember.runtime.compile the attribute is the function)
+compile_mod = importlib.import_module("ember.runtime.compile")
+DTYPES = (torch.float32, torch.float64)  # a recompile per call (new shapes may go symbolic)
 
 
 @pytest.fixture(autouse=True)
@@ -64,10 +68,11 @@ def _case(kind: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Callabl
     no_grad = torch.no_grad
     if kind == "training":
         c = er.compile(sin_cos)
-        return c, [lambda c, n=n: c(torch.randn(n, requires_grad=True)) for n in (3, 4)]
+        return c, [lambda c, d=d: c(torch.randn(3, dtype=d, requires_grad=True))
+                   for d in DTYPES]
     if kind == "device":
         c = er.compile(sin_cos)  # the meta device stands for CUDA: no code generation for it
-        return c, [lambda c, n=n: c(torch.randn(n, device="meta")) for n in (3, 4)]
+        return c, [lambda c, d=d: c(torch.randn(3, dtype=d, device="meta")) for d in DTYPES]
     if kind == "missing ops":
         table = DECOMPOSITIONS.copy().remove("aten.sin.default").remove("aten.cos.default")
         c = er.compile(sin_cos, options={"decompositions": table})
@@ -86,22 +91,21 @@ def _case(kind: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[Callabl
     else:
         raise AssertionError(kind)
 
-    def call(n: int) -> Callable[[Any], Any]:
+    def call(d: torch.dtype) -> Callable[[Any], Any]:
         def go(c: Any) -> Any:
             with no_grad():
-                return c(torch.randn(n))
+                return c(torch.randn(3, dtype=d))
         return go
-    return c, [call(3), call(4), call(5)]
+    return c, [call(d) for d in DTYPES]
 
 
 EXPECT = {  # kind -> (fallbacks counted over the calls, a piece of the summary line)
     "training": (2, "2 fallback(s): 2 training (graph 0, graph 1)"),
     "device": (2, "2 fallback(s): 2 device (graph 0, graph 1)"),
-    "missing ops": (3, "3 missing ops aten.cos.default, aten.sin.default (graph 0, graph 1, "
-                       "graph 2)"),
-    "interpreter": (3, "3 interpreter (graph 0, graph 1, graph 2)"),
-    "backend": (3, "3 backend (graph 0, graph 1, graph 2)"),
-    "runtime": (3, "3 runtime (graph 0, graph 1, graph 2)"),
+    "missing ops": (2, "2 missing ops aten.cos.default, aten.sin.default (graph 0, graph 1)"),
+    "interpreter": (2, "2 fallback(s): 2 interpreter (graph 0, graph 1)"),
+    "backend": (2, "2 fallback(s): 2 backend (graph 0, graph 1)"),
+    "runtime": (2, "2 fallback(s): 2 runtime (graph 0, graph 1)"),
     "cache limit": (1, "1 fallback(s): 1 cache limit"),
     "capture": (1, "1 fallback(s): 1 capture"),
 }
@@ -241,8 +245,8 @@ def _exercise() -> None:
     ("recompiles", "recompiling with_break"),
     ("fallbacks", "training: training is not supported"),
     ("guards", "with_break: graph 0 @with_break:"),
-    ("pipeline", "decompose{keep_attention=true} "),
-    ("kernels", "C++ kernel"),
+    ("pipeline", "with_break: graph 0 @with_break: pipeline inductor: decompose"),
+    ("kernels", "with_break: graph 0 @with_break: 1 kernel(s) @with_break_k0; C++ units"),
 ])
 def test_ember_logs_channel(channel: str, expect: str, caplog: pytest.LogCaptureFixture,
                             monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,3 +296,11 @@ def test_invalid_names_warn_once_listing_channels(monkeypatch: pytest.MonkeyPatc
     assert logs.graph_breaks.isEnabledFor(logging.INFO)  # the valid names still apply
     with pytest.warns(UserWarning, match="unknown log channel.*'kernel'"):
         er.set_logs(kernel=True)
+
+
+def test_explain_of_a_torch_compile_wrapper_explains_the_original() -> None:
+    m = nn.Linear(3, 3)
+    for wrapped in (torch.compile(m), torch.compile(sin_cos)):
+        rep = er.explain(wrapped, torch.randn(2, 3))
+        assert rep.graph_count == 1 and rep.calls == 1 and not rep.fallbacks
+        assert any("torch.compile wrapper" in n for n in rep.notes)

@@ -117,17 +117,31 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
 
     `fn` may be a plain function or module (compiled here with backend="eager"), or a function
     or module already returned by `ember.runtime.compile` (its whole history is reported; with
-    no arguments it is not called).
+    no arguments it is not called). A function or module wrapped by `torch.compile` is explained
+    through its original (ember's own capture of it, with a note saying so).
     """
     cf = compiled_function_of(fn)
     if cf is None:
-        compiled = compile(fn, backend="eager")
+        orig = _torch_compiled_original(fn)
+        compiled = compile(fn if orig is None else orig, backend="eager")
         cf = compiled_function_of(compiled)
         assert cf is not None
+        if orig is not None:
+            cf.history.note("explain() was given a torch.compile wrapper: this reports ember's "
+                            "own capture of the original (for torch.compile(backend='ember'), "
+                            "see ember.runtime.interop_torch.compiled_graphs())")
         compiled(*args, **kwargs)
     elif args or kwargs:
         fn(*args, **kwargs)
     return report_of(cf.history)
+
+
+def _torch_compiled_original(fn: Any) -> Any:
+    """What torch.compile wrapped (an OptimizedModule's module, a wrapped function's original),
+    or None: ember cannot capture torch's own wrapper."""
+    if type(fn).__name__ == "OptimizedModule":
+        return getattr(fn, "_orig_mod", None)
+    return getattr(fn, "_torchdynamo_orig_callable", None)
 
 
 # -- `ember explain script.py:NAME` --------------------------------------------------------------
