@@ -487,9 +487,11 @@ def compiled_function_of(obj: Any) -> CompiledFunction | None:
     if isinstance(obj, CompiledFunction):
         return obj
     if isinstance(obj, CompiledModule):
-        return obj.compiled
-    if isinstance(obj, types.MethodType) and isinstance(obj.__func__, CompiledFunction):
-        return obj.__func__  # a compiled method, bound to an instance
+        cf: CompiledFunction = obj.compiled  # (mypy applies CompiledFunction.__get__ here)
+        return cf
+    func = obj.__func__ if isinstance(obj, types.MethodType) else None
+    if isinstance(func, CompiledFunction):
+        return func  # a compiled method, bound to an instance
     return None
 
 
