@@ -443,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="accept and run ops with effects outside the graph (aten.from_file "
                              "reads a file, aten.save writes one, printing, seeding, "
                              "collectives): only for IR you trust")
+        sp.add_argument("--load", action="append", default=[], metavar="MODULE",
+                        help="import this Python module first (repeatable), e.g. one that "
+                             "registers torch.library custom ops the IR names: it runs the "
+                             "module's code, as `python -m MODULE` would")
         sp.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
     o = sub.add_parser("opt", help="run a pass pipeline over a module (like mlir-opt)")
@@ -461,7 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "each of exactly its parameter's declared type; scalars as 0-dim tensors "
                      "(an integer for f64 is fine, a float for i64 is not)")
     src.add_argument("--random", action="store_true",
-                     help="random inputs at the symbols' hints (integers in [0, 2))")
+                     help="random inputs at the symbols' hints (integers in [0, 2)); a "
+                     "decomposed graph's %%philox_seed gets --seed, its %%philox_offset 0, and "
+                     "an aten graph's random ops draw from torch seeded with --seed")
     r.add_argument("--seed", type=int, default=0, help="seed for --random")
     r.add_argument("--out", help="write the results: outputs as out0, out1, ..., updated "
                    "parameters under their own name (out<N> is reserved for outputs: a "
@@ -524,10 +530,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def load_modules(names: Sequence[str]) -> None:
+    """`--load MODULE`: import each module before the IR is read, so the custom ops it
+    registers (torch.library) resolve. Importing runs the module's code: loading it is the
+    user's explicit choice, as with `python -m`; the current directory is searched last."""
+    import importlib
+
+    for name in names:
+        added = os.getcwd() not in sys.path
+        if added:
+            sys.path.append(os.getcwd())
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise CLIError(f"--load {name}: {type(e).__name__}: {e}") from None
+        except Exception as e:  # the module's own code failed
+            raise CLIError(f"--load {name}: importing it raised {type(e).__name__}: {e}") \
+                from None
+        finally:
+            if added:
+                sys.path.remove(os.getcwd())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         # ember.ir refuses ops with effects outside the graph unless this says otherwise
+        load_modules(getattr(args, "load", []))
         with allow_effects(bool(getattr(args, "allow_effects", False))):
             return int(args.fn(args))
     except CLIError as e:
