@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import types
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -20,10 +21,10 @@ import torch
 from ember.capture import contexts, pyops
 from ember.capture.builtins import handler_for
 from ember.capture.containers import CONTAINER_TYPES, call_method, real_dict_read
-from ember.capture.errors import UserError, unhandled
+from ember.capture.errors import CaptureUnhandled, UserError, unhandled
 from ember.capture.lookups import guard_class_attr
 from ember.capture.modules import call_module
-from ember.capture.sources import CallSource
+from ember.capture.sources import AttrSource, CallSource
 from ember.capture.torchcalls import is_torch_op, run_real, unwrap
 from ember.capture.variables import (
     ConstVar,
@@ -41,6 +42,7 @@ from ember.capture.variables import (
     TupleVar,
     Var,
 )
+from ember.capture.wrap import is_trusted_module
 
 if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
@@ -75,6 +77,11 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
             and not kwargs:
         src = CallSource(fn.source) if fn.source is not None else None
         return tx.wrap(fn.value(), src)
+    if isinstance(fn, ObjectVar) and isinstance(fn.value, functools._lru_cache_wrapper):
+        # functools.cache/lru_cache: the wrapped function is inlined (as TorchDynamo does);
+        # the cache only saves recomputation, which capture does once anyway
+        src = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+        return call_function(tx, tx.wrap(fn.value.__wrapped__, src), args, kwargs)
     if isinstance(fn, ObjectVar | NewObjectVar):
         from ember.capture.attrs import lookup_type_attr
 
@@ -140,10 +147,21 @@ def _call_const(tx: Tracer, f: Any, args: list[Var], kwargs: dict[str, Var]) -> 
         res = real_dict_read(tx, args[0], f.__name__, args[1:])
         if res is not None:
             return res
-    name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None) or repr(f)
+    raise unhandled(f"call to {callable_name(f)}")
+
+
+def callable_name(f: Any) -> str:
+    """A callable as the user knows it: `module.qualname`, without the parts a C++ binding
+    makes up (pybind11 names a builtin's scope `pybind11_detail_function_record_...`)."""
+    name = getattr(f, "__qualname__", None) or getattr(f, "__name__", None)
     mod = getattr(f, "__module__", None)
-    where = f"{mod}." if mod and mod != "builtins" else ""
-    raise unhandled(f"call to {where}{name}")
+    parts = [p for p in f"{mod or ''}.{name or ''}".split(".")
+             if p and not p.startswith("pybind11") and p != "builtins"]
+    if not name or not parts or parts[-1] != str(name).rsplit(".", 1)[-1]:
+        kind = type(f).__qualname__
+        kind = "callable" if "pybind11" in kind else kind
+        return f"a {kind} of {'.'.join(parts)}" if parts else f"a {kind} object"
+    return ".".join(parts)
 
 
 def _is_pure(f: Any) -> bool:
@@ -170,7 +188,18 @@ def construct(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) ->
                            None)
         raise unhandled(f"building a {cls.__qualname__} from non-constant values")
     if issubclass(cls, torch.nn.Module):
-        raise unhandled(f"creating module {cls.__qualname__} inside a compiled function")
+        if not is_trusted_module(cls.__module__):
+            raise unhandled(f"creating module {cls.__qualname__} (a class of your own) inside "
+                            f"a compiled function: its __init__ would run once, at capture")
+        # torch's own module class, built for real on fake tensors under the recorder: a local
+        # object (no identity guard). One with parameters is refused there (their random
+        # initialisation writes leaves under no_grad), so it is built eagerly at a graph break
+        # and reaches the resume function as a value guarded by type (wrap.py).
+        try:
+            return run_real(tx, cls, args, kwargs, what=f"torch.nn.{cls.__qualname__}()")
+        except CaptureUnhandled as e:
+            raise unhandled(f"creating module {cls.__qualname__} inside a compiled function: "
+                            f"{e.reason}") from None
     if issubclass(cls, torch.Tensor):
         raise unhandled(f"creating a {cls.__qualname__} directly")
     import enum

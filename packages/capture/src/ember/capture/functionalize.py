@@ -134,6 +134,21 @@ class Aliases:
             self.parent[id(r)] = (parent, s)
             self.seen[id(r)] = self.version.get(id(root), 0)
 
+    def take_place(self, t: torch.Tensor, snap: torch.Tensor) -> None:
+        """`snap` (an alias of `t` with t's current metadata) takes t's place in the chains:
+        t's parent, its views' parent and, for a root, its version; t is about to become a
+        view of `snap` (an in-place metadata change, `t.t_()`)."""
+        if id(t) in self.parent:
+            self.parent[id(snap)] = self.parent.pop(id(t))
+            self.seen[id(snap)] = self.seen.pop(id(t), 0)
+        else:
+            self.version[id(snap)] = self.version.pop(id(t), 0)
+            if self.written.pop(id(t), None) is not None:
+                self.written[id(snap)] = snap
+        for k, (p, s) in list(self.parent.items()):
+            if p is t:
+                self.parent[k] = (snap, s)
+
     def chain(self, t: torch.Tensor) -> tuple[torch.Tensor, list[ViewStep]]:
         """(root, steps from the root to `t`)."""
         steps: list[ViewStep] = []

@@ -24,6 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ember.capture.customops import custom_op_problem
 from ember.capture.errors import unhandled
 from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
 from ember.capture.quiet import quiet_torch_errors
@@ -226,6 +227,10 @@ class Recorder:
         schema_name = func._schema.name
         if schema_name.startswith("prim::"):
             return func(*args, **kwargs)
+        if not schema_name.startswith("aten::"):  # a custom op: one opaque node, if it can be
+            why = custom_op_problem(func)
+            if why is not None:
+                raise unhandled(why)
         if schema_name in _LIFT:
             out = func(*args, **kwargs)
             src = args[0]
@@ -298,8 +303,7 @@ class Recorder:
                    if a.alias_info is not None and a.alias_info.is_write]
         functional: torch._ops.OpOverload | None
         if torch.Tag.inplace_view in func.tags:
-            raise unhandled(f"in-place operator {name}: it changes the tensor's shape or "
-                            f"strides (metadata mutation is not functionalized)")
+            return self._metadata_mutation(func, args, kwargs)
         if name == "aten.index_put_.default":
             out = self._masked_put(func, args, kwargs)
             if out is not None:
@@ -346,6 +350,40 @@ class Recorder:
                 v = self.emit("aten._to_copy.default", [v], {"dtype": t.dtype}, _type_of(t),
                               "cast")
             self.aliases.write(t, v)
+        return out
+
+    def _metadata_mutation(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> Any:
+        """`y.t_()`, `y.transpose_(0, 1)`, `y.unsqueeze_(0)`, `y.as_strided_(...)`: y becomes
+        a view (by the functional view op) of a snapshot of itself, which takes y's place in
+        the alias chains; later writes through y reach its storage as through any view."""
+        name = _ir_name(func)
+        functional = functional_variant(func)
+        t = args[0] if args else None
+        if functional is None or not isinstance(t, torch.Tensor):
+            raise unhandled(f"in-place operator {name}: it changes the tensor's shape or "
+                            f"strides, and ember knows no view operator doing the same")
+        v = self.value_of(t)
+        if v is None:
+            raise unhandled(f"operator {name}: its target is not a recorded tensor")
+        if id(t) in self.aliases.inputs:
+            raise unhandled(f"in-place operator {name} on an input: it changes the caller's "
+                            f"tensor's shape or strides, which a graph cannot return")
+        snap = torch.ops.aten.alias.default(t)  # y as it is now (fake mode only: no node)
+        self._bind(snap, v)
+        self.aliases.take_place(t, snap)
+        out = func(*args, **kwargs)  # the fake tensor's metadata changes as eager's does
+        base, ir_base = snap, v
+        if name == "aten.as_strided_.default":
+            base, ir_base = self.aliases.as_strided_base(snap)
+        fname = _ir_name(functional)
+        nv = self.gb.op(fname, [ir_base, *[self._arg(a) for a in args[1:]]],
+                        {k: self._arg(x) for k, x in kwargs.items()}, type=_type_of(t),
+                        name=func._schema.name.split("::")[-1].rstrip("_"), loc=self.where())
+        self.op_counts[fname] += 1
+        self.aliases.add_views(base, [t], view_steps(functional, (base, *args[1:]), kwargs,
+                                                     [t]))
+        self._bind(t, nv)
         return out
 
     def _masked_put(self, func: torch._ops.OpOverload, args: tuple[Any, ...],

@@ -107,16 +107,24 @@ class ModuleMemberSource(Source):
 @dataclass(frozen=True)
 class GetItemSource(Source):
     of: Source
-    key: Any  # int or str (a constant)
+    key: Any  # a constant: int, str, an enum, a class, a typing form (`Optional[int]`)
 
     def expr(self, ref: RefFn) -> str:
-        return f"{self.of.expr(ref)}[{self.key!r}]"
+        return f"{self.of.expr(ref)}[{key_expr(self.key, ref)}]"
 
     def name(self) -> str:
         return f"{self.of.name()}_{self.key}"
 
     def base(self) -> Source | None:
         return self.of
+
+
+def key_expr(key: Any, ref: RefFn) -> str:
+    """A constant key in generated guard code: a literal for ints, strings, bools, None, or a
+    reference to the object (an enum member's or a typing form's repr is not Python)."""
+    if type(key) in (int, str, bool, bytes, type(None)):
+        return repr(key)
+    return ref(key, "Key")
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,7 @@ class DictItemSource(Source):
     key: Any  # a str or int constant
 
     def expr(self, ref: RefFn) -> str:
-        return f"{ref(dict.__getitem__, 'F')}({self.of.expr(ref)}, {self.key!r})"
+        return f"{ref(dict.__getitem__, 'F')}({self.of.expr(ref)}, {key_expr(self.key, ref)})"
 
     def name(self) -> str:
         return f"{self.of.name()}_{self.key}"

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedFakeTensorException,
 )
 
+from ember.capture.customops import is_op_object, op_label
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
 from ember.capture.symbolic import as_sym
 from ember.capture.variables import (
@@ -55,6 +56,8 @@ _DENY = {"manual_seed", "seed", "set_default_dtype", "set_default_device", "set_
 
 def is_torch_op(fn: Any) -> bool:
     """A callable that is a tensor operation: run it on fakes rather than inlining it."""
+    if is_op_object(fn):  # torch.ops.ns.op, a custom_op function: an operator, by name
+        return True
     name = getattr(fn, "__name__", "")
     if name in _DENY:
         return False
@@ -138,6 +141,8 @@ def run_real(tx: Tracer, fn: Callable[..., Any], args: list[Var], kwargs: dict[s
     """Call `fn` for real on unwrapped arguments, on fake tensors under the recorder."""
     a = [unwrap(x) for x in args]
     k = {n: unwrap(x) for n, x in kwargs.items()}
+    if what is None and is_op_object(fn):
+        what = op_label(fn)
     try:
         with tx.torch_state(), tx.recorder.active():
             out = fn(*a, **k)

@@ -188,8 +188,9 @@ class Tracer:
         frame = Frame(code_info(code), glb, local_vars, cells, module, trusted)
         if code.co_flags & CO_GENERATOR:
             frame.yields = []
-            self.run_frame(frame)
-            return IteratorVar(frame.yields, kind="generator")
+            it = IteratorVar(frame.yields, kind="generator")
+            it.returned = self.run_frame(frame)
+            return it
         return self.run_frame(frame)
 
 

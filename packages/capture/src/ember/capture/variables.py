@@ -188,6 +188,7 @@ class IteratorVar(Var):
         self.over = over
         self.pos = 0
         self.kind = kind
+        self.returned: Var | None = None  # a generator's return value (`r = yield from g`)
 
     def python_type(self) -> type:
         return type(iter(()))

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.customops import OP_TYPES
 from ember.capture.errors import unhandled
 from ember.capture.guards import Guard, GuardKind, TensorMeta
-from ember.capture.sources import AttrSource, GetItemSource, Source
+from ember.capture.sources import ArgSource, AttrSource, GetItemSource, Source
 from ember.capture.symbolic import SymInt, SymSize
 from ember.capture.variables import (
     ConstVar,
@@ -48,7 +49,7 @@ ID_TYPES = (torch.dtype, torch.layout, torch.memory_format, type, types.ModuleTy
             types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodDescriptorType,
             types.WrapperDescriptorType, types.MethodWrapperType, types.GetSetDescriptorType,
             type(Ellipsis), type(NotImplemented), torch.finfo, torch.iinfo,
-            types.CodeType)
+            types.CodeType, *OP_TYPES)
 
 # Python modules whose attributes and globals are not guarded: the standard library and torch
 # are not monkeypatched between calls (documented in docs/capture.md).
@@ -92,7 +93,11 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
         return lift_tensor(tx, value, source)
     if isinstance(value, torch.nn.Module):
         if source is not None:
-            g(Guard(GuardKind.ID_MATCH, source, value))
+            # a module made before a graph break and passed to the resume function on the
+            # stack is a new object on every call: its type is guarded (its parameters and
+            # attributes are guarded where read, as for any module)
+            kind = GuardKind.TYPE_MATCH if _from_break_stack(source) else GuardKind.ID_MATCH
+            g(Guard(kind, source, type(value) if kind is GuardKind.TYPE_MATCH else value))
         return ModuleVar(value, source)
     if isinstance(value, EQUAL_TYPES):
         if source is not None:
@@ -106,6 +111,10 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
         if source is not None:
             g(Guard(GuardKind.ID_MATCH, source, value))
         return FunctionVar(value, source)
+    if _typing_form(value):  # `Optional[int]`, `list[int]`: immutable, compared with ==
+        if source is not None:
+            g(Guard(GuardKind.EQUALS_MATCH, source, value))
+        return ConstVar(value, source)
     if isinstance(value, types.MethodType):
         fsrc = AttrSource(source, "__func__") if source is not None else None
         osrc = AttrSource(source, "__self__") if source is not None else None
@@ -131,7 +140,7 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
             g(Guard(GuardKind.TYPE_MATCH, source, type(value)))
             g(Guard(GuardKind.DICT_KEYS, source, tuple(value.keys())))
         for k in value:
-            if type(k) not in SCALARS and not isinstance(k, enum.Enum):
+            if not _constant_key(k):
                 raise unhandled(f"a dict with a {type(k).__name__} key")
         return DictVar({k: wrap(tx, v, _item(source, k)) for k, v in value.items()},
                        type(value), source, readonly=source is not None)
@@ -154,6 +163,35 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
     if source is not None:
         g(Guard(GuardKind.TYPE_MATCH, source, type(value)))
     return ObjectVar(value, source)
+
+
+def _from_break_stack(source: Source) -> bool:
+    """Whether `source` reads from a value the previous graph's frame had on its stack (a
+    resume function's `___stackN` argument: a value made in the frame)."""
+    root: Source | None = source
+    while root is not None and root.base() is not None:
+        root = root.base()
+    return isinstance(root, ArgSource) and root.param.startswith("___stack")
+
+
+def _constant_key(k: Any) -> bool:
+    """A dict key capture can hold as a constant: hashed and compared (by the keys guard) by
+    Python's or torch's own code, never a user-defined __eq__: scalars, enums, classes,
+    dtypes/devices, `typing` forms (`Optional[int]`, `list[int]`), tuples of these."""
+    if type(k) in SCALARS or isinstance(k, enum.Enum | type | torch.dtype | torch.device):
+        return True
+    if type(k) is tuple:
+        return all(_constant_key(x) for x in k)
+    return _typing_form(k)
+
+
+def _typing_form(v: Any) -> bool:
+    """A `typing` special form or generic alias over constant arguments (never a class: a
+    class is compared by identity)."""
+    if isinstance(v, type) or not (isinstance(v, types.GenericAlias | types.UnionType) or
+                                   type(v).__module__ == "typing"):
+        return False
+    return all(_constant_key(a) for a in getattr(v, "__args__", ()))
 
 
 def _wrap_partial(tx: Tracer, value: functools.partial[Any], source: Source | None) -> Var:

@@ -90,7 +90,10 @@ class OpRegistry:
         if name not in self._torch_cache:
             from ember.ir.torch_ops import torch_opdef
 
-            self._torch_cache[name] = torch_opdef(name)
+            found = torch_opdef(name)
+            if found is None:  # not cached: a library loaded later may register it
+                return None
+            self._torch_cache[name] = found
         return self._torch_cache[name]
 
     def registered(self) -> dict[str, OpDef]:

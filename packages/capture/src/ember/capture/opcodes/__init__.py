@@ -69,8 +69,6 @@ NOT_HANDLED: dict[str, str] = {
     "BEFORE_ASYNC_WITH": "async code",
     "END_ASYNC_FOR": "async code",
     "ASYNC_GEN_WRAP": "async code",
-    "SEND": "a generator driven by send()/yield from",
-    "GET_YIELD_FROM_ITER": "yield from",
     "MATCH_CLASS": "a match statement",
     "MATCH_MAPPING": "a match statement",
     "MATCH_SEQUENCE": "a match statement",

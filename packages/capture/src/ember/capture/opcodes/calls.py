@@ -5,15 +5,17 @@ from __future__ import annotations
 import types
 from typing import TYPE_CHECKING
 
+from ember.capture import pyops
 from ember.capture.builtins import iterate
 from ember.capture.errors import UserError, unhandled
-from ember.capture.frame import Frame, Instr
+from ember.capture.frame import PY_VERSION, Frame, Instr
 from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, Return, handler
 from ember.capture.variables import (
     Cell,
     CellRefVar,
     ConstVar,
     DictVar,
+    IteratorVar,
     MethodVar,
     NestedFunctionVar,
     NullVar,
@@ -128,3 +130,37 @@ def yield_value(tx: Tracer, frame: Frame, inst: Instr) -> None:
         raise unhandled(f"a generator yielding more than {tx.MAX_YIELDS} values")
     frame.yields.append(v)
     frame.push(ConstVar(None))  # what send() would have sent: next() sends None
+
+
+# `yield from it` (GET_YIELD_FROM_ITER; LOAD_CONST None; SEND ... YIELD_VALUE ... JUMP back to
+# SEND): generators run to completion when called, so every value `it` has left is yielded at
+# once, and the SEND loop finds it exhausted and takes its return value (a generator's, or None).
+@handler("GET_YIELD_FROM_ITER", versions=ALL)
+def get_yield_from_iter(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    if frame.yields is None:
+        raise unhandled("yield from outside a generator")
+    it = pyops.get_iter(tx, frame.pop())
+    items = it.rest()
+    if len(frame.yields) + len(items) > tx.MAX_YIELDS:
+        raise unhandled(f"a generator yielding more than {tx.MAX_YIELDS} values")
+    frame.yields.extend(items)
+    frame.push(it)
+
+
+@handler("SEND", versions=ALL)
+def send(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    frame.pop()  # the value sent: None, as next() sends (YIELD_VALUE pushes None)
+    it = frame.pop()
+    if not isinstance(it, IteratorVar) or it.next() is not None:
+        raise unhandled("send() to a generator other than by yield from")
+    if PY_VERSION >= (3, 12):
+        frame.push(it)  # END_SEND pops it from under the result
+    frame.push(it.returned if it.returned is not None else ConstVar(None))
+    frame.jump(inst.argval)
+
+
+@handler("END_SEND", versions=ONLY_312)
+def end_send(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    v = frame.pop()
+    frame.pop()
+    frame.push(v)

@@ -27,6 +27,22 @@ from ember.prims.rules import is_number
 # dropout (eager's random numbers cannot be matched: dropout decomposes to philox).
 FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",)
 
+# torch's own operator namespaces; an operator of any other (a `torch.library` custom op) has
+# no decomposition unless a table gives one: it stays one opaque op, typed by its fake kernel,
+# that every backend runs through torch (the inductor as an extern call, like matmul).
+_TORCH_NAMESPACES = frozenset({"aten", "quantized", "_quantized", "inductor", "higher_order",
+                               "rngprims", "debugprims", "prim", "profiler"})
+
+
+def is_custom_op(name: str) -> bool:
+    """Whether IR op `name` is a torch operator outside torch's own namespaces."""
+    ns = name.split(".", 1)[0]
+    if ns in EMBER_DIALECTS or ns in _TORCH_NAMESPACES:
+        return False
+    from ember.ir.torch_ops import resolve
+
+    return resolve(name) is not None
+
 
 @register_pass("decompose", "lower aten (and other torch) ops to ember's prims; "
                "keep_attention=true keeps torch's fused CPU attention (no dropout) as one op; "
@@ -77,7 +93,8 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
         args = [map_args(a, sub) for a in n.args]
         kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
         if n.op.split(".", 1)[0] in EMBER_DIALECTS or (keep_unsupported and n.op not in table) \
-                or (keep_attention and _kept_attention(n)):
+                or (keep_attention and _kept_attention(n)) \
+                or (n.op not in table and is_custom_op(n.op)):
             n.args, n.kwargs = args, kwargs  # the module is a clone: editing in place is fine
             b.nodes.append(n)
             continue

@@ -1,0 +1,193 @@
+"""Constructs seen breaking on a held-out model zoo (torchvision, timm, HF; issue 18): each
+captures and matches eager, with no graph break where none is expected."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import ember.runtime as er
+from ember.runtime.testing import check_against_eager
+
+
+def _no_break(fn: Any, *args: Any, **kw: Any) -> Any:
+    h = check_against_eager(fn, *args, calls=2, **kw)
+    assert not h.breaks, h.breaks
+    assert not h.recompilations, h.recompilations
+    return h
+
+
+# -- yield from (GET_YIELD_FROM_ITER, SEND) -----------------------------------------------------
+def _inner(x: torch.Tensor) -> Any:
+    yield x + 1
+    yield x * 2
+    return 3
+
+
+def _outer(x: torch.Tensor) -> Any:
+    k = yield from _inner(x)
+    yield from [x - k, x.relu()]
+    yield x.sum() * k
+
+
+def test_yield_from_generator_and_list() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.stack(list(_outer(x))[:4]).sum(0) + list(_outer(x))[4]
+
+    _no_break(f, torch.randn(3, 4))
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    def features(self, x: torch.Tensor) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+            yield x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def all_feats() -> Any:
+            yield from self.features(x)
+
+        return sum(all_feats())
+
+
+def test_yield_from_in_a_module_forward() -> None:
+    _no_break(_Blocks(), torch.randn(2, 4))
+
+
+# -- dicts keyed by typing forms -----------------------------------------------------------------
+_TABLE = {Optional[int]: 1.5, list[int]: 2.0, int: 3.0, torch.float16: 4.0}  # noqa: UP045
+
+
+def test_dict_keyed_by_typing_forms() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * _TABLE[Optional[int]] + _TABLE[list[int]] - _TABLE[torch.float16]  # noqa: UP045
+
+    _no_break(f, torch.randn(3))
+
+
+# -- lru_cache inside try/except -----------------------------------------------------------------
+@functools.lru_cache(maxsize=128)
+def _cached_scale(n: int) -> float:
+    return n * 0.5
+
+
+@functools.cache
+def _cached_pair(a: int, b: int) -> tuple[int, int]:
+    return (a + b, a * b)
+
+
+def test_lru_cache_call_inside_try() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        try:
+            k = _cached_scale(3)
+            s, p = _cached_pair(2, 3)
+        except KeyError:
+            k, s, p = 0.0, 0, 0
+        return x * k + s - p
+
+    _no_break(f, torch.randn(3))
+
+
+# -- in-place metadata mutation ----------------------------------------------------------------
+def test_metadata_mutation_of_locals() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y.t_()
+        y.unsqueeze_(0)
+        y.squeeze_(0)
+        y.transpose_(0, 1)
+        y.unsqueeze_(-1)
+        y.squeeze_()
+        return y * 2
+
+    _no_break(f, torch.randn(3, 4))
+
+
+def test_write_after_metadata_mutation_reaches_the_input() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        v = x[1:]
+        v.t_()
+        v[0].mul_(2)  # column 0 of x[1:]
+        return v + 1
+
+    _no_break(f, torch.randn(3, 4))
+
+
+def test_as_strided_in_place() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y.as_strided_((2, 2), (1, 2))
+        return y + 1
+
+    _no_break(f, torch.randn(3, 4))
+
+
+def test_metadata_mutation_of_an_input_breaks_with_reason() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.t_()
+        return x + 1
+
+    h = check_against_eager(f, torch.randn(3, 4), expect_graphs=None)
+    assert any("aten.t_.default on an input" in b.reason for b in h.breaks)
+
+
+@given(st.lists(st.sampled_from(["t", "u0", "u1", "s", "tr"]), max_size=5))
+def test_metadata_mutation_sequences(ops: list[str]) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 1
+        for op in ops:
+            if op == "t" and y.dim() == 2:
+                y.t_()
+            elif op == "u0":
+                y.unsqueeze_(0)
+            elif op == "u1":
+                y.unsqueeze_(1)
+            elif op == "s":
+                y.squeeze_()
+            elif op == "tr" and y.dim() >= 2:
+                y.transpose_(0, -1)
+        y.add_(1)
+        return y
+
+    check_against_eager(f, torch.randn(2, 3))
+
+
+# -- an nn.Module made inside forward -------------------------------------------------------------
+class _LocalModules(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = nn.ReLU()
+        drop = nn.Dropout(0.0)
+        return drop(act(x)) + nn.Softmax(dim=-1)(x)
+
+
+def test_parameterless_module_made_in_forward() -> None:
+    _no_break(_LocalModules(), torch.randn(2, 4))
+
+
+class _LocalLinear(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.Linear(4, 3)(x).relu()
+
+
+def test_module_with_parameters_made_in_forward_does_not_recompile() -> None:
+    m = _LocalLinear()
+    c = er.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        a = c(x)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(a, m(x), rtol=0, atol=0)
+    r = er.explain(c)
+    assert not r.recompilations and not r.fallbacks, (r.recompilations, r.fallbacks)
+    assert [b.reason.split(":")[0] for b in r.breaks] == [
+        "creating module Linear inside a compiled function"]
