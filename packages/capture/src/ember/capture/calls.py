@@ -80,8 +80,8 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
     if isinstance(fn, ObjectVar) and isinstance(fn.value, functools._lru_cache_wrapper):
         # functools.cache/lru_cache: the wrapped function is inlined (as TorchDynamo does);
         # the cache only saves recomputation, which capture does once anyway
-        src = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
-        return call_function(tx, tx.wrap(fn.value.__wrapped__, src), args, kwargs)
+        wsrc = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
+        return call_function(tx, tx.wrap(fn.value.__wrapped__, wsrc), args, kwargs)
     if isinstance(fn, ObjectVar | NewObjectVar):
         from ember.capture.attrs import lookup_type_attr
 
