@@ -27,8 +27,10 @@ from torch import nn
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
 from ember.capture.resume import Broken
+from ember.inductor.backend import pipeline_for
 from ember.inductor.cache import STATS
 from ember.inductor.kernels import PRELUDE_NAME, compiled_runner, load_module, summary
+from ember.inductor.targets import targets as inductor_targets
 from ember.ir import Module, PrintError
 from ember.ir.effects import allow_effects
 from ember.ir.passes import run_pipeline
@@ -182,7 +184,7 @@ class CompiledFunction:
         if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
             # until ember.autograd's joint graphs are wired in, gradients need the aten ops
             return eager("training", TRAINING_REASON)
-        devices = sorted({x.device.type for x in tensors} - {"cpu"})
+        devices = sorted({x.device.type for x in tensors} - set(inductor_targets()))
         if devices:
             return eager("device", f"the inductor backend has no {'/'.join(devices)} code "
                          f"generation yet (Triton comes next); it compiles CPU graphs only")
@@ -253,7 +255,8 @@ class CompiledFunction:
             else contextlib.nullcontext()
         start = time.perf_counter()
         with table:
-            out = run_pipeline(module, o.pipeline, verify_each=o.verify_each,
+            out = run_pipeline(module, pipeline_for(module, o.pipeline),
+                               verify_each=o.verify_each,
                                print_after=after if o.dump_each or timed else None)
         if timed:
             logs.pipeline.info("%s: pipeline %s: %s; total %.1f ms", self._graph_label(module),
