@@ -126,9 +126,9 @@ def joint_graph(module: Module, graph: str | None = None, *,
         if len(got) != len(n.args):
             raise VJPError(f"the VJP rule of {n.op} gave {len(got)} cotangents for "
                            f"{len(n.args)} arguments")
-        for arg, ct in zip(n.args, got, strict=True):
-            pairs = zip(arg, ct, strict=True) if isinstance(arg, list) and isinstance(ct, list) \
-                else [(arg, ct)]
+        for arg, grad in zip(n.args, got, strict=True):
+            pairs: list[tuple[Any, Any]] = list(zip(arg, grad, strict=True)) \
+                if isinstance(arg, list) and isinstance(grad, list) else [(arg, grad)]
             for a, c in pairs:
                 if isinstance(a, Value) and a in rg and isinstance(c, Value):
                     accumulate(a, c, n.op)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.autograd.vjp.core import Grad, VJPContext, is_float_tensor, vjp
+from ember.autograd.vjp.core import Grad, VJPContext, attr_list, is_float_tensor, vjp
 from ember.ir import Node, Value
 from ember.ir.expr import Dim, as_sympy, simplify_dim
 
@@ -73,8 +73,9 @@ def _convolution(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[G
     ct = cts[0]
     assert isinstance(x, Value) and isinstance(w, Value) and ct is not None
     kw = node.kwargs
-    stride, padding, dilation = (list(kw[k]) for k in ("stride", "padding", "dilation"))  # type: ignore[call-overload]
-    g = int(kw.get("groups", 1))  # type: ignore[call-overload]
+    stride, padding, dilation = (attr_list(node, k) for k in ("stride", "padding", "dilation"))
+    groups = kw.get("groups", 1)
+    g = groups if isinstance(groups, int) else 1
     xs, ws, cs = ctx.shape(x), ctx.shape(w), ctx.shape(ct)
     n = len(xs) - 2
     if any(_is_zero(d) for d in (*xs, *ws, *cs)):

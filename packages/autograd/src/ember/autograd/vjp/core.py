@@ -125,5 +125,13 @@ class VJPContext:
         return self.p("broadcast_in_dim", x, shape=list(shape), broadcast_dims=list(dims))
 
 
+def attr_list(node: Node, name: str, default: list[Any] | None = None) -> list[Any]:
+    """A list attribute of the forward node (dims, sizes, config rows)."""
+    v = node.kwargs.get(name, default)
+    if not isinstance(v, list):
+        raise VJPError(f"{node.op}: attribute {name}= is {v!r}, not a list")
+    return list(v)
+
+
 def kept_dims(rank: int, reduced: Sequence[int]) -> list[int]:
     return [d for d in range(rank) if d not in reduced]

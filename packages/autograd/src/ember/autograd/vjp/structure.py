@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.autograd.vjp.core import Grad, VJPContext, kept_dims, vjp
+from ember.autograd.vjp.core import Grad, VJPContext, attr_list, kept_dims, vjp
 from ember.ir import DType, Node, Value
 from ember.ir.expr import Dim, as_sympy, simplify_dim
 
@@ -25,7 +25,7 @@ def _x_ct(node: Node, cts: list[Value | None]) -> tuple[Value, Value]:
 def _broadcast(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     x, ct = _x_ct(node, cts)
     xs, out = ctx.shape(x), ctx.shape(ct)
-    bdims = list(node.kwargs["broadcast_dims"])  # type: ignore[arg-type]
+    bdims = attr_list(node, "broadcast_dims")
     # sum over the new dims and over the operand's size-1 dims that were expanded
     expanded = [i for i, b in enumerate(bdims) if xs[i] == 1 and out[b] != 1]
     reduced = sorted(set(kept_dims(len(out), bdims)) | {bdims[i] for i in expanded})
@@ -48,7 +48,7 @@ def _reshape(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]
 @vjp("prims.permute")
 def _permute(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     _, ct = _x_ct(node, cts)
-    dims = list(node.kwargs["dims"])  # type: ignore[arg-type]
+    dims = attr_list(node, "dims")
     inverse = [dims.index(i) for i in range(len(dims))]
     return [ctx.p("permute", ct, dims=inverse)]
 
@@ -56,21 +56,21 @@ def _permute(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]
 @vjp("prims.squeeze")
 def _squeeze(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     _, ct = _x_ct(node, cts)
-    dims = sorted(node.kwargs["dims"])  # type: ignore[type-var]
+    dims = sorted(attr_list(node, "dims"))
     return [ctx.p("unsqueeze", ct, dims=dims) if dims else ct]
 
 
 @vjp("prims.unsqueeze")
 def _unsqueeze(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     _, ct = _x_ct(node, cts)
-    dims = sorted(node.kwargs["dims"])  # type: ignore[type-var]
+    dims = sorted(attr_list(node, "dims"))
     return [ctx.p("squeeze", ct, dims=dims) if dims else ct]
 
 
 @vjp("prims.rev")
 def _rev(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     _, ct = _x_ct(node, cts)
-    return [ctx.p("rev", ct, dims=list(node.kwargs["dims"]))]  # type: ignore[arg-type]
+    return [ctx.p("rev", ct, dims=attr_list(node, "dims"))]
 
 
 def _span(n: Dim, step: int) -> Dim:
@@ -84,8 +84,8 @@ def _span(n: Dim, step: int) -> Dim:
 def _slice(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     x, ct = _x_ct(node, cts)
     xs, out = ctx.shape(x), ctx.shape(ct)
-    start = list(node.kwargs["start"])  # type: ignore[arg-type]
-    step = list(node.kwargs.get("step") or [1] * len(xs))  # type: ignore[arg-type]
+    start = attr_list(node, "start")
+    step = attr_list(node, "step", None) if node.kwargs.get("step") else [1] * len(xs)
     if any(isinstance(n, int) and n == 0 for n in out):
         return [ctx.zeros(ctx.t(x))]
     # the taken elements back at start, start + step, ...; zeros everywhere else
@@ -97,21 +97,20 @@ def _slice(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
 @vjp("prims.pad")
 def _pad(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     x, ct = _x_ct(node, cts)
-    config = node.kwargs["config"]
-    assert isinstance(config, list)
+    config: list[Any] = attr_list(node, "config")
     if any(isinstance(n, int) and n == 0 for n in ctx.shape(x)):
         return [ctx.zeros(ctx.t(x)), None]
     # undo lo/hi (a negative one cropped x's dilated form: pad the cotangent with zeros
     # there), then take every (interior + 1)-th element
     undo = [[simplify_dim(-as_sympy(lo)), simplify_dim(-as_sympy(hi)), 0]
-            for lo, hi, _ in config]  # type: ignore[misc]
+            for lo, hi, _ in config]
     g = ct
     if any(lo != 0 or hi != 0 for lo, hi, _ in undo):
         g = ctx.p("pad", g, 0.0, config=undo)
-    if any(c[2] for c in config):  # type: ignore[index]
+    if any(c[2] for c in config):
         dilated = ctx.shape(g)
         g = ctx.p("slice", g, start=[0] * len(dilated), limit=list(dilated),
-                  step=[int(c[2]) + 1 for c in config])  # type: ignore[index]
+                  step=[int(c[2]) + 1 for c in config])
     return [g, None]
 
 
@@ -137,7 +136,7 @@ def _concatenate(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[G
 # ---- reductions ---------------------------------------------------------------------------
 
 def _dims(node: Node) -> list[int]:
-    return sorted(node.kwargs["dims"])  # type: ignore[type-var]
+    return sorted(attr_list(node, "dims"))
 
 
 def _restore(ctx: VJPContext, r: Value, x: Value, dims: list[int]) -> Value:
