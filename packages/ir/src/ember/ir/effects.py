@@ -47,6 +47,7 @@ EFFECT_OPS: dict[str, str] = {
     "inductor::_reinterpret_tensor": "reinterprets memory without a bounds check",
     "inductor::_alloc_from_pool": "reinterprets memory without a bounds check",
     "inductor::resize_storage_bytes_": "resizes a storage that other tensors may share",
+    "aten::_reshape_alias": "reinterprets memory without a bounds check",
 }
 
 # 2. Whole namespaces.

@@ -248,6 +248,9 @@ def _check_result(node: Node, t: Type, x: Any, env: Mapping[str, int]) -> None:
     if isinstance(t, TensorType):
         if not isinstance(x, torch.Tensor):
             raise InterpretError(f"{node.op}: result is {type(x).__name__}, declared {t}", node)
+        if x.layout != torch.strided:  # a sparse tensor's unchecked indices crash its readers
+            raise InterpretError(f"{node.op}: result has layout {x.layout}, declared dense {t}",
+                                 node)
         try:
             want = t.concrete_shape(env)
         except ExprEvalError as e:

@@ -230,6 +230,11 @@ def _ir_name(op: torch._ops.OpOverload) -> str:
 
 def _flatten_result(out: Any, device: str, name: str) -> list[Type]:
     if isinstance(out, torch.Tensor):
+        # ir-v1 types are dense tensors: a sparse result (its unchecked indices crash the ops
+        # that read it) or any other layout has no type, so no later op can be handed one
+        if out.layout != torch.strided:
+            raise OpTypeError(f"{name}: result of layout {out.layout} has no ir-v1 type "
+                              f"(ir-v1 tensors are dense)")
         return [TensorType(DType.from_torch(out.dtype), tuple(out.shape), None, device)]
     if isinstance(out, (list, tuple)):
         res: list[Type] = []
