@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401
 from ember.inductor.kernels import compile_module, compiled_runner
-from ember.inductor.wrapper import WrapperUnsupported, generate
+from ember.inductor.wrapper import generate
 from ember.ir import Interpreter, Module, parse
 
 # Pointwise, a reduction with two results (max.dim), an extern (addmm's matmul), a view and
@@ -119,10 +119,23 @@ def test_wrong_inputs_are_a_clear_error() -> None:
         w.call(ins[:2])
 
 
-def test_symbolic_graphs_stay_on_the_interpreter() -> None:
+def test_symbolic_graphs_run_through_the_wrapper() -> None:
+    """A symbolic graph's call binds s0 from the input and computes every size from it: one
+    compiled module for every batch size, outputs as the interpreter's; a size outside the
+    symbol's range or an inconsistent input is refused with a clear error."""
     m = compiled(symbolic=True)
-    with pytest.raises(WrapperUnsupported, match="symbolic"):
-        generate(m, "mlp")
-    g = torch.Generator().manual_seed(0)
-    ins = [torch.randn(5, 16, generator=g), *mlp_inputs(0)[1:]]
-    _same(compiled_runner(m)("mlp", ins).outputs, Interpreter(m).run(ins, "mlp").outputs)
+    w = generate(m, "mlp")
+    assert "s0 = p0.shape[0]" in w.source
+    run = compiled_runner(m)
+    for n in (1, 2, 5, 17):
+        g = torch.Generator().manual_seed(n)
+        ins = [torch.randn(n, 16, generator=g), *mlp_inputs(n)[1:]]
+        _same(run("mlp", ins).outputs, Interpreter(m).run(ins, "mlp").outputs)
+        _same(w.call(ins).outputs, Interpreter(m).run(ins, "mlp").outputs)
+    bad = [torch.randn(0, 16), *mlp_inputs(0)[1:]]
+    with pytest.raises(RuntimeError, match="size symbol s0 is 0 .* range \\[1, inf\\]"):
+        w.call(bad)
+    with pytest.raises(RuntimeError, match="rank"):
+        w.call([torch.randn(16), *mlp_inputs(0)[1:]])
+    with pytest.raises(RuntimeError, match="input %x"):
+        w.call([torch.randn(3, 15), *mlp_inputs(0)[1:]])

@@ -3,7 +3,8 @@
 A compiled graph allocates every kernel output. Fresh allocations of large buffers cost page
 faults on every call (glibc gives big blocks back to the system), and their memory is cold.
 TorchInductor reuses the storage of dead buffers; so does this pass: walking a `kernels.*` graph
-in order, each `kernels.call` result takes a dead buffer of the same dtype and element count,
+in order, each `kernels.call` result takes a dead buffer of the same dtype and element count
+(a symbolic count: the same expression, so the same size whatever the symbols' values),
 written as `kernels.call(@k, ..., reuse=[%dead])` (the wrapper and the interpreter view the dead
 buffer's storage instead of allocating).
 
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import math
 
+import sympy
+
 from ember.inductor.body import body_names
 from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir.expr import as_sympy
 from ember.ir.graph import map_args
 from ember.ir.passes import register_pass
 
@@ -73,11 +77,15 @@ def _aliases(g: Graph) -> dict[Value, set[Value]]:
     return al
 
 
-def _buffer_key(v: Value) -> tuple[str, int] | None:
+def _buffer_key(v: Value) -> tuple[str, object] | None:
+    """A buffer's dtype and element count: a symbolic count as its expanded expression, so
+    that two buffers share a key only where their sizes are equal for every binding."""
     t = v.type
-    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+    if not isinstance(t, TensorType):
         return None
-    return t.dtype.name, math.prod(int(d) for d in t.shape)
+    if all(isinstance(d, int) for d in t.shape):
+        return t.dtype.name, math.prod(int(d) for d in t.shape)
+    return t.dtype.name, sympy.expand(math.prod(as_sympy(d) for d in t.shape))
 
 
 def plan_graph(g: Graph) -> int:
@@ -90,7 +98,7 @@ def plan_graph(g: Graph) -> int:
     for v, bufs in al.items():
         for b in bufs:
             dies[b] = max(dies.get(b, -1), last.get(v, -1))
-    free: dict[tuple[str, int], list[Value]] = {}
+    free: dict[tuple[str, object], list[Value]] = {}
     released: list[tuple[float, Value]] = sorted(
         ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
     k = 0

@@ -4,7 +4,8 @@
 
 runs kernel block `@f_k0` (`kernel @f_k0 cpp` block, built by the loader of its language,
 launch.py) on buffers with row-major strides (inputs are made contiguous before the call,
-outputs allocated on the call's device). Its declared ABI, checked by the type rule: every
+outputs allocated on the call's device). A kernel over symbolic sizes also takes the values of
+`sizes=[s0, ...]` (symbols bound from the graph's inputs) after its buffers. Its declared ABI, checked by the type rule: every
 tensor operand is on `device=` (default "cpu", printed only otherwise), the kernel's language has
 a loader for that device kind, and `launch=[ints]` (grid sizes) appears only where that loader
 takes launch attributes. `kernels.extern` calls an op's own implementation (matmul, sort, ...) on
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from ember.inductor import launch
@@ -55,6 +57,10 @@ def _call_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
             or not all(isinstance(s, list) for s in shapes):
         raise OpTypeError("kernels.call needs out_dtypes=[dtype, ...] and out_shapes=[[...], ...]")
     device = _call_abi(k if isinstance(k, Kernel) else None, args, kw)
+    sizes = kw.get("sizes")
+    if sizes is not None and (not isinstance(sizes, list) or not all(
+            isinstance(s, sympy.Expr) and s.is_Symbol for s in sizes)):
+        raise OpTypeError("kernels.call: sizes= must be a list of size symbols")
     return [buffer_type(TensorType(d, tuple(s), None, device))
             for d, s in zip(dts, shapes, strict=True)]
 
@@ -104,7 +110,7 @@ def _call_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     outs = [launch.out_buffer([int(x) for x in s], d.torch, device,
                               reuse[j] if j < len(reuse) else None)
             for j, (d, s) in enumerate(zip(kw["out_dtypes"], kw["out_shapes"], strict=True))]
-    k.launch(ins, outs)
+    k.launch(ins, outs, [int(s) for s in kw.get("sizes") or []])
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

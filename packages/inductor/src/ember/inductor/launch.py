@@ -4,7 +4,8 @@ A kernel block (`kernel @k cpp`) is built by the loader registered for its langu
 (`register_loader("cpp", ...)`: the CPU target's g++ loader; a Triton loader would be another
 entry). A loader builds all of a module's blocks in its language at once and returns, per
 kernel, a `LoadedKernel`: the callable and its ABI, `"pointer"` (each buffer passed as its data
-address, inputs then outputs, buffers contiguous) or `"tensor"` (the torch tensors themselves).
+address, inputs then outputs, buffers contiguous, then the int64 values of the size symbols
+named by the call's `sizes=`) or `"tensor"` (the torch tensors themselves, then the sizes).
 `kernels.call`'s reference (the interpreter) and the generated wrapper (wrapper.py) both allocate
 outputs with `out_buffer` (on the call's device, reusing a dead buffer's storage where `reuse=`
 names one), call `LoadedKernel.launch`/`launcher`, then `check` (an integer division by zero
@@ -38,10 +39,11 @@ class LoadedKernel:
     abi: str = "pointer"
     take_errors: Callable[[], Any] | None = None  # nonzero: the kernel divided by zero
 
-    def launcher(self, nargs: int) -> Callable[..., Any]:
-        """The callable to call with `nargs` arguments converted by `arg`."""
+    def launcher(self, nargs: int, nsizes: int = 0) -> Callable[..., Any]:
+        """The callable to call with `nargs` buffers converted by `arg`, then `nsizes` ints
+        (the values of the size symbols the kernel takes: kernels.call's sizes=)."""
         if self.abi == "pointer":
-            self.fn.argtypes = [ctypes.c_void_p] * nargs
+            self.fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
             self.fn.restype = None
         return self.fn  # type: ignore[no-any-return]
 
@@ -53,9 +55,11 @@ class LoadedKernel:
             # eager's message for an integer division or modulo by zero on the CPU
             raise RuntimeError("ZeroDivisionError")
 
-    def launch(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+    def launch(self, ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor],
+               sizes: Sequence[int] = ()) -> None:
         bufs = [*ins, *outs]
-        self.launcher(len(bufs))(*[self.arg(t) for t in bufs])
+        self.launcher(len(bufs), len(sizes))(*[self.arg(t) for t in bufs],
+                                             *[int(s) for s in sizes])
         self.check()
 
 

@@ -52,6 +52,7 @@ from ember.ir import (
     Type,
     Value,
 )
+from ember.ir.expr import ExprEvalError, evaluate
 from ember.ir.interpreter import bind_symbols
 from ember.ir.verifier import types_equal
 
@@ -267,9 +268,11 @@ def _conv_nhwc_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> 
     groups = kw.get("groups", 1)
     fused = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) if x.dtype == torch.float32 \
         and x.device.type == "cpu" and torch.backends.mkldnn.is_available() else None
-    if fused is not None:  # bias and ReLU applied by oneDNN as it writes (a post-op)
+    if fused is not None:  # bias applied by oneDNN as it writes (a post-op)
+        # not its ReLU post-op: that maps NaN to 0, torch.relu keeps NaN
         y = fused(xc, wc, b, kw["padding"], kw["stride"], kw["dilation"], groups,
-                  "relu" if kw.get("relu") else "none", [], "")
+                  "none", [], "")
+        y = torch.relu_(y) if kw.get("relu") else y
     else:
         y = torch.convolution(xc, wc, b, kw["stride"], kw["padding"], kw["dilation"], False,
                               [0, 0], groups)
@@ -298,11 +301,17 @@ def _index_select_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) 
 # ---- references ------------------------------------------------------------------------------
 
 def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequence[int],
-              reduce_ranges: Sequence[int] = (), all_outputs: bool = False) -> Any:
+              reduce_ranges: Sequence[int] = (), all_outputs: bool = False,
+              sizes: Mapping[str, int] | None = None) -> Any:
     """The body's value at every point of the domain `ranges + reduce_ranges`, as one tensor
-    (`all_outputs`: the list of every result's values)."""
+    (`all_outputs`: the list of every result's values). Size symbols are bound from the
+    buffers' shapes (and `sizes`, the enclosing body's bindings): fused reductions' symbolic
+    `reduce_ranges` are evaluated with them."""
     domain = list(ranges) + list(reduce_ranges)
-    env: dict[str, Any] = dict(bind_symbols(g, bufs)) if bufs else {}
+    syms: dict[str, int] = dict(sizes or {})
+    if bufs:
+        syms.update(bind_symbols(g, bufs))
+    env: dict[str, Any] = dict(syms)
     n = len(domain)
     for k, size in enumerate(domain):
         view = [1] * n
@@ -319,9 +328,13 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
         elif node.op == "loop.reduce":
             sub = body_of(interp.module, node.args[0], "loop.reduce")
             k = len(node.kwargs["ranges"])  # type: ignore[arg-type]
-            red = [int(r) for r in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr,arg-type]
+            try:
+                red = [evaluate(r, syms)  # type: ignore[arg-type]
+                       for r in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+            except ExprEvalError as e:
+                raise OpTypeError(f"loop.reduce in @{g.name}: reduce_ranges: {e}") from None
             v = eval_body(interp, sub, [values[a] for a in node.args[1:]],  # type: ignore[index]
-                          domain[:k], red)
+                          domain[:k], red, sizes=syms)
             v = reduce_last(v.reshape(domain[:k] + [math.prod(red)]), str(node.kwargs["reduction"]))
             out = v.reshape(domain[:k] + [1] * (n - k)).expand(domain)
         elif node.op == "loop.index":

@@ -9,15 +9,20 @@ device (launch.out_buffer where it reuses a dead buffer), and calls the kernel's
 other than `kernels.call` (`kernels.extern`, ops the C++ tables left to the reference) call their
 op's reference directly, their tensor results checked like the interpreter checks them.
 
-Graphs it does not cover (symbolic shapes, random ops with philox inputs) raise
+A graph with symbolic sizes binds its symbols once per call from the inputs' shapes (a few
+attribute reads, `bind_sizes`), checks them against their declared ranges, and evaluates its
+shapes (outputs allocated, inputs checked) and the kernels' size arguments as Python expressions
+over them. Graphs it does not cover (random ops with philox inputs) raise
 `WrapperUnsupported`; the caller runs those through the interpreter. The generated source comes
-only from this module's templates, value numbers and the graph's integer shapes; IR text (value
+only from this module's templates, value numbers, the graph's integer shapes and size
+expressions (numbers, `s<digits>` names, operators: `pyexpr`); IR text (value
 names in messages, attribute names) appears only as `sanitize.py_str` literals, and every other
 constant is passed in the function's namespace, never printed into the source.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +34,9 @@ from ember.inductor.buffers import last_uses
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
+from ember.ir.expr import FloorDiv, PyMod, as_sympy, simplify_dim
 from ember.ir.graph import map_args
+from ember.ir.interpreter import bind_symbols
 from ember.prims.decomp.random import philox_params
 
 
@@ -44,10 +51,59 @@ class Wrapper:
     call: Callable[[Sequence[Any]], RunResult]
 
 
-def _concrete(t: TensorType) -> tuple[int, ...]:
-    if not all(isinstance(d, int) for d in t.shape):
-        raise WrapperUnsupported(f"symbolic shape {t}")
-    return tuple(int(d) for d in t.shape)
+_SIZE_SYM = re.compile(r"s[0-9]+")  # ir-v1's size symbols, which are Python names here
+
+
+def pyexpr(e: Any) -> str:
+    """A size expression as Python source over the call's bound symbols (ir-v1's `//` and
+    `mod` are Python's): only numbers, symbol names and operators are printed."""
+    if isinstance(e, bool):
+        raise WrapperUnsupported(f"size {e!r}")
+    if isinstance(e, int):
+        return str(int(e))
+    if not isinstance(e, sympy.Expr):
+        raise WrapperUnsupported(f"size {e!r}")
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        if not _SIZE_SYM.fullmatch(e.name):
+            raise WrapperUnsupported(f"symbol {short(e.name)!r} is not a size symbol")
+        return str(e.name)
+    args = [pyexpr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"({args[0]} // {args[1]})"
+    if isinstance(e, PyMod):
+        return f"({args[0]} % {args[1]})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        return f"{'max' if isinstance(e, sympy.Max) else 'min'}({', '.join(args)})"
+    raise WrapperUnsupported(f"size expression {short(str(e))} has no Python form")
+
+
+def _shape(shape: Sequence[Any]) -> str:
+    """A shape as a Python tuple expression: a static one as its repr (as before symbolic
+    sizes), else over the bound symbols."""
+    if all(isinstance(d, int) for d in shape):
+        return repr(tuple(int(d) for d in shape))
+    items = [pyexpr(d) for d in shape]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _free(a: Any, out: set[str]) -> None:
+    """The size symbols in an argument, type or list of them."""
+    if isinstance(a, TensorType):
+        for d in a.shape:
+            _free(d, out)
+    elif isinstance(a, (list, tuple)):
+        for x in a:
+            _free(x, out)
+    elif isinstance(a, sympy.Expr) and not isinstance(a, bool):
+        out.update(s.name for s in a.free_symbols)
 
 
 class _Gen:
@@ -73,9 +129,64 @@ class _Gen:
         return name
 
     def check(self, var: str, t: TensorType, what: str) -> None:
-        shape = _concrete(t)
+        shape = _shape(t.shape)
         self.lines.append(f"    if {var}.dtype is not {self.dtype(t)} or {var}.shape != "
-                          f"{shape!r}: _bad({py_str(what)}, {var}, {self.const(t)})")
+                          f"{shape}: _bad({py_str(what)}, {var}, {self.const(t)})")
+
+    def bind_sizes(self, params: list[str]) -> None:
+        """Bind the graph's size symbols from the inputs' shapes, once per call: a symbol that
+        is some input's whole dim is read from it (after a rank check), any other one solved
+        by the interpreter's binder; then each is checked against its declared range."""
+        g = self.g
+        used: set[str] = set()
+        for p in g.params:
+            _free(p.type, used)
+        for n in g.nodes:
+            for a in [*n.args, *n.kwargs.values()]:
+                _free(a, used)
+            for r in n.results:
+                _free(r.type, used)
+        if not used:
+            return
+        for name in used:
+            if not _SIZE_SYM.fullmatch(name):
+                raise WrapperUnsupported(f"symbol {short(name)!r} is not a size symbol")
+        where: dict[str, tuple[str, int]] = {}
+        ranks: dict[str, int] = {}
+        for p, n in zip(g.params, params, strict=True):
+            if not isinstance(p.type, TensorType):
+                continue
+            for i, d in enumerate(p.type.shape):
+                if isinstance(d, sympy.Symbol) and d.name in used and d.name not in where:
+                    where[d.name] = (n, i)
+                    ranks[n] = p.type.rank
+        for n, rank in ranks.items():
+            self.lines.append(f"    if len({n}.shape) != {rank}: _bad('the rank of an input', "
+                              f"{n}, {rank})")
+        rest = sorted(used - where.keys())
+        inputs: set[str] = set()
+        for p in g.params:
+            _free(p.type, inputs)
+        if set(rest) - inputs:
+            raise WrapperUnsupported(f"size symbol(s) {', '.join(sorted(set(rest) - inputs))} "
+                                     f"appear in no input's shape")
+        if rest:  # symbols only inside compound dims (`s0 * 2`): the interpreter's solver
+            self.ns["_bind"] = bind_symbols
+            self.ns["_g"] = g
+            self.lines.append("    _env = _bind(_g, inputs)")
+        for name in sorted(used, key=lambda x: int(x[1:])):
+            if name in where:
+                n, i = where[name]
+                self.lines.append(f"    {name} = {n}.shape[{i}]")
+            else:
+                self.lines.append(f"    {name} = _env[{py_str(name)}]")
+            sym = self.m.symbols.get(name)
+            lo = sym.min if sym is not None and sym.min is not None else 0
+            hi = sym.max if sym is not None and isinstance(sym.max, int) else None
+            cond = f"{name} < {int(lo)}" + (f" or {name} > {int(hi)}" if hi is not None else "")
+            self.lines.append(f"    if {cond}: _bad_size({py_str(name)}, {name}, "
+                              f"{self.const((lo, hi))})")
+        self.ns["_bad_size"] = _bad_size
 
     def name(self, v: Value) -> str:
         if v not in self.names:
@@ -88,7 +199,7 @@ class _Gen:
         if isinstance(a, list):
             return "[" + ", ".join(self.arg(x) for x in a) + "]"
         if isinstance(a, sympy.Expr) and not a.is_number:
-            raise WrapperUnsupported(f"symbolic argument {a}")
+            return pyexpr(a)  # a size over the call's bound symbols
         if isinstance(a, bool) or a is None or (isinstance(a, int) and not isinstance(a, bool)):
             return repr(a)
         return self.const(a)
@@ -111,6 +222,9 @@ class _Gen:
                 self.lines.append(f"    if {n}.__class__ is not _Tensor and not isinstance("
                                   f"{n}, _Tensor): _bad({py_str('input %' + p.name)}, {n}, "
                                   f"{self.const(p.type)})")
+        self.bind_sizes(params)  # the shapes below may use the symbols
+        for p, n in zip(g.params, params, strict=True):
+            if isinstance(p.type, TensorType):
                 self.check(n, p.type, f"input %{p.name}")
         self.ns["_Tensor"] = torch.Tensor
         last = last_uses(g)
@@ -136,7 +250,7 @@ class _Gen:
         assert isinstance(ref, Ref)
         if not isinstance(self.m.items.get(ref.name), Kernel):
             raise WrapperUnsupported(f"@{ref.name} is not a kernel")
-        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse", "device"}
+        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse", "device", "sizes"}
         if unknown:
             raise WrapperUnsupported(f"kernels.call with {', '.join(sorted(unknown))}")
         if self.table is None:
@@ -160,21 +274,24 @@ class _Gen:
         for j, r in enumerate(node.results):
             if not isinstance(r.type, TensorType):
                 raise WrapperUnsupported("kernels.call with a scalar result")
-            name, shape, dt = f"v{i}_{j}", _concrete(r.type), self.dtype(r.type)
+            name, shape, dt = f"v{i}_{j}", _shape(r.type.shape), self.dtype(r.type)
             old = reuse[j] if j < len(reuse) else None
             if isinstance(old, Value) and isinstance(old.type, TensorType):
                 # a dead buffer's storage, as the interpreter's kernels.call takes it
-                new = f"_out({shape!r}, {dt}, {device}, {self.name(old)})"
+                new = f"_out({shape}, {dt}, {device}, {self.name(old)})"
             else:
-                new = f"_empty({shape!r}, dtype={dt}, device={device})"
+                new = f"_empty({shape}, dtype={dt}, device={device})"
             self.lines.append(f"    {name} = {new}")
             self.names[r] = name
             self.buffers.add(r)
             outs.append(name)
-        fn = self.const(k.launcher(len(ins) + len(outs)))
-        # the kernel's ABI: data addresses ("pointer") or the tensors themselves
+        sizes = node.kwargs.get("sizes")
+        sizes = [pyexpr(s) for s in sizes] if isinstance(sizes, list) else []
+        fn = self.const(k.launcher(len(ins) + len(outs), len(sizes)))
+        # the kernel's ABI: data addresses ("pointer") or the tensors themselves, then the
+        # size symbols' values
         conv = ".data_ptr()" if k.abi == "pointer" else ""
-        self.lines.append(f"    {fn}({', '.join(f'{x}{conv}' for x in ins + outs)})")
+        self.lines.append(f"    {fn}({', '.join([*(f'{x}{conv}' for x in ins + outs), *sizes])})")
         copies = [x for x in ins if x.startswith("c")]
         if copies:
             self.lines.append(f"    del {', '.join(copies)}")
@@ -190,7 +307,7 @@ class _Gen:
             raise WrapperUnsupported("kernels.view takes one buffer")
         _, (offsets, coefs) = view_index(node.args, node.kwargs)
         name = f"v{i}_0"
-        shape = _concrete(r.type)
+        shape = list(r.type.shape)
         rank = len(shape)
         perm = [row.index(1) for row in coefs] if all(
             sorted(row) == [0] * (rank - 1) + [1] for row in coefs) else []
@@ -201,19 +318,25 @@ class _Gen:
             # a permutation of the dims (a transposed weight), not a slice: cheapest call
             self.lines.append(f"    {name} = {self.name(x)}.permute({dims!r})")
         elif x in self.buffers and isinstance(x.type, TensorType):
-            # a kernel or extern output: contiguous, so the strides are constants
-            st = [1] * x.type.rank
+            # a kernel or extern output: contiguous, so the strides are its shape's products
+            st: list[Any] = [1] * x.type.rank
             for d in reversed(range(x.type.rank - 1)):
-                st[d] = st[d + 1] * int(x.type.shape[d + 1])
-            # int(): only numbers are printed into the source
-            strides = tuple(int(sum(c[k] * s for c, s in zip(coefs, st, strict=True)))
-                            for k in range(len(shape)))
-            off = int(sum(o * s for o, s in zip(offsets, st, strict=True)))
-            self.lines.append(f"    {name} = {self.name(x)}.as_strided({shape!r}, {strides!r}, "
-                              f"{self.name(x)}.storage_offset() + {off})")
+                st[d] = st[d + 1] * as_sympy(x.type.shape[d + 1])
+            # simplify_dim/_shape: only numbers and size expressions are printed into the source
+            strides = [simplify_dim(sum(c[k] * s for c, s in zip(coefs, st, strict=True)))
+                       for k in range(len(shape))]
+            off = simplify_dim(sum(o * s for o, s in zip(offsets, st, strict=True)))
+            self.lines.append(f"    {name} = {self.name(x)}.as_strided({_shape(shape)}, "
+                              f"{_shape(strides)}, {self.name(x)}.storage_offset() + "
+                              f"{pyexpr(off)})")
         else:  # an input: its real strides
-            self.lines.append(f"    {name} = _strided({self.name(x)}, {shape!r}, "
-                              f"{self.const(offsets)}, {self.const(coefs)})")
+            sym = not all(isinstance(v, int) for v in [*offsets, *(c for row in coefs
+                                                                  for c in row)])
+            offs = _shape(offsets) if sym else self.const(offsets)
+            cfs = "[" + ", ".join(_shape(row) for row in coefs) + "]" if sym \
+                else self.const(coefs)
+            self.lines.append(f"    {name} = _strided({self.name(x)}, {_shape(shape)}, "
+                              f"{offs}, {cfs})")
         self.ns["_strided"] = strided_view
         self.names[r] = name
 
@@ -271,6 +394,12 @@ def _contiguous(out: Any) -> Any:
     if isinstance(out, (list, tuple)):
         return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in out)
     return out.contiguous() if isinstance(out, torch.Tensor) else out
+
+
+def _bad_size(name: str, v: int, bounds: tuple[int, int | None]) -> None:
+    lo, hi = bounds
+    raise RuntimeError(f"ember compiled graph: size symbol {name} is {v} by the inputs, outside "
+                       f"its declared range [{lo}, {'inf' if hi is None else hi}]")
 
 
 def _bad(what: str, x: Any, want: Any) -> None:

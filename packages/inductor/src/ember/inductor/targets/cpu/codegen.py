@@ -5,7 +5,9 @@ quotes) and its node into `kernels.call(@name, bufs..., out_dtypes=, out_shapes=
 kernels.py). `loop.extern` becomes `kernels.extern` (the prim's implementation through
 Python, no libtorch headers). All `cpp` blocks of a module, in order, form one translation unit:
 `@cpp_prelude` holds the helpers, each other block one `extern "C"` function named after it
-(`sanitize.kernel_symbol`: `@f_k0` defines `ember_k_f_k0`). A kernel the C++ tables cannot
+(`sanitize.kernel_symbol`: `@f_k0` defines `ember_k_f_k0`). A kernel over symbolic sizes takes
+the size symbols its code reads as `int64_t` arguments after its buffers, named by the call's
+`sizes=[s0, ...]` (one library serves every size). A kernel the C++ tables cannot
 express yet keeps its `loop.pointwise`/`loop.reduction` node and body (run by the reference),
 with the reason in `attrs(cpp_fallback=...)` of that body. The `cpp` loader (`load_cpp`) builds
 a module's blocks with g++ through the cache (cache.py), split into translation units compiled
@@ -26,7 +28,7 @@ from ember.inductor.sanitize import kernel_symbol
 from ember.inductor.targets import require_device
 from ember.inductor.targets.cpu import cache
 from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
-from ember.inductor.targets.cpu.cppkernel import kernel_source
+from ember.inductor.targets.cpu.cppkernel import kernel_source_sizes
 from ember.ir import (
     Arg,
     Graph,
@@ -39,6 +41,7 @@ from ember.ir import (
     Value,
     default_registry,
 )
+from ember.ir.expr import symbol
 from ember.ir.passes import register_pass
 
 PRELUDE_NAME = "cpp_prelude"
@@ -144,7 +147,7 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     while any(k.name == name for k in kernels):  # two loop nodes may share one body
         name += "_"
     try:
-        source = kernel_source(name, n, body, f"@{g.name}", m.items)
+        source, sizes = kernel_source_sizes(name, n, body, f"@{g.name}", m.items, m.symbols)
     except CodegenError as e:
         body.attrs["cpp_fallback"] = str(e)
         fallback.append(body)
@@ -162,6 +165,8 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     assert all(isinstance(t, TensorType) for t in types)
     kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
                           "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
+    if sizes:  # the size symbols the kernel takes after its buffers (kernels.call's ABI)
+        kw["sizes"] = [symbol(s) for s in sizes]
     return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
                  [_retype(r) for r in n.results])
 

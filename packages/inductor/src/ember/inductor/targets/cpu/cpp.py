@@ -10,9 +10,11 @@ function per kernel, named after the kernel, with comments naming the IR nodes i
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import sympy
@@ -21,7 +23,7 @@ import torch
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import comment, ident, short
 from ember.ir import DType, Graph, Node, TensorType, Value
-from ember.ir.expr import Dim, FloorDiv, PyMod
+from ember.ir.expr import Dim, FloorDiv, PyMod, simplify_dim
 
 # dtype -> (storage C type, compute C type)
 CTYPES: dict[DType, tuple[str, str]] = {
@@ -195,6 +197,9 @@ static inline int64_t ember_mod(int64_t a, int64_t b) {
 
 
 _LOOP_VAR = re.compile(r"[ir][0-9]+")
+_SIZE_SYM = re.compile(r"s[0-9]+")  # ir-v1's size symbols: C++ names of the kernel's arguments
+# the size symbols the kernel being written reads (None outside `size_symbols`)
+_SIZES: ContextVar[set[str] | None] = ContextVar("ember_cpp_sizes", default=None)
 
 
 class CodegenError(NotImplementedError):
@@ -218,8 +223,12 @@ def cexpr(e: Dim) -> str:
     if e.is_Integer:
         return cexpr(int(e))
     if e.is_Symbol:
-        if e.name.startswith("s"):
-            raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
+        if _SIZE_SYM.fullmatch(e.name):
+            used = _SIZES.get()
+            if used is None:
+                raise CodegenError(f"size symbol {e.name} outside a kernel that takes it")
+            used.add(e.name)  # the kernel takes it as an int64_t argument (size_symbols)
+            return str(e.name)
         if not _LOOP_VAR.fullmatch(e.name):  # only the loops' own variables are C++ names
             raise CodegenError(f"index symbol {short(e.name)!r} is not a loop variable")
         return str(e.name)
@@ -243,8 +252,37 @@ def cexpr(e: Dim) -> str:
     raise CodegenError(f"index expression {e} has no C++ form")
 
 
+@contextlib.contextmanager
+def size_symbols() -> Iterator[set[str]]:
+    """While writing one kernel: the set of size symbols (`s0`) its C++ reads, filled by
+    `cexpr`; the kernel takes each as an `int64_t` argument after its buffers."""
+    used: set[str] = set()
+    token = _SIZES.set(used)
+    try:
+        yield used
+    finally:
+        _SIZES.reset(token)
+
+
+def symbol_order(names: Iterable[str]) -> list[str]:
+    """Size symbols in the order of a kernel's arguments: by number (s2 before s10)."""
+    return sorted(names, key=lambda n: (int(n[1:]), n))
+
+
+def bound(n: Dim) -> str:
+    """A loop extent as C++: a static one as its digits (as before symbolic sizes), else its
+    expression over the kernel's size arguments."""
+    return str(n) if isinstance(n, int) else cexpr(n)
+
+
 def literal(v: object, dt: DType) -> str:
-    """A number operand converted to `dt` exactly as eager does (torch.tensor(v, dtype))."""
+    """A number operand converted to `dt` exactly as eager does (torch.tensor(v, dtype)); a
+    size expression (mean's count `s1`) is converted from its int64 value per call."""
+    if isinstance(v, sympy.Expr) and not v.is_number:
+        ct = ctypes_of(dt)[1]
+        if dt == DType.b8:
+            return f"({cexpr(v)} != 0)"
+        return _round(dt, f"(({ct}){cexpr(v)})")
     x: Any = torch.tensor(v, dtype=dt.torch).item()
     if isinstance(x, bool):
         return "true" if x else "false"
@@ -351,7 +389,8 @@ def _store(dt: DType, text: str) -> str:
     return text
 
 
-def _int(d: object) -> int:
-    if not isinstance(d, int):
-        raise CodegenError("symbolic sizes are not supported by codegen-cpp yet")
-    return d
+def _int(d: object) -> Dim:
+    """A size of a kernel: an int, or an expression over size symbols (its C++ reads them)."""
+    if isinstance(d, bool) or not isinstance(d, (int, sympy.Expr)):
+        raise CodegenError(f"size {d!r} is not an integer expression")
+    return simplify_dim(d)

@@ -52,11 +52,15 @@ from ember.inductor.targets.cpu.cpp import (
     _store,
     _tensor,
     body_statements,
+    bound,
     cexpr,
     ctypes_of,
     dclass,
+    size_symbols,
+    symbol_order,
 )
-from ember.ir import DType, Graph, Node, Ref, Value
+from ember.ir import DType, Graph, Node, Ref, Symbol, Value
+from ember.ir.expr import Dim, ExprEvalError, evaluate, simplify_dim
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
 PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
@@ -72,6 +76,7 @@ MAX_THREADS = 64  # per-thread partials of a split reduction
 # smaller ones are mostly recycled heap memory, where the advice measured slower (khugepaged)
 HUGE_OUTPUT = 32 << 20
 COLLAPSE_MIN = 64  # outer iterations enough for OpenMP's static split: collapse no deeper
+DEFAULT_HINT = 64  # the size a schedule decision assumes for a symbol declared without a hint
 
 Key = tuple[object, ...]
 
@@ -85,7 +90,7 @@ class _Reduce:
     args: dict[Value, str]
     kind: str
     k: int
-    red: list[int]
+    red: list[Dim]
     var: str
     deps: set[Key] = field(default_factory=set)
     stores: list[str] = field(default_factory=list)  # extra statements in its pass (rescale)
@@ -105,11 +110,20 @@ class _Reduce:
 
 @dataclass
 class _Col:
-    """An outer reduction's loop order: blocks of `block` columns of the kept dim i<d-1>."""
+    """An outer reduction's loop order: blocks of `block` columns of the kept dim i<d-1>
+    (`block`: the column arrays' size; with symbolic sizes the blocks' width and count are
+    computed at run time by `decls`, as `block_text` <= block and `nblocks_text`)."""
     d: int
-    extent: int
+    extent: Dim
     block: int
     nblocks: int
+    block_text: str = ""
+    nblocks_text: str = ""
+    decls: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.block_text = self.block_text or str(self.block)
+        self.nblocks_text = self.nblocks_text or str(self.nblocks)
 
     @property
     def var(self) -> str:
@@ -117,10 +131,22 @@ class _Col:
 
 
 class _Writer:
-    def __init__(self, bodies: Mapping[str, object]):
+    def __init__(self, bodies: Mapping[str, object], hints: Mapping[str, int] | None = None):
         self.bodies = bodies
+        self.hints = dict(hints or {})
         self.reduces: dict[Key, _Reduce] = {}  # insertion order is a dependency order
         self.col: _Col | None = None
+
+    def hint(self, d: Dim) -> int:
+        """A size for schedule decisions only (the code is correct for every size): symbols
+        at their hints. The decision, never the hint, shows in the source (the cache key)."""
+        if isinstance(d, int):
+            return d
+        env = {s.name: self.hints.get(s.name, DEFAULT_HINT) for s in d.free_symbols}
+        try:
+            return evaluate(d, env)
+        except ExprEvalError:
+            return DEFAULT_HINT
 
     def sub(self, n: Node) -> Graph:
         ref = n.args[0]
@@ -187,7 +213,9 @@ class _Writer:
                 out += self.scalar(g[0])
             else:
                 # depth 0 is outside every parallel loop: a large one is split over threads
-                split = k == 0 and math.prod(g[0].red) >= PARALLEL_WORK
+                # (a symbolic one always, its threads started only when large: _par_if)
+                work = math.prod(g[0].red)
+                split = k == 0 and (not isinstance(work, int) or work >= PARALLEL_WORK)
                 out += self.simd_group(g, split)
         return out
 
@@ -250,23 +278,27 @@ class _Writer:
                f"for (int64_t {last} = rb; {last} < re; ++{last}) {{",
                *["  " + s for s in [*stmts, *step]], "}"]
         pass_ = [*lane, *vec, *merge]
-        nblk = -(-inner // BLOCK)
+        # a symbolic extent: its block count at run time (any size, 0 included)
+        nblk = f"{-(-inner // BLOCK)}LL" if isinstance(inner, int) else \
+            f"(({cexpr(inner)} + {BLOCK - 1}) / {BLOCK})"
         if split and len(red) == 1:  # the threads take runs of blocks of the one loop
-            body = [f"for (int64_t rk = {nblk}LL * t / nt; rk < {nblk}LL * (t + 1) / nt; ++rk) {{",
+            body = [f"for (int64_t rk = {nblk} * t / nt; rk < {nblk} * (t + 1) / nt; ++rk) {{",
                     f"  const int64_t rb = rk * {BLOCK}, "
-                    f"re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+                    f"re = std::min<int64_t>(rb + {BLOCK}, {bound(inner)});",
                     *["  " + s for s in pass_], "}"]
         else:
-            if inner > BLOCK:
-                blocked = [f"for (int64_t rb = 0; rb < {inner}; rb += {BLOCK}) {{",
-                           f"  const int64_t re = std::min<int64_t>(rb + {BLOCK}, {inner});",
+            if not isinstance(inner, int) or inner > BLOCK:
+                blocked = [f"for (int64_t rb = 0; rb < {bound(inner)}; rb += {BLOCK}) {{",
+                           f"  const int64_t re = std::min<int64_t>(rb + {BLOCK}, "
+                           f"{bound(inner)});",
                            *["  " + s for s in pass_], "}"]
             else:
                 blocked = ["{", f"  const int64_t rb = 0, re = {inner};",
                            *["  " + s for s in pass_], "}"]
             if split:  # the threads take runs of the outermost reduced loop
                 n0 = red[0]
-                body = [f"for (int64_t r0 = {n0}LL * t / nt; r0 < {n0}LL * (t + 1) / nt; ++r0) {{",
+                n0t = f"{n0}LL" if isinstance(n0, int) else cexpr(n0)
+                body = [f"for (int64_t r0 = {n0t} * t / nt; r0 < {n0t} * (t + 1) / nt; ++r0) {{",
                         *["  " + s for s in loops("r", red[1:-1], blocked, first=1)], "}"]
             else:
                 body = loops("r", red[:-1], blocked)
@@ -276,7 +308,8 @@ class _Writer:
                   "if (t == 0) nt_used = nt;", *init, *body, *keep]
         return [*self.header(g), "{", *["  " + s for s in [
             *parts, "int nt_used = 1;",
-            f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))",
+            f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))"
+            + _par_if(math.prod(red)),
             "{", *["  " + s for s in region], "}",
             *init, "for (int t = 0; t < nt_used; ++t) {", *["  " + s for s in combine], "}",
             *final]], "}"]
@@ -369,11 +402,32 @@ def _lanes(stmts: list[str], pad: str = "") -> list[str]:
 
 
 def kernel_source(name: str, node: Node, body: Graph, provenance: str,
-                  bodies: Mapping[str, object] | None = None) -> str:
+                  bodies: Mapping[str, object] | None = None,
+                  symbols: Mapping[str, Symbol] | None = None) -> str:
     """One `extern "C"` function computing the loop node `node` whose body is `body`
     (`bodies`: the module's items, where `loop.reduce` nodes find their bodies). Its parameters
-    are the body's buffers, then one pointer per output."""
-    w = _Writer(bodies or {})
+    are the body's buffers, then one pointer per output, then one `int64_t` per size symbol
+    its code reads (`kernel_sizes`: by number; `symbols`' hints guide schedule decisions)."""
+    return kernel_source_sizes(name, node, body, provenance, bodies, symbols)[0]
+
+
+def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
+                        bodies: Mapping[str, object] | None = None,
+                        symbols: Mapping[str, Symbol] | None = None) -> tuple[str, list[str]]:
+    """`kernel_source`, and the size symbols its function takes after the buffers, in order."""
+    hints = {n: s.hint for n, s in (symbols or {}).items() if s.hint is not None}
+    with size_symbols() as used:
+        lines = _kernel_lines(name, node, body, provenance, _Writer(bodies or {}, hints))
+    sizes = symbol_order(used)
+    if sizes:  # the symbols' values, bound from the inputs' shapes by the caller
+        head = lines[1 + len(node.results)]
+        lines[1 + len(node.results)] = head.replace(
+            ") {", "".join(f", int64_t {s}" for s in sizes) + ") {", 1)
+    return "\n".join(lines) + "\n", sizes
+
+
+def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer
+                  ) -> list[str]:
     ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
            for k, p in enumerate(body.params)]
     outs = [_tensor(r) for r in node.results]
@@ -385,8 +439,11 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
              *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
              f'extern "C" void {kernel_symbol(name)}({sig}) {{']
     for j, t in enumerate(outs):
-        size = math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
-        if size >= HUGE_OUTPUT:
+        size = simplify_dim(math.prod(_int(d) for d in t.shape) * t.dtype.itemsize)
+        if not isinstance(size, int):  # decided per call
+            lines.append(f"  if ({cexpr(size)} >= {HUGE_OUTPUT}LL) "
+                         f"ember_hugepages(out{j}, {cexpr(size)});")
+        elif size >= HUGE_OUTPUT:
             lines.append(f"  ember_hugepages(out{j}, {size}LL);")
     off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
     if node.op == "loop.pointwise":
@@ -418,14 +475,29 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
         w.col = _column_plan(w, ranges)
         value = w.ref(r) if r.kind in ("argmax", "argmin") else _store(elem, w.ref(r))
         inner = [f"out0[{off}] = {value};"]
-    work = math.prod(ranges) + sum(math.prod(ranges[:r.k]) * max(1, math.prod(r.red))
-                                   for r in w.reduces.values())
-    parallel = bool(ranges) and work >= PARALLEL_WORK
-    nest = _nest_col(w, ranges, inner, parallel) if w.col is not None else \
-        _nest(w, ranges, inner, parallel)
+    work = simplify_dim(math.prod(ranges) + sum(
+        math.prod(ranges[:r.k]) * _at_least_1(math.prod(r.red)) for r in w.reduces.values()))
+    # symbolic work: the threads are started per call where it is large enough (_par_if)
+    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
+    cond = _par_if(work)
+    nest = _nest_col(w, ranges, inner, parallel, cond) if w.col is not None else \
+        _nest(w, ranges, inner, parallel, cond)
     lines += ["  " + x for x in nest]
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _at_least_1(n: Dim) -> Dim:
+    return max(1, n) if isinstance(n, int) else sympy.Max(1, n)
+
+
+def _par_if(work: Dim) -> str:
+    """An OpenMP clause running a parallel region on one thread when the (symbolic) work is
+    below PARALLEL_WORK; nothing for a static size (decided when the code is written)."""
+    work = simplify_dim(work)
+    if isinstance(work, int):
+        return ""
+    return f" if(parallel: {cexpr(work)} >= {PARALLEL_WORK})"
 
 
 def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
@@ -434,7 +506,7 @@ def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
     return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
 
 
-def _column_plan(w: _Writer, ranges: Sequence[int]) -> _Col | None:
+def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
     """The outer-reduction loop order, where every reduction is per output element of the
     same depth d, vectorisable, and its loads are contiguous along the kept dim i<d-1> more
     often than along the innermost reduced dim."""
@@ -443,7 +515,7 @@ def _column_plan(w: _Writer, ranges: Sequence[int]) -> _Col | None:
         return None
     d = rs[0].k
     if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
-                     or not r.red for r in rs) or ranges[d - 1] < 2:
+                     or not r.red for r in rs) or w.hint(ranges[d - 1]) < 2:
         return None
     along_i = along_r = 0
     for r in rs:
@@ -458,12 +530,27 @@ def _column_plan(w: _Writer, ranges: Sequence[int]) -> _Col | None:
             along_r += _unit_stride(off, rvar(len(r.red) - 1))
     if along_i <= along_r:
         return None
-    extent, outer = ranges[d - 1], math.prod(ranges[:d - 1])
+    extent, outer = ranges[d - 1], simplify_dim(math.prod(ranges[:d - 1]))
     # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
     widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(rs))) // 16 * 16)
+    if not isinstance(extent, int) or not isinstance(outer, int):
+        return _symbolic_col(d, extent, outer, widest)
     nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
     block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
     return _Col(d, extent, block, _cdiv(extent, block))
+
+
+def _symbolic_col(d: int, extent: Dim, outer: Dim, widest: int) -> _Col:
+    """The column blocks of a symbolic extent: the static plan's arithmetic at run time
+    (`cb` columns per block, `nb` blocks), the arrays sized for the widest block."""
+    e, o = cexpr(extent), cexpr(outer)
+    mx, mn = "std::max<int64_t>", "std::min<int64_t>"
+    decls = [comment("the column blocks of this call's sizes (as for static sizes)"),
+             f"const int64_t cn = {mx}({mx}(({e} + {widest - 1}) / {widest}, {mn}(({e} + 15) "
+             f"/ 16, ({COL_TASKS} + {o} - 1) / {mx}({o}, 1))), 1);",
+             f"const int64_t cb = {mx}({mn}({e}, (({e} + cn - 1) / cn + 15) / 16 * 16), 1);",
+             f"const int64_t nb = ({e} + cb - 1) / cb;"]
+    return _Col(d, extent, widest, 0, "cb", "nb", decls)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -499,7 +586,7 @@ def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
     return go(v)
 
 
-def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[int]
+def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[Dim]
                   ) -> tuple[_Reduce, Value] | None:
     """The sum whose pass can store the kernel's numerators, and the quotient: the body holds
     `q = e / s` where s sums e over the innermost output dim (softmax; HF's masked softmax
@@ -529,21 +616,22 @@ def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Se
     return None
 
 
-def _pragma(n_par: int, simd: bool = False) -> str:
+def _pragma(n_par: int, simd: bool = False, cond: str = "") -> str:
     coll = f" collapse({n_par})" if n_par > 1 else ""
-    return f"#pragma omp parallel for{' simd' if simd else ''} schedule(static){coll}"
+    return f"#pragma omp parallel for{' simd' if simd else ''} schedule(static){coll}{cond}"
 
 
-def _collapse(ranges: Sequence[int], n_par: int) -> int:
+def _collapse(w: _Writer, ranges: Sequence[Dim], n_par: int) -> int:
     """The fewest outer loops (at most n_par) giving OpenMP enough iterations to split well:
-    collapsing more only adds index arithmetic."""
+    collapsing more only adds index arithmetic (symbolic sizes: at their hints)."""
     for p in range(1, n_par):
-        if math.prod(ranges[:p]) >= COLLAPSE_MIN:
+        if w.hint(simplify_dim(math.prod(ranges[:p]))) >= COLLAPSE_MIN:
             return p
     return n_par
 
 
-def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -> list[str]:
+def _nest(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: bool,
+          cond: str = "") -> list[str]:
     """Loops i0.. with each depth's reductions computed before the deeper loops, the pointwise
     part innermost. OpenMP splits the outer loops that hold no reductions between them (all of
     them but the innermost in a pure pointwise kernel); the innermost pointwise loop is SIMD."""
@@ -552,12 +640,12 @@ def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -
     # the outer loops OpenMP may collapse: up to the first level that computes something
     first = next((d for d in range(depth + 1) if levels[d]), depth)
     n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
-    n_par = _collapse(ranges, min(n_par, len(ranges)))
+    n_par = _collapse(w, ranges, min(n_par, len(ranges)))
 
     def pragma(d: int) -> list[str]:
         if not parallel or d != 0 or n_par == 0:
             return []
-        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0)]
+        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0, cond)]
 
     def build(d: int) -> list[str]:
         out = list(levels.get(d, [])) if d <= depth else []
@@ -566,34 +654,35 @@ def _nest(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool) -
         if d >= depth:  # only pointwise loops below
             out += pragma(d) + _simd_loops(d, ranges, inner, pragma(d) != [])
             return out
-        out += pragma(d) + [f"for (int64_t i{d} = 0; i{d} < {ranges[d]}; ++i{d}) {{",
+        out += pragma(d) + [f"for (int64_t i{d} = 0; i{d} < {bound(ranges[d])}; ++i{d}) {{",
                             *["  " + s for s in build(d + 1)], "}"]
         return out
     return build(0)
 
 
-def _nest_col(w: _Writer, ranges: Sequence[int], inner: list[str], parallel: bool
-              ) -> list[str]:
+def _nest_col(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: bool,
+              cond: str = "") -> list[str]:
     """An outer reduction: loops i0..i<d-2> and the column blocks of i<d-1> (split by OpenMP),
     in each the reductions' column passes, then the pointwise part over the block's columns
     (and any deeper dims, the innermost SIMD)."""
     c = w.col
     assert c is not None
     d, iv = c.d, c.var
-    body = [f"const int64_t ib = b * {c.block}, ie = std::min<int64_t>(ib + {c.block}, "
-            f"{c.extent});", *w.level(d)]
+    body = [f"const int64_t ib = b * {c.block_text}, ie = std::min<int64_t>(ib + "
+            f"{c.block_text}, {bound(c.extent)});", *w.level(d)]
     if d == len(ranges):
         body += ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
                  *["  " + s for s in inner], "}"]
     else:
         body += [f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
                  *["  " + s for s in _simd_loops(d, ranges, inner, False)], "}"]
-    loop = [f"for (int64_t b = 0; b < {c.nblocks}; ++b) {{", *["  " + s for s in body], "}"]
+    loop = [f"for (int64_t b = 0; b < {c.nblocks_text}; ++b) {{", *["  " + s for s in body],
+            "}"]
     out = loops("i", ranges[:d - 1], loop)
-    return ([_pragma(d)] if parallel else []) + out
+    return c.decls + ([_pragma(d, cond=cond)] if parallel else []) + out
 
 
-def _simd_loops(d: int, ranges: Sequence[int], inner: list[str], has_pragma: bool
+def _simd_loops(d: int, ranges: Sequence[Dim], inner: list[str], has_pragma: bool
                 ) -> list[str]:
     """Loops i<d>.. with `omp simd` on the innermost (unless it already carries the parallel
     pragma as `parallel for simd`)."""
@@ -602,13 +691,14 @@ def _simd_loops(d: int, ranges: Sequence[int], inner: list[str], has_pragma: boo
     for k in range(d, n):
         if k == n - 1 and not (has_pragma and k == d):
             out.append("  " * (k - d) + "#pragma omp simd")
-        out.append("  " * (k - d) + f"for (int64_t i{k} = 0; i{k} < {ranges[k]}; ++i{k}) {{")
+        out.append("  " * (k - d) + f"for (int64_t i{k} = 0; i{k} < {bound(ranges[k])}; "
+                   f"++i{k}) {{")
     out += ["  " * (n - d) + s for s in inner]
     out += ["  " * (k - d) + "}" for k in reversed(range(d, n))]
     return out
 
 
-def loops(var: str, ranges: Sequence[int], inner: list[str], first: int = 0) -> list[str]:
+def loops(var: str, ranges: Sequence[Dim], inner: list[str], first: int = 0) -> list[str]:
     """Plain nested loops var<first>.. over `ranges`, `inner` innermost."""
     if not ranges:
         return list(inner)
