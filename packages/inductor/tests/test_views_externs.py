@@ -385,9 +385,10 @@ graph @f(%x: f32[2, 3, 6, 5], %w: f32[4, 3, 3, 3], %m: f32[4], %v: f32[4], %g: f
 
 
 def test_batchnorm_relu_fold_into_the_convolution() -> None:
-    """Eval BatchNorm + ReLU after a convolution fold into it (weight * A, bias B, ReLU
-    post-op): one extern, no kernel over the activation; computed from this call's inputs.
-    A folded value that is also a graph output stops the fold there."""
+    """Eval BatchNorm + ReLU after a convolution fold into it (weight * A, bias B; the ReLU is
+    ember's NaN-propagating max fused into the result's reader, never oneDNN's post-op, which
+    maps NaN to 0): one extern, no kernel rereads the activation; computed from this call's
+    inputs. A folded value that is also a graph output stops the fold there."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(2, 3, 6, 5, generator=g), torch.randn(4, 3, 3, 3, generator=g)
     m, gm, b = (torch.randn(4, generator=g) for _ in range(3))
@@ -399,7 +400,10 @@ def test_batchnorm_relu_fold_into_the_convolution() -> None:
                                    ("f32[2, 4, 6, 5]", "%y", [r, y], False)]:
         compiled = compile_module(parse(CONV_BN.format(extra=extra, ret=ret)))
         convs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
-        assert len(convs) == 1 and convs[0].kwargs["relu"] is relu
+        assert len(convs) == 1 and not convs[0].kwargs.get("relu", False)
+        folded = run_pipeline(parse(CONV_BN.format(extra=extra, ret=ret)), "conv-nhwc")
+        assert [n.kwargs["relu"] for n in folded.graph().nodes if n.op == "loop.conv2d"] \
+            == [relu]
         assert len(convs[0].args) == 3  # x, weight * A, bias B (the mean's shift)
         assert not any(n.op == "kernels.call" and n.kwargs["out_shapes"] == [[2, 4, 6, 5]]
                        for n in compiled.graph().nodes[:-1])  # nothing rereads the activation

@@ -11,7 +11,8 @@ one node placed where the chain ended (its per-channel operands are defined by t
 number; y = y <step> operand per channel). The CPU target's lowering rule for it (`_lower`)
 writes the input as an NHWC buffer by a copy kernel (its producer fuses into that copy; none
 when it already is one), computes weight * A and bias B by small kernels every call, and emits
-`loop.extern(op="loop.conv2d_nhwc")`, read back through a permuted view.
+`loop.extern(op="loop.conv2d_nhwc")`, read back through a permuted view; relu=true adds a
+NaN-propagating max(y, 0) kernel over the NHWC result (not oneDNN's post-op: epilogue.py).
 """
 
 from __future__ import annotations
@@ -166,19 +167,30 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
     kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc",
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
     steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
-    if steps or n.kwargs.get("relu"):
-        args, kw = _fold_epilogue(lw, res.name, steps, bool(n.kwargs.get("relu")), args, kw,
-                                  int(t.shape[1]))
-    out = lw.b.emit("loop.extern", args, kw,
-                    types=[TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]),
-                                      None, t.device)], names=[f"{res.name}.nhwc"], loc=n.loc)[0]
+    if steps:
+        args = _fold_epilogue(lw, res.name, steps, args, int(t.shape[1]))
+    relu = bool(n.kwargs.get("relu"))  # done by _relu_nhwc, never by oneDNN's post-op
+    ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
+    out = lw.b.emit("loop.extern", args, kw, types=[ot],
+                    names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
+    if relu:
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc")
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
-def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]], relu: bool,
-                   args: list[Arg], kw: dict[str, Arg], channels: int
-                   ) -> tuple[list[Arg], dict[str, Arg]]:
-    """The folded convolution's operands: weight * A (per output channel), bias B, relu=."""
+def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str) -> Value:
+    """ReLU of the NHWC result by ember's own kernel, not oneDNN's post-op: that one computes
+    max(y, 0) with NaN mapped to 0, where torch.relu(NaN) is NaN (BatchNorm with a negative
+    running variance). prims.maximum renders NaN-propagating; a pointwise consumer fuses it."""
+    bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+    v = bb.load(y, [ivar(k) for k in range(4)])
+    return lw.kernel("loop.pointwise", bb, bb.b.op("prims.maximum", [v, 0.0], {}, name=name),
+                     {"ranges": list(t.shape)}, t, name)
+
+
+def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]],
+                   args: list[Arg], channels: int) -> list[Arg]:
+    """The folded convolution's operands: weight * A (per output channel), bias B."""
     scales = any(op in ("prims.mul", "prims.div") for op, _ in steps)
     shifts = any(op in ("prims.add", "prims.sub") for op, _ in steps)
     ct = TensorType(DType.f32, (channels,))
@@ -216,8 +228,7 @@ def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]], relu:
         w = lw.kernel("loop.pointwise", bb, bb.b.op("prims.mul", [wl, sl], {},
                                                     name=f"{name}.w"),
                       {"ranges": list(wt.shape)}, wt, f"{name}.w")
-    out_args: list[Arg] = [x, w, affine("b")] if shifts else [x, w]
-    return out_args, {**kw, "relu": relu}
+    return [x, w, affine("b")] if shifts else [x, w]
 
 
 __all__ = ["CONV_OP", "conv_nhwc", "lower_conv2d"]
