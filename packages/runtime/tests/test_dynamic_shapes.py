@@ -165,3 +165,63 @@ def test_random_size_sequences_match_eager(name: str, sizes: list[int]) -> None:
     # first specialized capture of the >= 2 class
     classes = {n if n < 2 else (name == "branch" and n > 8) for n in sizes}
     assert len(h.recompilations) <= len(classes) + (name == "branch")
+
+
+# ---- the inductor backend on symbolic graphs (issue 17 #3) ----------------------------------
+# One symbolic graph compiles to C++ kernels that take the sizes as arguments: a sweep runs the
+# compiled kernels at every size (no fallback, no interpreter) and builds no library after the
+# first symbolic compile. Sizes 1023 and 4097 leave SIMD tails and cross a float sum's block.
+
+CONV = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                           torch.nn.Conv2d(8, 4, 3), torch.nn.Flatten(),
+                           torch.nn.Linear(4 * 6 * 6, 5))
+
+
+def layernorm_gelu(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (x.shape[-1],)))
+
+
+def reduce_dynamic_dim(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(0) * 2 + x.amax(0) - x.mean()
+
+
+INDUCTOR_CASES: dict[str, tuple[Any, Callable[[int], tuple[torch.Tensor, ...]], list[int]]] = {
+    "mlp": (MLP, lambda n: (torch.randn(n, 16),), [1023, 4097]),
+    "softmax": (lambda x: x.softmax(-1), lambda n: (torch.randn(n, 33),), [1023, 4097]),
+    "layernorm-gelu": (layernorm_gelu, lambda n: (torch.randn(n, 24),), [1023, 4097]),
+    "reduce-dynamic-dim": (reduce_dynamic_dim, lambda n: (torch.randn(n, 8),), [1023, 4097]),
+    "attention-seq": (attention, lambda n: tuple(torch.randn(2, n, 8) for _ in range(3)),
+                      [1023]),
+    "convnet-batch": (CONV, lambda n: (torch.randn(n, 3, 8, 8),), [33]),
+}
+
+
+def _libraries() -> int:
+    from ember.inductor.targets.cpu import cache
+    return cache.STATS.builds + len(cache._LOADED)
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+@pytest.mark.parametrize("name", list(INDUCTOR_CASES))
+def test_inductor_sweep_runs_compiled_cpp_at_every_size(name: str, dynamic: bool | None) -> None:
+    from ember.runtime.explain import explain
+    fn, make, large = INDUCTOR_CASES[name]
+    cf = compile(fn, dynamic=dynamic)
+    sizes = list(range(2, 21)) + (large if dynamic else [])
+    libs: list[int] = []
+    with torch.no_grad():
+        for n in sizes:
+            args = make(n)
+            torch.testing.assert_close(cf(*args), fn(*args), atol=1e-4, rtol=1e-4)
+            libs.append(_libraries())
+    h = _history(cf)
+    report = explain(cf)
+    assert report.fallbacks == [], report.fallback_summary
+    compiled = [n for n in h.notes if "the inductor backend compiled it to" in n]
+    assert compiled and all("C++ kernel(s)" in n and "reference interpreter" not in n
+                            for n in compiled), compiled
+    # automatic dynamic: one specialized graph, then the symbolic one (attention: also its
+    # first size, 2, equals the batch size and is captured as the same symbol)
+    want = 1 if dynamic is None or name == "attention-seq" else 0
+    assert len(h.recompilations) == want, h.recompilations
+    assert len(set(libs[want:])) == 1, libs  # the symbolic graph's library serves every size

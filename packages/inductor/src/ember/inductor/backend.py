@@ -10,15 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from ember.inductor.body import body_names
 from ember.inductor.launch import load_module
 from ember.inductor.targets import target_for
 from ember.inductor.wrapper import WrapperUnsupported, generate
-from ember.ir import Graph, Interpreter, Module, Ref, RunResult
+from ember.ir import Graph, Interpreter, Module, Ref, RunResult, TensorType, Value
 from ember.ir.backends import Backend, Runner, default_backends
-from ember.ir.interpreter import eager_error
+from ember.ir.interpreter import bind_symbols, eager_error
 from ember.ir.passes import default_pass_registry, run_pipeline
 from ember.prims.decomp.random import run_with_philox
 
@@ -46,16 +47,59 @@ def compile_module(module: Module, pipeline: str = INDUCTOR) -> Module:
     return out
 
 
-def compiled_runner(compiled: Module) -> Runner:
+# aten ops (overload packets) that eager refuses on an empty reduced dim (no identity): the
+# decomposition refuses static ones when compiling; a symbolic size is checked per call
+NO_IDENTITY = ("aten.amax", "aten.amin", "aten.argmax", "aten.argmin", "aten.max", "aten.min")
+
+
+def empty_reductions(source: Module) -> list[TensorType]:
+    """The operand types of `source`'s NO_IDENTITY ops that a symbolic size may make empty
+    (any size but a product of numbers and symbols whose min is at least 1)."""
+    pos = {n for n, s in source.symbols.items() if s.min is not None and s.min >= 1}
+
+    def nonzero(d: Any) -> bool:
+        if isinstance(d, int):
+            return d != 0
+        factors = d.args if isinstance(d, sympy.Mul) else (d,)
+        return all((f.is_Integer and int(f) != 0) or (f.is_Symbol and f.name in pos)
+                   for f in factors)
+    out: list[TensorType] = []
+    for g in source.graphs.values():
+        for n in g.nodes:
+            x = n.args[0] if n.args else None
+            if n.op.rsplit(".", 1)[0] in NO_IDENTITY and isinstance(x, Value) \
+                    and isinstance(x.type, TensorType) \
+                    and not all(nonzero(d) for d in x.type.shape):
+                out.append(x.type)
+    return out
+
+
+def _any_empty(source: Module, graph: str | None, inputs: Sequence[Any],
+               types: list[TensorType]) -> bool:
+    """Whether one of `types` is empty at this call's sizes (unknown counts as empty: eager
+    then runs the call, which is always right)."""
+    try:
+        env = bind_symbols(source.graph(graph), inputs, source.symbols)
+        return any(0 in t.concrete_shape(env) for t in types)
+    except Exception:  # noqa: BLE001  (eager runs the call and reports what is wrong)
+        return True
+
+
+def compiled_runner(compiled: Module, source: Module | None = None) -> Runner:
     """The runner of an already compiled (kernels.*) module: random prims draw from torch's
-    seed with a philox offset that advances from call to call."""
+    seed with a philox offset that advances from call to call. Given the `source` module it was
+    compiled from, a call where an op without identity reduces an empty dim (a size symbol
+    allowed to be 0 is 0) runs `source` eagerly instead: eager's error, as for static sizes."""
     interp = Interpreter(compiled)
     offset = [0]
+    empties = empty_reductions(source) if source is not None else []
     # Per graph: its generated straight-line call (wrapper.py), or None where the interpreter
     # runs it (symbolic shapes, random ops).
     calls: dict[str | None, Callable[[Sequence[Any]], RunResult] | None] = {}
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        if empties and source is not None and _any_empty(source, graph, inputs, empties):
+            return Interpreter(source).run(inputs, graph)
         if graph not in calls:
             try:
                 calls[graph] = generate(compiled, graph, interp).call
@@ -70,7 +114,7 @@ def compiled_runner(compiled: Module) -> Runner:
 
 
 def _inductor_backend(module: Module) -> Runner:
-    run = compiled_runner(compile_module(module))
+    run = compiled_runner(compile_module(module), module)
 
     def checked(graph: str | None, inputs: Sequence[Any]) -> RunResult:
         try:
