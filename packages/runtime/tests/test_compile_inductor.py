@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 import ember.runtime as er
-from ember.runtime.compile import TRAINING_REASON
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,19 +69,17 @@ def test_default_backend_runs_inductor_and_matches_eager(case: str) -> None:
         assert "1 extern call(s)" in notes[0]
 
 
-def test_training_falls_back_to_eager_with_reason() -> None:
+def test_training_compiles_forward_and_backward() -> None:
     torch.manual_seed(0)
     m = MLP()
     c = er.compile(m)
     x = torch.randn(5, 8)
-    c(x).sum().backward()  # gradients flow: the eager backend ran the aten graph
+    c(x).sum().backward()  # the compiled backward (runtime/training.py) gives the gradients
     assert m.fc1.weight.grad is not None
     rep = er.explain(c)
-    assert any(TRAINING_REASON in n for n in rep.notes)
-    assert TRAINING_REASON == ("training is not supported by the inductor backend yet "
-                               "(issue: ember.autograd)")
-    assert not _inductor_notes(c)
-    with torch.no_grad():  # grad mode is guarded: inference recompiles onto the inductor
+    assert not rep.fallbacks, str(rep)
+    assert any("its backward as" in n and "C++ kernel(s)" in n for n in rep.notes), rep.notes
+    with torch.no_grad():  # grad mode is guarded: inference recompiles
         torch.testing.assert_close(c(x), m(x))
     assert len(_inductor_notes(c)) == 1
 

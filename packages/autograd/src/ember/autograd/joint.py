@@ -33,17 +33,33 @@ from typing import Any
 
 import sympy
 
+from ember.autograd.partition import (
+    POLICIES,
+    PartitionReport,
+    backward_nodes,
+    choose_keep,
+    nbytes,
+)
+from ember.autograd.stop import STOP_GRADIENT
 from ember.autograd.vjp import NO_DERIVATIVE, VJP_RULES, VJPContext, VJPError, is_float_tensor
 from ember.ir import Builder, DType, Graph, Module, Node, TensorType, Value
 from ember.ir.expr import free_symbol_names, symbol
 from ember.ir.graph import iter_values, map_args
-from ember.ir.passes import register_pass
+from ember.ir.passes import PipelineError, register_pass
 from ember.ir.registry import OpRegistry
 from ember.ir.verifier import dims_equal
 
 # attrs the joint graph adds (removed again by the split)
 JOINT_ATTRS = ("forward_outputs", "tangents", "grad_inputs")
 RANDOM_OPS = frozenset({"prims.philox_uniform"})
+# ops listed in NO_DERIVATIVE whose eager derivative is not zero: a gradient reaching one is an
+# error (a zero would be a silently wrong gradient), so the runtime falls back honestly
+MISSING_DERIVATIVE = frozenset({"prims.digamma"})
+
+
+def _stops(op: str) -> bool:
+    """Whether `op` stops gradients (no derivative, or the detach marker)."""
+    return (op in NO_DERIVATIVE and op not in MISSING_DERIVATIVE) or op == STOP_GRADIENT
 
 
 def _float_indices(values: Sequence[Value]) -> list[int]:
@@ -75,10 +91,16 @@ def _select(what: str, values: Sequence[Value], chosen: Iterable[int | str] | No
 def _requires_grad(g: Graph, inputs: list[int]) -> set[Value]:
     rg = {g.params[i] for i in inputs}
     for n in g.nodes:
-        if n.op in NO_DERIVATIVE or not any(v in rg for v in n.operands()):
+        if _stops(n.op) or not any(v in rg for v in n.operands()):
             continue
         rg.update(r for r in n.results if is_float_tensor(r))
     return rg
+
+
+def requires_grad_values(g: Graph, inputs: list[int]) -> set[Value]:
+    """The values of `g` that depend differentiably on the parameters `inputs` (what eager
+    would give a grad_fn)."""
+    return _requires_grad(g, inputs)
 
 
 def _same_shape(a: TensorType, b: TensorType) -> bool:
@@ -114,13 +136,15 @@ def joint_graph(module: Module, graph: str | None = None, *,
             accumulate(g.outputs[i], ct, "the graph's return")
     for n in reversed(g.nodes):
         cts = [grads.get(r) for r in n.results]
-        if all(c is None for c in cts) or n.op in NO_DERIVATIVE \
+        if all(c is None for c in cts) or _stops(n.op) \
                 or not any(v in rg for v in n.operands()):
             continue
         rule = VJP_RULES.get(n.op)
         if rule is None:
             where = f" (line {n.pos.line})" if n.pos else ""
-            raise VJPError(f"no VJP rule for {n.op}{where}; decompose the graph to prims first")
+            why = f": {NO_DERIVATIVE[n.op]}" if n.op in NO_DERIVATIVE else \
+                "; decompose the graph to prims first"
+            raise VJPError(f"no VJP rule for {n.op}{where}{why}")
         b.loc = n.loc  # backward nodes point at the source of their forward op
         got = rule(ctx, n, cts)
         if len(got) != len(n.args):
@@ -165,8 +189,17 @@ def _int_list(v: Any) -> list[int]:
     return [int(x) for x in v] if isinstance(v, list) else []
 
 
-def split_joint(module: Module, joint: Graph) -> tuple[Graph, Graph]:
-    """`@forward` and `@backward` from a joint graph (see the module doc)."""
+def split_joint(module: Module, joint: Graph, policy: str = "save-all"
+                ) -> tuple[Graph, Graph]:
+    """`@forward` and `@backward` from a joint graph (see the module doc); `policy` is the
+    partitioner's (partition.py)."""
+    fwd, bwd, _ = partition_joint(module, joint, policy)
+    return fwd, bwd
+
+
+def partition_joint(module: Module, joint: Graph, policy: str = "save-all"
+                    ) -> tuple[Graph, Graph, PartitionReport]:
+    """`split_joint`, with the partitioner's report (what the forward saves)."""
     j = joint.clone()
     k = j.attrs.get("forward_outputs")
     tangents, grad_inputs = _int_list(j.attrs.get("tangents")), _int_list(j.attrs.get(
@@ -180,11 +213,14 @@ def split_joint(module: Module, joint: Graph) -> tuple[Graph, Graph]:
     fwd_nodes = _live(j.nodes, fwd_outs + [r for n in j.nodes if n.op in RANDOM_OPS
                                           for r in n.results])
     in_fwd = set(fwd_params) | {r for n in fwd_nodes for r in n.results}
-    fwd_set = set(map(id, fwd_nodes))
-    bwd_nodes = _live([n for n in j.nodes if id(n) not in fwd_set], grad_outs)
+    fwd_ids = set(map(id, fwd_nodes))
+    hints = module.hints()
+    keep = choose_keep(policy, j, fwd_params, fwd_nodes, hints)
+    bwd_nodes, copies = backward_nodes(j, grad_outs, keep, in_fwd, fwd_ids)
+    produced = {r for n in bwd_nodes for r in n.results}
     saved: list[Value] = []
     for v in [*(x for n in bwd_nodes for x in n.operands()), *grad_outs]:
-        if v in in_fwd and v not in saved:
+        if v in in_fwd and v not in produced and v not in saved:
             saved.append(v)
 
     # sizes the backward cannot bind from its parameters' shapes travel as empty tensors
@@ -202,6 +238,9 @@ def split_joint(module: Module, joint: Graph) -> tuple[Graph, Graph]:
     forward = Graph("forward", fwd_params, [o.type for o in f_outs], fwd_nodes, f_outs,
                     dict(attrs, saved=len(saved)))
     sub = {v: Value(v.name, v.type) for v in saved}
+    for c in copies:  # a recomputed forward op defines its own values in the backward
+        sub.update((r, Value(r.name, r.type)) for r in c.results)
+        c.results = [sub[r] for r in c.results]
     for n in bwd_nodes:  # backward nodes belong to the clone `j` alone: remap them in place
         n.args = [map_args(a, lambda v: sub.get(v, v)) for a in n.args]
         n.kwargs = {key: map_args(a, lambda v: sub.get(v, v)) for key, a in n.kwargs.items()}
@@ -209,7 +248,9 @@ def split_joint(module: Module, joint: Graph) -> tuple[Graph, Graph]:
     backward = Graph("backward", [sub[v] for v in saved] + ct_params, [o.type for o in b_outs],
                      bwd_nodes, b_outs, {"saved": len(saved), "tangents": tangents,
                                          "grad_inputs": grad_inputs})
-    return forward, backward
+    report = PartitionReport(policy, len(saved), sum(nbytes(v, hints) for v in saved),
+                             len(copies))
+    return forward, backward, report
 
 
 def _dims_of(args: Any) -> Iterable[Any]:
@@ -244,13 +285,14 @@ def _bare_symbols(values: list[Value]) -> set[str]:
 
 def build_joint(module: Module, graph: str | None = None, *,
                 inputs: Iterable[int | str] | None = None,
-                outputs: Iterable[int | str] | None = None, split: bool = True) -> Module:
+                outputs: Iterable[int | str] | None = None, split: bool = True,
+                partitioner: str = "save-all") -> Module:
     """A copy of `module` with the graph replaced by `@forward` and `@backward` (or, without
-    `split`, by `@joint`)."""
+    `split`, by `@joint`); `partitioner` picks what the forward saves (partition.py)."""
     src = module.graph(graph)
     out = module.clone()
     joint = joint_graph(out, src.name, inputs=inputs, outputs=outputs)
-    new = list(split_joint(out, joint)) if split else [joint]
+    new = list(split_joint(out, joint, partitioner)) if split else [joint]
     clash = [gr.name for gr in new if gr.name in out.items and gr.name != src.name]
     if clash:
         raise VJPError(f"the module already has @{clash[0]}; rename it first")
@@ -274,8 +316,13 @@ def _option_list(text: str) -> list[int | str] | None:
 @register_pass("joint", "differentiate a prims graph: @forward (outputs + saved values) and "
                "@backward (saved values + cotangents -> input gradients); inputs=/outputs= "
                "pick parameters/results by index or name, separated by ':' (default: every "
-               "floating tensor); split=false emits one @joint graph")
+               "floating tensor); split=false emits one @joint graph; partitioner=save-all|"
+               "recompute-all|min-cut picks what @forward saves")
 def joint_pass(module: Module, *, graph: str = "", inputs: str = "", outputs: str = "",
-               split: bool = True, registry: OpRegistry) -> Module:
+               split: bool = True, partitioner: str = "save-all",
+               registry: OpRegistry) -> Module:
+    if partitioner not in POLICIES:
+        raise PipelineError(f"joint: unknown partitioner {partitioner!r}; choose one of "
+                            f"{', '.join(POLICIES)}")
     return build_joint(module, graph or None, inputs=_option_list(inputs),
-                       outputs=_option_list(outputs), split=split)
+                       outputs=_option_list(outputs), split=split, partitioner=partitioner)

@@ -54,7 +54,7 @@ def _ir_backend(name: str) -> Backend:
     return prepare
 
 
-PLANNED = ("aot_eager",)
+PLANNED: tuple[str, ...] = ()  # named backends not built yet (they run the eager backend)
 
 
 def resolve(backend: str | Backend) -> tuple[Backend, str, str | None]:
@@ -69,6 +69,6 @@ def resolve(backend: str | Backend) -> tuple[Backend, str, str | None]:
         return eager_backend, backend, (f"backend {backend!r} is not built yet: the eager "
                                         f"backend (the captured aten graph run op by op) ran "
                                         f"the graphs")
-    known = ["eager", *default_backends().all(), *PLANNED]
+    known = ["eager", "aot_eager", *default_backends().all(), *PLANNED]
     raise ValueError(f"unknown backend {backend!r}; available: {', '.join(known)} or a "
                      f"callable")

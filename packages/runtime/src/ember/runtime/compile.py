@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ import torch
 from torch import nn
 
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
+from ember.autograd.partition import PartitionReport
+from ember.autograd.vjp import VJPError
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
 from ember.capture.resume import Broken
 from ember.inductor.backend import pipeline_for
@@ -46,10 +49,20 @@ from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missin
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
 from ember.runtime.options import check_options
+from ember.runtime.training import (
+    DEFAULT_PARTITIONER,
+    GraphRunner,
+    TrainingRunner,
+    check_partitioner,
+    interpreter_runner,
+    needs_training,
+    plan_training,
+)
 from ember.runtime.writeback import Epilogue, backend_module
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-TRAINING_REASON = "training is not supported by the inductor backend yet (issue: ember.autograd)"
+# backends that run training graphs as compiled forward/backward graphs (runtime/training.py)
+TRAINING_BACKENDS = ("aot_eager", "inductor")
 
 
 class CaptureError(RuntimeError):
@@ -68,9 +81,23 @@ class _GraphEntry:
         self.captured = cap
         self.epilogue = Epilogue(cap)  # input write-back, outputs as eager's (views, strides)
         self.matches = self.epilogue.matches
+        self.mutated = [u.param for u in cap.updates]
+
+    def feed(self, inputs: list[Any]) -> list[Any]:
+        """The inputs the graph runs on. Where autograd records the call, a mutated input
+        (BatchNorm's running stats) is passed as a clone: autograd may save what the graph
+        read, and the write-back into the caller's tensor must not bump the version of a
+        tensor autograd saved (eager's in-place update happens after its op saved a copy)."""
+        if not self.mutated or not needs_training(inputs):
+            return inputs
+        out = list(inputs)
+        for p in self.mutated:
+            if isinstance(out[p], torch.Tensor):
+                out[p] = out[p].clone()
+        return out
 
     def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
-        outs = self.runner(inputs)
+        outs = self.runner(self.feed(inputs))
         return self.resume(outs, S, A, K, inputs)
 
     def resume(self, outs: list[Any], S: Any, A: tuple[Any, ...], K: dict[str, Any],
@@ -105,13 +132,23 @@ class CompiledFunction:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid modes: "
                              f"{', '.join(map(repr, MODES))}")
-        self.opts = check_options(options, inductor=backend == "inductor")
+        rest = dict(options or {})
+        part = rest.pop("partitioner", None)
+        if part is not None and backend not in TRAINING_BACKENDS:
+            raise ValueError(f"compile option partitioner applies to the backends that "
+                             f"compile training graphs ({', '.join(TRAINING_BACKENDS)})")
+        self.partitioner = DEFAULT_PARTITIONER if part is None else check_partitioner(part)
+        self.opts = check_options(rest, inductor=backend == "inductor")
+        self._no_grad_results: set[int] = set()  # of the graph being compiled (write-backs)
+        self.partitions: list[PartitionReport] = []  # one per training graph compiled
         self._args = (backend, options)  # for the compiled functions spawned at graph breaks
         self.target = target
         self.backend: Backend
         note: str | None = None
         if backend == "inductor":
             self.backend, self.backend_name = self._inductor, "inductor"
+        elif backend == "aot_eager":
+            self.backend, self.backend_name = self._aot_eager, "aot_eager"
         else:
             self.backend, self.backend_name, note = resolve(backend)
         self.fullgraph = fullgraph
@@ -170,9 +207,10 @@ class CompiledFunction:
         except Exception:  # the first op's name (in e) is still reported
             return ()
 
-    def _inductor(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
-        """Backend "inductor": the graph compiled to C++ kernels, or (with a note and a
-        fallback saying why) the eager backend where the inductor cannot run it."""
+    def _eager_instead(self, module: Module, example_inputs: Sequence[Any]
+                       ) -> Callable[..., Runner]:
+        """`eager(kind, reason, ops)`: the eager backend's runner, noted and recorded as a
+        fallback of that kind."""
         name = f"graph @{module.graph().name}"
 
         def eager(kind: str, reason: str, ops: tuple[str, ...] = ()) -> Runner:
@@ -180,14 +218,68 @@ class CompiledFunction:
             self._fallback(kind, reason, ops=ops)
             return eager_backend(module, example_inputs)
 
+        return eager
+
+    def _training(self, module: Module, example_inputs: Sequence[Any],
+                  compile_graph: Callable[[Module], tuple[GraphRunner, str]]) -> Runner:
+        """A graph that records gradients: its joint graph partitioned into @forward and
+        @backward, each compiled by `compile_graph` (-> runner, what it compiled to), behind a
+        torch.autograd.Function (training.py). Where the joint graph cannot be built (an op
+        without a VJP rule) the eager backend runs the graph: a "training" fallback."""
+        eager = self._eager_instead(module, example_inputs)
+        try:
+            plan = plan_training(module, example_inputs, self._no_grad_results,
+                                 self.opts.decompositions, self.partitioner)
+        except VJPError as e:
+            m = re.search(r"no VJP rule for ([\w.]+)", str(e))
+            return eager("training", f"the joint forward/backward graph cannot be built: {e}",
+                         (m.group(1),) if m else ())
+        except Exception as e:
+            ops = self._missing(module, e)
+            if ops:
+                return eager("missing ops", f"no decomposition for {', '.join(ops)}", ops)
+            return eager("backend", f"the joint forward/backward graph cannot be built: "
+                         f"{type(e).__name__}: {e}")
+        try:
+            fwd, fwd_what = compile_graph(plan.forward)
+            bwd, bwd_what = compile_graph(plan.backward)
+        except Exception as e:
+            return eager("backend", f"backend {self.backend_name!r} cannot compile the "
+                         f"training graphs: {type(e).__name__}: {e}")
+        self.history.note(f"graph @{module.graph().name}: training: backend "
+                          f"{self.backend_name!r} runs its forward as {fwd_what} and its "
+                          f"backward as {bwd_what}; {plan.report.text()}")
+        self.partitions.append(plan.report)
+        return TrainingRunner(plan, fwd, bwd, len(example_inputs))
+
+    def _aot_eager(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
+        """Backend "aot_eager": the graph decomposed to prims on the reference interpreter;
+        a training graph as its partitioned @forward and @backward there."""
+        if needs_training(example_inputs):
+            def interpreted(m: Module) -> tuple[GraphRunner, str]:
+                return interpreter_runner(m), "prims on the reference interpreter"
+
+            return self._training(module, example_inputs, interpreted)
+        table = self.opts.decompositions
+        ctx = using_decompositions(table) if table is not None else contextlib.nullcontext()
+        with ctx:
+            prims = run_pipeline(module, "decompose,cse,dce")
+        self.history.note(f"graph @{module.graph().name}: backend 'aot_eager' runs it as prims "
+                          f"on the reference interpreter")
+        return interpreter_runner(prims)
+
+    def _inductor(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
+        """Backend "inductor": the graph compiled to C++ kernels, or (with a note and a
+        fallback saying why) the eager backend where the inductor cannot run it."""
+        name = f"graph @{module.graph().name}"
+        eager = self._eager_instead(module, example_inputs)
         tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-        if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-            # until ember.autograd's joint graphs are wired in, gradients need the aten ops
-            return eager("training", TRAINING_REASON)
         devices = sorted({x.device.type for x in tensors} - set(inductor_targets()))
         if devices:
             return eager("device", f"the inductor backend has no {'/'.join(devices)} code "
                          f"generation yet (Triton comes next); it compiles CPU graphs only")
+        if needs_training(example_inputs):
+            return self._training(module, example_inputs, self._inductor_graph)
         try:
             compiled = self._run_pipeline(module)
         except Exception as e:
@@ -231,6 +323,20 @@ class CompiledFunction:
 
         self.history.note(f"{name}: the inductor backend compiled it to {summary(compiled)}")
         return run
+
+    def _inductor_graph(self, module: Module) -> tuple[GraphRunner, str]:
+        """One graph of a training pair (prims) through the inductor's pipeline."""
+        compiled = self._run_pipeline(module)
+        runner = compiled_runner(compiled)
+        graph = module.graph().name
+        slow = interpreter_reason(compiled, graph)
+        if slow:
+            self._fallback("interpreter", f"@{graph}: {slow}")
+
+        def run(inputs: Sequence[Any]) -> list[Any]:
+            return list(runner(graph, inputs).outputs)
+
+        return run, summary(compiled)
 
     def _run_pipeline(self, module: Module) -> Module:
         """The inductor's pipeline (options pipeline, decompositions, verify_each, dump_each)
@@ -347,6 +453,7 @@ class CompiledFunction:
         backend = eager_backend if empty else self.backend
         self._last_compiled, self._last_stages = None, []
         self._graph_no = None if empty else len(self.history.graphs)
+        self._no_grad_results = {u.result for u in res.updates if not u.grad}
         runner = self._compile_graph(backend, backend_module(res), res.input_examples)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)
@@ -370,7 +477,8 @@ class CompiledFunction:
                 logs.guards.info("%s: graph %d @%s: %d guard(s)%s", self._root[0],
                                  len(self.history.graphs) - 1, g.name, len(g.guards),
                                  "".join(f"\n  {t}" for t in g.guards))
-        outs = runner(inputs)
+        outs = runner(graph_entry.feed(inputs) if isinstance(graph_entry, _GraphEntry)
+                      else inputs)
         if dumped is not None:
             dump_outputs(dumped, outs, res.graph)
         return graph_entry.resume(outs, S, args, kwargs, inputs)

@@ -1,0 +1,134 @@
+"""Partitioners: which forward values @forward saves for @backward, and which @backward
+recomputes (AOTAutograd's partitioner).
+
+Every policy cuts the same joint graph; they differ in the set `keep` of forward values where
+the backward stops walking back: a forward value the backward reads that is in `keep` (or is a
+parameter) is saved, any other is recomputed in the backward from saved ones. Random draws are
+always kept (the backward has no seed), so forward and backward see the same dropout mask.
+
+- `save-all`: keep every forward value (the split of docs/autograd.md: the backward recomputes
+  only what the forward never computed);
+- `recompute-all`: keep only the parameters (and random draws): the backward recomputes the
+  whole forward chain it needs;
+- `min-cut`: a minimum s-t cut (networkx max-flow) over the forward values, each costing its
+  bytes when saved; results of matmul, convolution, random draws and extern (aten) ops may not
+  be recomputed (AOTAutograd's ban list), so the cut saves a matmul's output rather than its
+  inputs only where that is smaller. Any cut is a valid partition, save-all's included, so the
+  min-cut never saves more bytes than save-all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import networkx as nx
+
+from ember.ir import Graph, Node, TensorType, Value
+from ember.ir.expr import evaluate
+
+POLICIES = ("save-all", "recompute-all", "min-cut")
+# ops whose results the backward never recomputes (costly, or random)
+NO_RECOMPUTE = frozenset({"prims.matmul", "prims.convolution", "prims.philox_uniform",
+                          "prims.sort", "prims.topk"})
+INF = float("inf")
+
+
+@dataclass
+class PartitionReport:
+    policy: str
+    saved: int  # values the forward saves
+    saved_bytes: int  # their bytes per call (at the size hints for symbolic shapes)
+    recomputed: int  # forward nodes the backward recomputes
+
+    def text(self) -> str:
+        return (f"partitioner {self.policy}: saves {self.saved} value(s), {self.saved_bytes} "
+                f"bytes per call; recomputes {self.recomputed} forward op(s) in the backward")
+
+
+def nbytes(v: Value, hints: dict[str, int]) -> int:
+    """A value's bytes (numbers: 8), symbolic dims at their hints."""
+    t = v.type
+    if not isinstance(t, TensorType):
+        return 8
+    n = 1
+    for d in t.shape:
+        try:
+            n *= evaluate(d, hints)
+        except Exception:  # an unbound symbol: count it as large, so it is not preferred
+            n *= 1 << 20
+    return n * t.dtype.torch.itemsize
+
+
+def _no_recompute(op: str) -> bool:
+    return op in NO_RECOMPUTE or not op.startswith("prims.")
+
+
+def choose_keep(policy: str, j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],
+                hints: dict[str, int]) -> set[Value]:
+    """The forward values the backward does not recompute, by policy."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown partitioner {policy!r}; choose one of {', '.join(POLICIES)}")
+    randoms = {r for n in fwd_nodes if n.op == "prims.philox_uniform" for r in n.results}
+    if policy == "save-all":
+        return set(fwd_params) | {r for n in fwd_nodes for r in n.results}
+    if policy == "recompute-all":
+        return set(fwd_params) | randoms
+    return _min_cut(j, fwd_params, fwd_nodes, hints)
+
+
+def _min_cut(j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],
+             hints: dict[str, int]) -> set[Value]:
+    src, snk = "source", "sink"
+    g = nx.DiGraph()
+    g.add_node(src)
+    g.add_node(snk)
+    in_fwd = set(fwd_params)
+    for p in fwd_params:
+        g.add_edge(src, (p, 0), capacity=INF)
+        g.add_edge((p, 0), (p, 1), capacity=nbytes(p, hints))
+    fwd_ids = set(map(id, fwd_nodes))
+    for n in fwd_nodes:
+        ops = [o for o in n.operands() if o in in_fwd]
+        for r in n.results:
+            g.add_edge((r, 0), (r, 1), capacity=nbytes(r, hints))
+            if _no_recompute(n.op):
+                g.add_edge(src, (r, 0), capacity=INF)
+            for o in ops:
+                g.add_edge((o, 1), (r, 0), capacity=INF)
+        in_fwd.update(n.results)
+    for n in j.nodes:  # what the backward side reads
+        if id(n) in fwd_ids:
+            continue
+        for o in n.operands():
+            if o in in_fwd:
+                g.add_edge((o, 1), snk, capacity=INF)
+    for o in j.outputs:
+        if o in in_fwd:
+            g.add_edge((o, 1), snk, capacity=INF)
+    _, (reach, _rest) = nx.minimum_cut(g, src, snk)
+    return {v for v in in_fwd if (v, 0) in reach and (v, 1) not in reach}
+
+
+def backward_nodes(j: Graph, roots: list[Value], keep: set[Value], in_fwd: set[Value],
+                   fwd_ids: set[int]) -> tuple[list[Node], list[Node]]:
+    """The nodes the backward runs for `roots`, walking back until a kept value; forward nodes
+    among them (recomputed) are copies. Returns (nodes, the copies)."""
+    need = {r for r in roots if r not in keep}
+    picked: list[Node] = []
+    for n in reversed(j.nodes):
+        if any(r in need for r in n.results):
+            picked.append(n)
+            need.update(o for o in n.operands() if o not in keep)
+    picked.reverse()
+    out: list[Node] = []
+    copies: list[Node] = []
+    for n in picked:
+        if id(n) in fwd_ids:
+            c = dataclasses.replace(n, args=list(n.args), kwargs=dict(n.kwargs),
+                                    results=list(n.results))
+            copies.append(c)
+            out.append(c)
+        else:
+            out.append(n)
+    return out, copies

@@ -1,0 +1,157 @@
+"""Training through compile(): the captured graph's joint forward/backward, compiled, behind a
+`torch.autograd.Function` (AOTAutograd's runtime wrapper).
+
+`plan_training` decomposes the captured aten graph to prims (with `detach`, which is also what
+capture records for values computed under `torch.no_grad()`, kept as a stop-gradient marker),
+builds the joint graph for the inputs that require grad and the results eager would give a
+grad_fn, and partitions it (`partitioner`: save-all, recompute-all, min-cut) into @forward and
+@backward. A backend compiles each (aot_eager: the reference interpreter; inductor: its
+pipeline, so the backward is one more prims graph) and `TrainingRunner` runs them:
+
+- forward: the compiled @forward on the inputs; its last `saved` results are kept for the
+  backward (`save_for_backward`, so autograd's version checks guard them), its other results
+  are the graph's, those without a cotangent marked non-differentiable (integer results,
+  results computed only from inputs without grad or through detach, running-stat updates);
+- backward: the compiled @backward on the saved values and one cotangent per differentiable
+  result (autograd gives zeros for results the loss does not use), giving the gradients of the
+  inputs that require grad; autograd accumulates them into `.grad` as for any op;
+- random draws are in @forward only and the draw itself is saved (never recomputed), so the
+  backward sees the forward's dropout mask;
+- double backward (`create_graph=True`) is refused with a clear error: the compiled backward is
+  not itself differentiable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ember.autograd.joint import joint_graph, partition_joint, requires_grad_values
+from ember.autograd.partition import POLICIES, PartitionReport
+from ember.autograd.stop import strip_stop_gradients, training_table
+from ember.ir import Interpreter, Module
+from ember.ir.passes import run_pipeline
+from ember.prims.decomp.random import run_with_philox
+from ember.prims.decomp.table import DecompositionTable, active_table, using_decompositions
+
+DOUBLE_BACKWARD = "ember: double backward through a compiled graph is not supported"
+DEFAULT_PARTITIONER = "min-cut"
+GraphRunner = Callable[[Sequence[Any]], list[Any]]
+
+
+def needs_training(example_inputs: Sequence[Any]) -> bool:
+    """Whether a graph called with these inputs must record gradients (what eager would)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+@dataclass
+class TrainingPlan:
+    forward: Module  # one graph, @forward: the graph's results, then `saved` values
+    backward: Module  # one graph, @backward(saved.., cotangents..) -> input gradients
+    n_results: int
+    tangents: list[int]  # results that get a cotangent
+    grad_inputs: list[int]  # inputs that get a gradient
+    n_saved: int
+    report: PartitionReport
+    notes: list[str] = field(default_factory=list)
+
+
+def _only(module: Module, graph: Any) -> Module:
+    out = module.clone()
+    out.items.clear()
+    out.items[graph.name] = graph
+    return out
+
+
+def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results: set[int],
+                  table: DecompositionTable | None = None,
+                  partitioner: str = DEFAULT_PARTITIONER) -> TrainingPlan:
+    """The partitioned forward/backward of a captured (aten) graph. `no_grad_results`: results
+    eager computes outside autograd (running-stat updates). Raises VJPError where an op has no
+    VJP rule, DecompositionError where one has no decomposition."""
+    with using_decompositions(training_table(table or active_table())):
+        prims = run_pipeline(module, "decompose,cse,dce")
+    g = prims.graph()
+    wrt = [i for i, x in enumerate(example_inputs)
+           if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()]
+    rg = requires_grad_values(g, wrt)
+    tangents = [i for i, o in enumerate(g.outputs) if o in rg and i not in no_grad_results]
+    joint = joint_graph(prims, inputs=wrt, outputs=tangents)
+    fwd, bwd, report = partition_joint(prims, joint, partitioner)
+    strip_stop_gradients(fwd)
+    strip_stop_gradients(bwd)
+    return TrainingPlan(_only(prims, fwd), _only(prims, bwd), len(g.outputs), tangents, wrt,
+                        len(fwd.outputs) - len(g.outputs), report)
+
+
+def interpreter_runner(module: Module) -> GraphRunner:
+    """A prims graph on the reference interpreter; random draws from torch's seed with a philox
+    offset advancing from call to call (as the inductor's runner does)."""
+    interp = Interpreter(module, check_types=False)
+    graph = module.graph().name
+    offset = [0]
+
+    def run(inputs: Sequence[Any]) -> list[Any]:
+        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
+        return list(res.outputs)
+
+    return run
+
+
+class _Step(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, runner: TrainingRunner, *inputs: Any) -> Any:
+        p = runner.plan
+        outs = runner.forward(list(inputs))
+        res, saved = outs[:p.n_results], outs[p.n_results:]
+        # an input returned as is would make autograd treat the result as that input
+        ins = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
+        res = [o.clone() if isinstance(o, torch.Tensor) and id(o) in ins else o for o in res]
+        ctx.runner = runner
+        ctx.others = [None if isinstance(s, torch.Tensor) else s for s in saved]
+        ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
+        tangents = set(p.tangents)
+        ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in tangents
+                                      and isinstance(o, torch.Tensor)))
+        return tuple(res)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        if torch.is_grad_enabled():
+            raise RuntimeError(DOUBLE_BACKWARD)
+        runner: TrainingRunner = ctx.runner
+        p = runner.plan
+        it = iter(ctx.saved_tensors)
+        saved = [next(it) if o is None else o for o in ctx.others]
+        cts = []
+        for i in p.tangents:
+            g = grads[i]
+            cts.append(g.contiguous() if isinstance(g, torch.Tensor) else g)
+        got = runner.backward([*saved, *cts])
+        out: list[Any] = [None] * (1 + runner.n_inputs)
+        for i, gr in zip(p.grad_inputs, got, strict=True):
+            out[1 + i] = gr
+        return tuple(out)
+
+
+class TrainingRunner:
+    """Runs a TrainingPlan's compiled graphs under autograd (a Runner for compile())."""
+
+    def __init__(self, plan: TrainingPlan, forward: GraphRunner, backward: GraphRunner,
+                 n_inputs: int):
+        self.plan, self.forward, self.backward, self.n_inputs = plan, forward, backward, \
+            n_inputs
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        return list(_Step.apply(self, *inputs))
+
+
+def check_partitioner(value: Any) -> str:
+    if value not in POLICIES:
+        raise ValueError(f"option partitioner must be one of {', '.join(POLICIES)}, not "
+                         f"{value!r}")
+    return str(value)

@@ -1,0 +1,244 @@
+"""Training through compile(): eager's losses, gradients and parameters on every backend
+(runtime/training.py, ember.autograd's joint graphs and partitioners)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import ember.runtime as er
+from ember.runtime.training import DOUBLE_BACKWARD
+
+BACKENDS = ("eager", "aot_eager", "inductor")
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh(),
+                         nn.Linear(8, 4))
+
+
+def _frozen() -> nn.Module:
+    m = _mlp()
+    m[0].requires_grad_(False)  # a frozen first layer: no gradient, not even zeros
+    return m
+
+
+def _bn() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def _gn() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.Unflatten(1, (8, 1)), nn.GroupNorm(2, 8),
+                         nn.Flatten(), nn.GELU(), nn.Linear(8, 4))
+
+
+class _Inplace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(6, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        h.mul_(2).add_(1)  # in-place ops on an intermediate value
+        return self.b(F.relu_(h))
+
+
+class _Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.e = nn.Embedding(10, 6, padding_idx=0)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = (x.abs() * 3).long().clamp(0, 9)[:, :3]
+        return self.fc(self.e(ids).mean(1))
+
+
+class _Detached(nn.Module):
+    """A detached branch, a no_grad region and an output the loss does not use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        y = self.fc(x)
+        with torch.no_grad():
+            scale = y.abs().mean()
+        return y * scale + y.detach() ** 2, y.sum(1)
+
+
+MODELS: dict[str, Callable[[], nn.Module]] = {
+    "mlp": _mlp, "frozen": _frozen, "batchnorm": _bn, "groupnorm": _gn, "inplace": _Inplace,
+    "embedding": _Embed, "detached": _Detached}
+
+
+def _loss(out: Any, t: torch.Tensor) -> torch.Tensor:
+    y = out[0] if isinstance(out, tuple) else out
+    return F.cross_entropy(y, t)
+
+
+def _nll(out: Any, t: torch.Tensor) -> torch.Tensor:
+    """cross entropy in ops with decompositions (aten.nll_loss_forward has none yet)."""
+    return -torch.gather(F.log_softmax(out, 1), 1, t[:, None]).mean()
+
+
+def _data(step: int, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(n, 6, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def _train(model: nn.Module, call: Callable[..., Any], steps: int, sizes: list[int],
+           input_grad: bool = False) -> list[Any]:
+    """SGD with momentum; per step: the loss, the gradients, the input's gradient."""
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1,
+                          momentum=0.9)
+    got: list[Any] = []
+    for i in range(steps):
+        x, t = _data(i, sizes[i % len(sizes)])
+        x.requires_grad_(input_grad)
+        opt.zero_grad()
+        loss = call(x, t)
+        loss.backward()
+        got.append((loss.detach(), [p.grad for p in model.parameters()], x.grad))
+        opt.step()
+    return got
+
+
+def _compare(make: Callable[[], nn.Module], backend: str, steps: int = 3,
+             sizes: tuple[int, ...] = (8,), loss_inside: bool = False,
+             input_grad: bool = False, options: dict[str, Any] | None = None) -> Any:
+    torch.manual_seed(0)
+    ref = make()
+    torch.manual_seed(0)
+    model = make()
+    if loss_inside:
+        c = er.compile(lambda x, t: _nll(model(x), t), backend=backend, options=options)
+        call = c
+    else:
+        c = er.compile(model, backend=backend, options=options)
+
+        def call(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return _loss(c(x), t)
+
+    loss = _nll if loss_inside else _loss
+    want = _train(ref, lambda x, t: loss(ref(x), t), steps, list(sizes), input_grad)
+    got = _train(model, call, steps, list(sizes), input_grad)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(list(model.state_dict().values()),
+                               list(ref.state_dict().values()), **TOL)
+    return c
+
+
+def _no_training_fallback(c: Any) -> None:
+    rep = er.explain(c)
+    assert "training" not in rep.fallback_kinds, str(rep)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_matches_eager(name: str, backend: str) -> None:
+    c = _compare(MODELS[name], backend)
+    if backend == "inductor":
+        _no_training_fallback(c)
+        rep = er.explain(c)
+        assert any("its backward as" in n and "C++ kernel(s)" in n for n in rep.notes), \
+            rep.notes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loss_inside_input_grads_and_batch_sizes(backend: str) -> None:
+    c = _compare(_bn, backend, steps=4, sizes=(8, 5), loss_inside=True, input_grad=True)
+    if backend != "eager":
+        assert not er.explain(c).fallbacks, str(er.explain(c))
+
+
+@pytest.mark.parametrize("backend", ("aot_eager", "inductor"))
+def test_dropout_mask_is_the_forwards(backend: str) -> None:
+    """ember draws its own (philox) mask: the gradient must be the forward's mask / (1 - p)."""
+    torch.manual_seed(0)
+    c = er.compile(lambda x: F.dropout(x, 0.5, training=True) * 3, backend=backend)
+    x = (torch.rand(64, 8) + 0.5).requires_grad_()
+    y = c(x)
+    y.sum().backward()
+    assert x.grad is not None
+    kept = y != 0
+    assert 0 < int(kept.sum()) < y.numel()
+    torch.testing.assert_close(x.grad, kept.float() * 6)
+    torch.testing.assert_close(y, x.detach() * kept * 6)
+
+
+@pytest.mark.parametrize("backend", ("aot_eager", "inductor"))
+def test_double_backward_is_refused(backend: str) -> None:
+    c = er.compile(lambda x: (x.sin() * x).sum(), backend=backend)
+    x = torch.randn(4, requires_grad=True)
+    (g,) = torch.autograd.grad(c(x), x)  # a first backward works
+    torch.testing.assert_close(g, x.detach().cos() * x.detach() + x.detach().sin())
+    with pytest.raises(RuntimeError, match=DOUBLE_BACKWARD):
+        torch.autograd.grad(c(x), x, create_graph=True)
+
+
+@pytest.mark.parametrize("backend", ("aot_eager", "inductor"))
+def test_gradients_accumulate_and_unused_outputs(backend: str) -> None:
+    torch.manual_seed(0)
+    m = _Detached()
+    c = er.compile(m, backend=backend)
+    x = torch.randn(5, 6)
+    for _ in range(2):  # two backward calls accumulate into .grad, as in eager
+        y, unused = c(x)
+        assert unused.requires_grad
+        y.sum().backward()
+    got = [p.grad.clone() for p in m.parameters()]  # type: ignore[union-attr]
+    m.zero_grad()
+    for _ in range(2):
+        m(x)[0].sum().backward()
+    torch.testing.assert_close(got, [p.grad for p in m.parameters()])
+
+
+def test_missing_vjp_rule_is_an_honest_training_fallback() -> None:
+    c = er.compile(lambda x: torch.digamma(x).sum())
+    x = (torch.rand(4) + 1).requires_grad_()
+    with pytest.warns(er.FallbackWarning, match="no VJP rule for prims.digamma"):
+        c(x).backward()
+    torch.testing.assert_close(x.grad, torch.polygamma(1, x.detach()))
+    rep = er.explain(c)
+    assert rep.fallback_kinds == {"training": 1}
+    assert rep.fallbacks[0].ops == ("prims.digamma",)
+
+
+def test_batchnorm_running_stats_with_eager_backend() -> None:
+    """The write-back of running stats no longer breaks eager's saved tensors."""
+    _compare(_bn, "eager", steps=2)
+
+
+def test_partitioner_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="partitioner must be one of"):
+        er.compile(_mlp(), options={"partitioner": "greedy"})
+    with pytest.raises(ValueError, match="partitioner applies to"):
+        er.compile(_mlp(), backend="eager", options={"partitioner": "min-cut"})
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(depth=st.integers(1, 3), width=st.integers(2, 9), bias=st.booleans(),
+       act=st.sampled_from(["relu", "tanh", "sigmoid", "gelu", "silu"]))
+def test_random_mlps_match_eager(depth: int, width: int, bias: bool, act: str) -> None:
+    acts = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid, "gelu": nn.GELU,
+            "silu": nn.SiLU}
+
+    def make() -> nn.Module:
+        layers: list[nn.Module] = []
+        n = 6
+        for _ in range(depth):
+            layers += [nn.Linear(n, width, bias=bias), acts[act]()]
+            n = width
+        return nn.Sequential(*layers, nn.Linear(n, 4, bias=bias))
+
+    _compare(make, "aot_eager", steps=2)
