@@ -242,3 +242,36 @@ def test_random_mlps_match_eager(depth: int, width: int, bias: bool, act: str) -
         return nn.Sequential(*layers, nn.Linear(n, 4, bias=bias))
 
     _compare(make, "aot_eager", steps=2)
+
+
+def _plans(make: Callable[[], nn.Module]) -> dict[str, Any]:
+    from ember.capture import capture
+    from ember.runtime.training import plan_training
+    from ember.runtime.writeback import backend_module
+
+    torch.manual_seed(0)
+    m = make()
+    x, _ = _data(0)
+    cap = capture(m, (x,), {})
+    assert not isinstance(cap, Exception) and hasattr(cap, "module")
+    no_grad = {u.result for u in cap.updates if not u.grad}
+    return {p: plan_training(backend_module(cap), cap.input_examples, no_grad, partitioner=p)
+            for p in ("save-all", "recompute-all", "min-cut")}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_partitioners_saved_bytes(name: str) -> None:
+    plans = _plans(MODELS[name])
+    save_all, recompute, min_cut = (plans[p].report for p in ("save-all", "recompute-all",
+                                                              "min-cut"))
+    assert min_cut.saved_bytes <= save_all.saved_bytes
+    fwd = plans["recompute-all"].forward.graph()
+    params = {v.name for v in fwd.params}
+    saved = fwd.outputs[len(fwd.outputs) - plans["recompute-all"].n_saved:]
+    assert {v.name for v in saved} <= params  # recompute-all saves only inputs
+
+
+@pytest.mark.parametrize("policy", ("save-all", "recompute-all", "min-cut"))
+@pytest.mark.parametrize("name", ("batchnorm", "mlp"))
+def test_partitioners_give_eagers_gradients(name: str, policy: str) -> None:
+    _compare(MODELS[name], "aot_eager", steps=2, options={"partitioner": policy})

@@ -3,14 +3,24 @@
 - `ember.autograd.vjp`: one VJP rule per differentiable prim (`@vjp`), one reason per prim
   without a derivative (`NO_DERIVATIVE`);
 - `ember.autograd.joint`: `joint_graph` (forward + backward in one graph), `split_joint`
-  (`@forward` returning the values `@backward` reads), `build_joint`, and the `joint` pass.
+  (`@forward` returning the values `@backward` reads), `build_joint`, and the `joint` pass;
+- `ember.autograd.partition`: the save-all, recompute-all and min-cut partitioners;
+- `ember.autograd.stop`: the stop-gradient marker `detach` decomposes to on the training path.
 
-The min-cut partitioner and the bridge to `torch.autograd` come next (issue 14).
+The runtime bridge to `torch.autograd` is ember.runtime.training (docs/autograd.md).
 """
 
 import ember.prims  # noqa: F401  (registers the prims the rules emit)
-from ember.autograd.joint import build_joint, joint_graph, joint_pass, split_joint
+from ember.autograd.joint import (
+    build_joint,
+    joint_graph,
+    joint_pass,
+    partition_joint,
+    split_joint,
+)
+from ember.autograd.partition import POLICIES, PartitionReport
 from ember.autograd.vjp import NO_DERIVATIVE, VJP_RULES, VJPContext, VJPError, vjp
 
-__all__ = ["NO_DERIVATIVE", "VJP_RULES", "VJPContext", "VJPError", "build_joint",
-           "joint_graph", "joint_pass", "split_joint", "vjp"]
+__all__ = ["NO_DERIVATIVE", "POLICIES", "VJP_RULES", "PartitionReport", "VJPContext",
+           "VJPError", "build_joint", "joint_graph", "joint_pass", "partition_joint",
+           "split_joint", "vjp"]

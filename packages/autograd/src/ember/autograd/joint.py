@@ -22,8 +22,8 @@ of what the gradients need, so cheap values the forward did not keep (a `cos` fo
 gradient, zeros) are recomputed there from saved ones, and `saved` is exactly the forward values
 the backward reads. A size symbol the backward needs but cannot bind from its parameters' shapes
 travels as a zero-element tensor `%size_<sym>: b8[<sym>, 0]` among the saved values (what
-AOTAutograd saves as a SymInt). A min-cut partitioner that trades saving for recomputation
-replaces this split later (issue 14).
+AOTAutograd saves as a SymInt). That is the `save-all` policy; `recompute-all` and `min-cut`
+(partition.py) trade saving for recomputation.
 """
 
 from __future__ import annotations

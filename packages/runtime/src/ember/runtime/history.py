@@ -20,7 +20,7 @@ class GraphRecord:
 # Why a graph (or a call) did not run through the requested backend: `Fallback.kind`.
 FALLBACK_KINDS = {
     "capture": "capture cannot take the function: the call runs eagerly",
-    "training": "gradients are needed: the eager backend runs the graph",
+    "training": "gradients are needed and an op has no VJP rule: the eager backend runs the graph",
     "device": "the backend has no code generation for the tensors' device",
     "missing ops": "ops without a decomposition: the eager backend runs the graph",
     "backend": "the backend failed to compile the graph: the eager backend runs it",
