@@ -329,7 +329,7 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
             sub = body_of(interp.module, node.args[0], "loop.reduce")
             k = len(node.kwargs["ranges"])  # type: ignore[arg-type]
             try:
-                red = [evaluate(r, syms)  # type: ignore[arg-type]
+                red = [evaluate(r, syms)
                        for r in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
             except ExprEvalError as e:
                 raise OpTypeError(f"loop.reduce in @{g.name}: reduce_ranges: {e}") from None

@@ -153,16 +153,16 @@ class _Gen:
                 raise WrapperUnsupported(f"symbol {short(name)!r} is not a size symbol")
         where: dict[str, tuple[str, int]] = {}
         ranks: dict[str, int] = {}
-        for p, n in zip(g.params, params, strict=True):
+        for p, pn in zip(g.params, params, strict=True):
             if not isinstance(p.type, TensorType):
                 continue
             for i, d in enumerate(p.type.shape):
                 if isinstance(d, sympy.Symbol) and d.name in used and d.name not in where:
-                    where[d.name] = (n, i)
-                    ranks[n] = p.type.rank
-        for n, rank in ranks.items():
-            self.lines.append(f"    if len({n}.shape) != {rank}: _bad('the rank of an input', "
-                              f"{n}, {rank})")
+                    where[d.name] = (pn, i)
+                    ranks[pn] = p.type.rank
+        for pn, rank in ranks.items():
+            self.lines.append(f"    if len({pn}.shape) != {rank}: _bad('the rank of an input', "
+                              f"{pn}, {rank})")
         rest = sorted(used - where.keys())
         inputs: set[str] = set()
         for p in g.params:
@@ -176,8 +176,8 @@ class _Gen:
             self.lines.append("    _env = _bind(_g, inputs)")
         for name in sorted(used, key=lambda x: int(x[1:])):
             if name in where:
-                n, i = where[name]
-                self.lines.append(f"    {name} = {n}.shape[{i}]")
+                pn, i = where[name]
+                self.lines.append(f"    {name} = {pn}.shape[{i}]")
             else:
                 self.lines.append(f"    {name} = _env[{py_str(name)}]")
             sym = self.m.symbols.get(name)
@@ -285,8 +285,8 @@ class _Gen:
             self.names[r] = name
             self.buffers.add(r)
             outs.append(name)
-        sizes = node.kwargs.get("sizes")
-        sizes = [pyexpr(s) for s in sizes] if isinstance(sizes, list) else []
+        given = node.kwargs.get("sizes")
+        sizes = [pyexpr(s) for s in given] if isinstance(given, list) else []
         fn = self.const(k.launcher(len(ins) + len(outs), len(sizes)))
         # the kernel's ABI: data addresses ("pointer") or the tensors themselves, then the
         # size symbols' values
