@@ -290,7 +290,7 @@ class CompiledFunction:
             return eager("backend", f"the inductor backend cannot compile it: "
                          f"{type(e).__name__}: {e}")
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
-        runner = compiled_runner(compiled)
+        runner = compiled_runner(compiled, module)
         graph = module.graph().name
         graph_no = self._graph_no
         slow = interpreter_reason(compiled, graph)
