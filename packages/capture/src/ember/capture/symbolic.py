@@ -179,6 +179,8 @@ class ShapeEnv:
     def decide(self, rel: sympy.Basic, probe_result: bool) -> bool:
         """The outcome of a size relation at the real sizes; guarded unless the ranges imply it.
         Restarts the capture where the probes would take the other branch."""
+        if isinstance(rel, sympy.logic.boolalg.BooleanAtom):
+            return bool(rel)  # sympy decided it for every size (`s0 == s0 + 1`): no guard
         hints = self.hints()
         real = bool(rel.subs({symbol(n): v for n, v in hints.items()}))
         if _implied(rel, real, self.intervals()):
