@@ -103,7 +103,9 @@ def test_a_compile_that_fell_back_to_eager_fails(monkeypatch: Any) -> None:
     def broken(module: Any, *a: Any) -> Any:
         raise RuntimeError("no C++ today")
 
-    monkeypatch.setattr(compile_mod, "compile_module", broken)
+    # load_module builds and loads the generated C++ (the CPU target's loader); its failure
+    # makes compile() run the graph on the eager backend, a fallback
+    monkeypatch.setattr(compile_mod, "load_module", broken)
     [r] = verify.run_checks([("cpu target", verify.check_cpu_target)])
     assert r.status == "fail"
     assert "did not run compiled C++" in r.found and "no C++ today" in r.found
