@@ -20,6 +20,7 @@ from ember.inductor.kernels import register_kernel_ops  # noqa: E402  isort: ski
 register_kernel_ops(default_registry())
 
 from ember.inductor.targets import cpu as _cpu  # noqa: E402,F401  isort: skip
+from ember.inductor.targets import cuda as _cuda  # noqa: E402,F401  isort: skip
 from ember.inductor.backend import register_backend  # noqa: E402  isort: skip
 
 register_backend()

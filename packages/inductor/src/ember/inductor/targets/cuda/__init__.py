@@ -1,0 +1,56 @@
+"""The CUDA target: Triton kernels rendered from ember's fused loop IR (docs/inductor.md).
+
+Registers the `triton` loader (codegen.py: each block a Python module of Triton source, loaded
+from the private kernel cache; it runs on cuda, and on cpu tensors in Triton's interpreter),
+the pass `codegen-triton` and the pipelines `inductor-cuda` (prims -> kernels.*: `lower-loops`,
+`fuse`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
+graphs, run by TRITON_INTERPRET=1: how the target is tested without a GPU). Externs (matmul,
+convolution, attention) are torch's own CUDA kernels.
+
+The target record for device kind "cuda" is registered when this machine has CUDA and triton
+is installed (`register_cuda_target()` registers it anywhere): elsewhere a cuda graph stays
+refused with the registered targets named, as before, rather than failing at load time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from ember.inductor.launch import register_loader
+from ember.inductor.targets import Target, register_target, targets
+from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
+from ember.ir.passes import register_pipeline
+
+FRONT = "decompose,cse,dce"
+INDUCTOR_CUDA = register_pipeline(
+    "inductor-cuda", "lower-loops,fuse,codegen-triton,plan-buffers",
+    "prims -> loop kernels, fused, as Triton kernel blocks with planned buffers (CUDA)").text
+INDUCTOR_CUDA_INTERPRET = register_pipeline(
+    "inductor-cuda-interpret", "lower-loops,fuse,codegen-triton{interpret=true},plan-buffers",
+    "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
+    "(TRITON_INTERPRET=1; testing without a GPU)").text
+
+TRITON_LOADER = register_loader(LANG, load_triton, devices=("cuda", "cpu"), launch_attrs=True)
+
+
+def register_cuda_target() -> Target:
+    """The target of device kind "cuda" (registered once; again returns the record)."""
+    have = targets().get("cuda")
+    if have is not None:
+        return have
+    return register_target("cuda", "inductor-cuda", LANG, front=FRONT,
+                           description="Triton kernels (externs: torch's CUDA kernels)")
+
+
+def available() -> bool:
+    """Whether this machine can run the target: a CUDA device and the triton package."""
+    return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
+
+
+if available():
+    register_cuda_target()
+
+__all__ = ["FRONT", "INDUCTOR_CUDA", "INDUCTOR_CUDA_INTERPRET", "TRITON_LOADER", "available",
+           "codegen_triton", "register_cuda_target"]

@@ -1,0 +1,220 @@
+"""The CUDA target's code generation and loading: `codegen-triton` and the `triton` loader.
+
+`codegen-triton` turns each loop kernel into a `kernel @name triton` block (a Python module of
+Triton source, render.py) and its node into `kernels.call(@name, bufs..., out_dtypes=,
+out_shapes=, device=)`; `loop.extern` becomes `kernels.extern` (torch's own kernels on the
+device: matmul, convolution, attention, ...). A kernel the tables cannot express keeps its loop
+node and body (run by the reference interpreter, vectorised torch on the device) with the
+reason in `attrs(triton_fallback=...)`.
+
+It generates code for graphs on cuda; `codegen-triton{interpret=true}` also takes CPU graphs,
+whose kernels then run in Triton's interpreter (TRITON_INTERPRET=1): that is how the target is
+tested on machines without a GPU (pipeline `inductor-cuda-interpret`).
+
+The `triton` loader writes each block's source to `<kernel cache>/triton/<sha256>.py` (the
+private cache directory, cache.py) and imports it: `triton.jit` needs a source file. Like the
+`cpp` loader compiling a block with g++, it runs the block's code: blocks come from
+`codegen-triton` or, in an IR file, only with `--allow-kernels`. Its kernels take the tensors
+(ABI "tensor") and launch with the grid and warps written in the block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
+from ember.inductor.body import body_names
+from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
+from ember.inductor.launch import LoadedKernel, LoadError
+from ember.inductor.targets import TargetError, device_kind, graph_devices
+from ember.inductor.targets.cuda.render import CodegenError, render
+from ember.ir import (
+    Arg,
+    Graph,
+    InferContext,
+    Kernel,
+    Module,
+    Node,
+    Ref,
+    TensorType,
+    Value,
+    default_registry,
+)
+from ember.ir.passes import register_pass
+
+LANG = "triton"
+
+
+@register_pass("codegen-triton", "loop IR -> kernels.* graph with Triton kernel blocks (CUDA; "
+               "interpret=true also takes CPU graphs, run by Triton's interpreter)")
+def codegen_triton(module: Module, *, interpret: bool = False) -> Module:
+    src = module.clone()
+    bodies = body_names(src)
+    kinds = ("cuda", "cpu") if interpret else ("cuda",)
+    for g in src.graphs.values():
+        other = sorted(d for d in graph_devices(g) if device_kind(d) not in kinds)
+        if g.name not in bodies and other:
+            raise TargetError(f"codegen-triton: graph @{g.name} is on {', '.join(other)}; "
+                              f"codegen-triton generates cuda code only (cpu with "
+                              f"interpret=true)")
+    kernels: list[Kernel] = []
+    graphs: list[Graph] = []
+    fallback: list[Graph] = []
+    for g in src.graphs.values():
+        if g.name in bodies:
+            continue
+        for p in g.params:
+            _retype(p)
+        g.nodes = [_lower_node(src, g, n, kernels, fallback, interpret) for n in g.nodes]
+        g.result_types = [o.type for o in g.outputs]
+        graphs.append(g)
+    out = Module(src.symbols, {}, src.version)
+    for k in kernels:
+        out.add(k)
+    for item in [*src.kernels.values(), *graphs, *fallback]:
+        if item.name not in out.items:
+            out.add(item)
+    return out
+
+
+def _device(n: Node) -> str:
+    devs = sorted({r.type.device for r in n.results if isinstance(r.type, TensorType)})
+    return devs[0] if devs else "cpu"
+
+
+def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph],
+                interpret: bool) -> Node:
+    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
+        ctx = InferContext(module=m, registry=default_registry())
+        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
+            r.type = t
+        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
+    if n.op == "loop.extern":
+        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
+    if n.op not in ("loop.pointwise", "loop.reduction"):
+        return n
+    ref = n.args[0]
+    assert isinstance(ref, Ref)
+    body = m.items[ref.name]
+    assert isinstance(body, Graph)
+    name = ref.name
+    while any(k.name == name for k in kernels):  # two loop nodes may share one body
+        name += "_"
+    try:
+        source = render(name, n, body, m.items, interpret).source
+    except CodegenError as e:
+        body.attrs["triton_fallback"] = str(e)
+        stack = [body]  # the bodies of fused reductions run on the reference too
+        fallback.append(body)
+        while stack:
+            for bn in stack.pop().nodes:
+                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
+                    and isinstance(bn.args[0], Ref) else None
+                if isinstance(sub, Graph) and sub not in fallback:
+                    fallback.append(sub)
+                    stack.append(sub)
+        return n
+    kernels.append(Kernel(name, LANG, source))
+    types = [r.type for r in n.results]
+    assert all(isinstance(t, TensorType) for t in types)
+    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
+                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
+    dev = _device(n)
+    if dev != "cpu":
+        kw["device"] = dev
+    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
+                 [_retype(r) for r in n.results])
+
+
+def _retype(v: Value) -> Value:
+    if isinstance(v.type, TensorType):
+        v.type = buffer_type(v.type)
+    return v
+
+
+def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results: list[Value]
+          ) -> Node:
+    new = Node(op, list(args), dict(kwargs), results, n.loc, n.pos)
+    for r in results:
+        r.node = new
+    return new
+
+
+# ---- the loader ------------------------------------------------------------------------------
+
+_LOADED: dict[str, Any] = {}  # source digest -> its module's launch function
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _on_cpu(m: Module, name: str) -> bool:
+    return any(n.op == "kernels.call" and isinstance(n.args[0], Ref) and n.args[0].name == name
+               and device_kind(str(n.kwargs.get("device", "cpu"))) == "cpu"
+               for g in m.graphs.values() for n in g.nodes)
+
+
+def _module_dir() -> Path:
+    from ember.inductor.targets.cpu.cache import cache_dir
+    d = cache_dir() / "triton"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def _write(source: str, digest: str) -> Path:
+    path = _module_dir() / f"k_{digest}.py"
+    try:
+        if path.read_text() == source:
+            return path
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or this one
+    return path
+
+
+def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
+    """The `triton` loader: kernel name -> its launch(in..., out...) (ABI "tensor")."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise LoadError(f"triton kernels need the triton package ({e})") from None
+    table: dict[str, LoadedKernel] = {}
+    for k in blocks:
+        if _on_cpu(m, k.name) and not _interpreting():
+            raise LoadError(f"kernel @{k.name}: triton kernels run on cpu tensors only in "
+                            f"Triton's interpreter (set TRITON_INTERPRET=1 before starting)")
+        digest = hashlib.sha256(f"{_interpreting()}\0{k.source}".encode()).hexdigest()[:32]
+        fn = _LOADED.get(digest)
+        if fn is None:
+            path = _write(k.source, digest)
+            modname = f"ember_triton_{digest}"
+            spec = importlib.util.spec_from_file_location(modname, path)
+            if spec is None or spec.loader is None:
+                raise LoadError(f"kernel @{k.name}: cannot import {path}")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[modname] = mod  # triton.jit looks its function's module up
+            try:
+                spec.loader.exec_module(mod)
+            except Exception as e:
+                sys.modules.pop(modname, None)
+                raise LoadError(f"kernel @{k.name}: {type(e).__name__}: {e}") from None
+            fn = getattr(mod, "launch", None)
+            if not callable(fn):
+                raise LoadError(f"kernel @{k.name}: its source defines no launch()")
+            _LOADED[digest] = fn
+        table[k.name] = LoadedKernel(fn, "tensor")
+    return table
+
+
+__all__ = ["LANG", "codegen_triton", "load_triton"]

@@ -1,0 +1,566 @@
+"""Triton source for one fused loop kernel (the CUDA target, docs/inductor.md "Targets").
+
+A kernel block is one Python module: a `@triton.jit` function named `kernel_symbol(name)` and a
+`launch(in0, ..., out0, ...)` that computes the grid and launches it with the schedule written
+into the source (so a dumped module replays with the same blocks and warps). Two shapes:
+
+- pointwise (no reduction): a 1-D grid over the output's flattened elements, XBLOCK per
+  program, masked; each loop variable is recovered from the flat index (`//`, `%` by the
+  static row-major strides) and every load's index expression is rendered over those tensors.
+- rows (a `loop.reduction`, or a `loop.pointwise` whose body holds fused `loop.reduce`s): a 2-D
+  grid block [XBLOCK, RBLOCK] — XBLOCK rows (the outer loop variables), and per reduction an
+  RBLOCK over its reduced elements: persistent (RBLOCK = next power of two of the row, one
+  block) when the row fits in RMAX elements, else a loop over RBLOCK chunks with an
+  elementwise accumulator. Every reduction is computed once per row, before the body that
+  reads it; argmax/argmin are the first index where the body equals amax/amin (NaN first, as
+  eager). A row pointwise body then runs over its inner elements in IBLOCK chunks.
+
+Numbers follow the C++ target: f16/bf16 are computed in f32 and rounded after every op (as
+eager rounds each op's result), maximum/minimum propagate NaN. Index math is int32 unless an
+extent reaches 2**31 (then int64). IR text reaches the source only as `sanitize.ident` names and
+`sanitize.safe_text` comments; numbers are written by Python's repr of a float or int.
+Anything the tables do not cover raises `CodegenError` (the kernel then runs on the reference
+interpreter, with the reason).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from ember.inductor.indexing import flat_offset, parse_index
+from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
+from ember.ir import DType, Graph, Node, Ref, TensorType, Value
+from ember.ir.expr import FloorDiv, PyMod
+
+RMAX = 4096  # largest persistent reduction row (elements); longer rows loop over chunks
+PMAX = 1024  # pointwise elements per program
+INT32_LIMIT = 2**31
+
+TL_DTYPES: dict[DType, str] = {
+    DType.f16: "tl.float16", DType.bf16: "tl.bfloat16", DType.f32: "tl.float32",
+    DType.f64: "tl.float64", DType.i8: "tl.int8", DType.i16: "tl.int16", DType.i32: "tl.int32",
+    DType.i64: "tl.int64", DType.u8: "tl.uint8", DType.b8: "tl.int1",
+}
+
+_F, _I, _B = "f", "i", "b"
+# body op -> per dtype class, a template over operands {0}, {1}, {2}
+OPS: dict[str, dict[str, str]] = {
+    "prims.exp": {_F: "tl.exp({0})"}, "prims.exp2": {_F: "tl.exp2({0})"},
+    "prims.log": {_F: "tl.log({0})"}, "prims.log2": {_F: "tl.log2({0})"},
+    "prims.sqrt": {_F: "tl.sqrt_rn({0})"}, "prims.rsqrt": {_F: "(1.0 / tl.sqrt_rn({0}))"},
+    "prims.sin": {_F: "tl.sin({0})"}, "prims.cos": {_F: "tl.cos({0})"},
+    "prims.erf": {_F: "tl.erf({0})"},
+    **{f"prims.{fn}": {_F: f"libdevice.{fn}({{0}})"} for fn in (
+        "expm1", "log1p", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
+        "asinh", "acosh", "atanh", "erfc", "lgamma")},
+    "prims.floor": {_F: "tl.floor({0})", _I: "{0}"}, "prims.ceil": {_F: "tl.ceil({0})", _I: "{0}"},
+    "prims.trunc": {_F: "libdevice.trunc({0})", _I: "{0}"},
+    "prims.round": {_F: "libdevice.nearbyint({0})", _I: "{0}"},
+    "prims.abs": {_F: "tl.abs({0})", _I: "tl.abs({0})"},
+    "prims.neg": {_F: "(-{0})", _I: "(-{0})"},
+    "prims.sign": {_F: "_sign({0})", _I: "_sign({0})"},
+    "prims.bitwise_not": {_I: "(~{0})", _B: "({0} == 0)"},
+    "prims.add": {_F: "({0} + {1})", _I: "({0} + {1})"},
+    "prims.sub": {_F: "({0} - {1})", _I: "({0} - {1})"},
+    "prims.mul": {_F: "({0} * {1})", _I: "({0} * {1})"},
+    "prims.div": {_F: "({0} / {1})"},
+    "prims.fmod": {_F: "libdevice.fmod({0}, {1})"},
+    "prims.remainder": {_F: "_remainder({0}, {1})"},
+    "prims.pow": {_F: "libdevice.pow({0}, {1})"},
+    "prims.atan2": {_F: "libdevice.atan2({0}, {1})"},
+    "prims.maximum": {_F: "_maximum({0}, {1})", _I: "tl.maximum({0}, {1})"},
+    "prims.minimum": {_F: "_minimum({0}, {1})", _I: "tl.minimum({0}, {1})"},
+    "prims.bitwise_and": {_I: "({0} & {1})", _B: "({0} & {1})"},
+    "prims.bitwise_or": {_I: "({0} | {1})", _B: "({0} | {1})"},
+    "prims.bitwise_xor": {_I: "({0} ^ {1})", _B: "({0} ^ {1})"},
+    **{f"prims.{name}": {c: f"({{0}} {sym} {{1}})" for c in (_F, _I, _B)} for name, sym in (
+        ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
+    "prims.where": {c: "tl.where({0}, {1}, {2})" for c in (_F, _I, _B)},
+}
+
+# helpers every kernel module defines (jit functions the kernels call)
+PRELUDE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _maximum(a, b):  # NaN-propagating, as eager
+    return tl.where((a != a) | (a > b), a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+
+
+@triton.jit
+def _sign(a):
+    return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
+
+
+@triton.jit
+def _remainder(a, b):
+    r = libdevice.fmod(a, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return tl.where((q * b != a) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+'''
+
+
+class CodegenError(NotImplementedError):
+    """A kernel the Triton tables cannot express yet (it runs on the reference interpreter)."""
+
+
+def dclass(dt: DType) -> str:
+    return _F if dt.is_floating else _B if dt == DType.b8 else _I
+
+
+def tl_dtype(dt: DType) -> str:
+    if dt not in TL_DTYPES:
+        raise CodegenError(f"dtype {dt.name} has no Triton type yet")
+    return TL_DTYPES[dt]
+
+
+def compute_dtype(dt: DType) -> str:
+    """The type values of `dt` are computed in: f16/bf16 in f32, rounded after each op."""
+    return "tl.float32" if dt in (DType.f16, DType.bf16) else tl_dtype(dt)
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _tensor(v: Value) -> TensorType:
+    assert isinstance(v.type, TensorType)
+    return v.type
+
+
+def _static(dims: Sequence[Any], what: str) -> list[int]:
+    out: list[int] = []
+    for d in dims:
+        if isinstance(d, sympy.Expr) and d.is_Integer:
+            d = int(d)
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise CodegenError(f"{what} {d} is symbolic (the Triton target takes static sizes "
+                               f"for now)")
+        out.append(d)
+    return out
+
+
+def pyexpr(e: Any) -> str:
+    """An index expression over loop variables as Triton code (Python floor semantics)."""
+    if isinstance(e, int):
+        return str(e)
+    if e.is_Integer:
+        return str(int(e))
+    if e.is_Symbol:
+        name = str(e.name)
+        if not (name[:1] in "ir" and name[1:].isdigit()):
+            raise CodegenError(f"index symbol {short(name)!r} is not a loop variable")
+        return name
+    args = [pyexpr(a) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return f"_floordiv({args[0]}, {args[1]})"
+    if isinstance(e, PyMod):
+        return f"_mod({args[0]}, {args[1]})"
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = "tl.maximum" if isinstance(e, sympy.Max) else "tl.minimum"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
+        return out
+    raise CodegenError(f"index expression {short(str(e))} has no Triton form")
+
+
+def literal(v: object, dt: DType) -> str:
+    """A number converted to `dt` as eager converts it (torch.tensor(v, dtype)), as a Python
+    literal (Triton types a float literal f32 and an int literal i32/i64 by its value)."""
+    if isinstance(v, sympy.Expr) and not v.is_number:
+        raise CodegenError("a symbolic number operand (the Triton target takes static sizes)")
+    x: Any = torch.tensor(v, dtype=dt.torch).item()
+    if isinstance(x, bool):
+        return "1" if x else "0"
+    if isinstance(x, int):
+        return str(x)
+    if math.isnan(x):
+        return 'float("nan")'
+    if math.isinf(x):
+        return 'float("inf")' if x > 0 else 'float("-inf")'
+    if dt == DType.f64:
+        raise CodegenError("an f64 literal (Triton would round it to f32)")
+    return repr(float(x))
+
+
+def _round(dt: DType, text: str) -> str:
+    if dt in (DType.f16, DType.bf16):  # eager rounds every op's result to the dtype
+        return f"({text}).to({tl_dtype(dt)}).to(tl.float32)"
+    return text
+
+
+@dataclass
+class _Red:
+    """One reduction computed per row: its body, buffers (kernel argument names), kind."""
+
+    body: Graph
+    bufs: tuple[str, ...]
+    reduction: str
+    rranges: list[int]
+    name: str = ""  # the row value's variable
+    block: int = 1
+    persistent: bool = True
+
+
+@dataclass
+class _Writer:
+    name: str
+    items: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+    reds: dict[tuple[Any, ...], _Red] = field(default_factory=dict)
+    renders: int = 0
+    wide: bool = False  # int64 index math
+    interpret: bool = False  # for Triton's interpreter, which has no libdevice
+
+    def emit(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    def body(self, depth: int, g: Graph, bufs: Sequence[str], mask: str, shape: str
+             ) -> list[str]:
+        """Emit one evaluation of body `g` (loads of buffer params read `bufs`) under `mask`
+        over a block of `shape`; returns the names of its outputs."""
+        self.renders += 1
+        pre = f"v{self.renders}_"
+        env: dict[Value, str] = {}
+        for p, b in zip(g.params, bufs, strict=True):
+            env[p] = b
+        for n in g.nodes:
+            r = n.results[0]
+            loc = f" ({short(n.loc.file)}:{n.loc.line})" if n.loc else ""
+            self.emit(depth, "# " + safe_text(f"%{r.name} = {n.op}{loc}"))
+            rhs = self.rhs(n, env, pre, mask, shape)
+            env[r] = ident(r.name, pre)
+            self.emit(depth, f"{env[r]} = {rhs}")
+        return [env[o] for o in g.outputs]
+
+    def rhs(self, n: Node, env: dict[Value, str], pre: str, mask: str, shape: str) -> str:
+        r = n.results[0]
+        dt = _tensor(r).dtype
+        if n.op == "loop.load":
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            off = pyexpr(flat_offset(index, _static(_tensor(buf).shape, "buffer size")))
+            # the offsets broadcast to the block (a row value's load under a [X, R] mask)
+            load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
+                   f"mask={mask}, other=0)"
+            return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
+        if n.op == "loop.index":
+            e = pyexpr(parse_index(str(n.kwargs["index"])))
+            return f"(tl.zeros({shape}, tl.int64) + {e})"
+        if n.op == "loop.reduce":
+            return self.reduce_ref(n, env).name
+        if n.op == "prims.full":
+            return f"tl.full({shape}, {literal(n.kwargs['value'], dt)}, {compute_dtype(dt)})"
+        if n.op == "prims.convert_element_type":
+            x = n.args[0]
+            assert isinstance(x, Value)
+            if dt == DType.b8:
+                return f"({env[x]} != 0)"
+            return _round(dt, f"{env[x]}.to({compute_dtype(dt)})")
+        table = OPS.get(n.op)
+        tensors = [a for a in n.args if isinstance(a, Value)]
+        if table is None or not tensors:
+            raise CodegenError(f"{n.op} has no Triton template yet")
+        odt = _tensor(tensors[-1]).dtype  # where: the branches' dtype decides the class
+        tmpl = table.get(dclass(odt))
+        if tmpl is None:
+            raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
+        if self.interpret and ("libdevice" in tmpl or tmpl.startswith("_remainder")):
+            raise CodegenError(f"{n.op} needs libdevice, which Triton's interpreter lacks")
+        ops = [env[a] if isinstance(a, Value) else literal(a, odt) for a in n.args]
+        text = tmpl.format(*ops)
+        if dt == DType.b8 or dclass(odt) == _B:
+            return text
+        return _round(dt, f"({text}).to({compute_dtype(dt)})" if dclass(dt) == _I else text)
+
+    def reduce_ref(self, n: Node, env: dict[Value, str]) -> _Red:
+        ref = n.args[0]
+        assert isinstance(ref, Ref)
+        key = (ref.name, tuple(env[a] for a in n.args[1:] if isinstance(a, Value)),
+               n.kwargs.get("reduction"))
+        red = self.reds.get(key)
+        if red is None:
+            raise CodegenError("a loop.reduce that the kernel does not compute per row")
+        return red
+
+
+def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
+             order: list[_Red]) -> None:
+    """The fused reductions of body `g` (nested ones first), each once per kernel."""
+    env = dict(zip(g.params, bufs, strict=True))
+    for n in g.nodes:
+        if n.op != "loop.reduce":
+            continue
+        ref = n.args[0]
+        sub = w.items.get(ref.name) if isinstance(ref, Ref) else None
+        if not isinstance(sub, Graph) or len(sub.outputs) != 1:
+            raise CodegenError("a loop.reduce without a one-value body")
+        if _static(n.kwargs["ranges"], "reduce range") != outer:  # type: ignore[arg-type]
+            raise CodegenError("fused reductions over different outer ranges")
+        sbufs = tuple(env[a] for a in n.args[1:] if isinstance(a, Value))
+        key = (ref.name, sbufs, n.kwargs.get("reduction"))
+        if key in w.reds:
+            continue
+        _collect(w, sub, sbufs, outer, order)
+        red = _Red(sub, sbufs, str(n.kwargs["reduction"]),
+                   _static(n.kwargs["reduce_ranges"], "reduce range"))  # type: ignore[arg-type]
+        w.reds[key] = red
+        order.append(red)
+
+
+def _decompose(w: _Writer, depth: int, flat: str, dims: list[int], var: str, start: int,
+               ) -> None:
+    """Loop variables `var{start+k}` recovered from the flat row-major index `flat`."""
+    stride = math.prod(dims)
+    for k, d in enumerate(dims):
+        stride //= d
+        e = flat if stride == 1 else f"({flat} // {stride})"
+        if k > 0:
+            e = f"({e} % {d})"
+        w.emit(depth, f"{var}{start + k} = {e}")
+
+
+IDENT: dict[str, dict[str, str]] = {
+    "sum": {_F: "0.0", _I: "0"}, "prod": {_F: "1.0", _I: "1"},
+    "amax": {_F: 'float("-inf")'}, "amin": {_F: 'float("inf")'},
+}
+_COMBINE = {"sum": "tl.sum", "prod": "_prod", "amax": "tl.max", "amin": "tl.min"}
+
+
+def _int_ident(red: str, dt: DType) -> str:
+    info = torch.iinfo(dt.torch) if dt != DType.b8 else None
+    if red in ("sum", "prod"):
+        return IDENT[red][_I]
+    if info is None:
+        return "0" if red == "amax" else "1"
+    return str(info.min if red == "amax" else info.max)
+
+
+def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> None:
+    """Emit red.name = the reduction of red.body over its row, shape [XBLOCK, 1]."""
+    rn = math.prod(red.rranges)
+    dt = _tensor(red.body.outputs[0]).dtype
+    kind = red.reduction
+    value_kind = {"argmax": "amax", "argmin": "amin"}.get(kind, kind)
+    if value_kind not in ("sum", "prod", "amax", "amin"):
+        raise CodegenError(f"reduction {kind} has no Triton form yet")
+    if dclass(dt) == _B and value_kind in ("sum", "prod"):
+        raise CodegenError(f"a {kind} of bools")
+    ct = compute_dtype(dt) if dt != DType.b8 else "tl.int8"
+    ident_v = IDENT[value_kind][_F] if dclass(dt) == _F else _int_ident(value_kind, dt)
+    blk = red.block
+    rshape = f"[XBLOCK, {blk}]"
+
+    def chunk(d: int, roff: str) -> str:
+        """Emit the body over one chunk of the row; returns the masked value name."""
+        w.emit(d, f"rflat = {roff}tl.arange(0, {blk})[None, :]" + (
+            ".to(tl.int64)" if w.wide else ""))
+        w.emit(d, f"rmask = {xmask} & (rflat < {rn})")
+        _decompose(w, d, "rflat", red.rranges, "r", 0)
+        (v,) = w.body(d, red.body, red.bufs, "rmask", rshape)
+        w.emit(d, f"rv = tl.where(rmask, {v}.to({ct}), {ident_v})")
+        return "rv"
+
+    val = red.name if kind == value_kind else red.name + "_m"
+    nan_fix = dclass(dt) == _F and value_kind in ("amax", "amin")
+    op = _COMBINE[value_kind]
+    if red.persistent:
+        chunk(depth, "")
+        w.emit(depth, f"{val} = {_reduce_call(op, 'rv')}")
+        if nan_fix:  # tl.max drops NaN: a row holding one reduces to NaN, as eager
+            w.emit(depth, f"{val} = tl.where(tl.max((rv != rv).to(tl.int8), 1, keep_dims=True)"
+                          f" > 0, float('nan'), {val})")
+    else:
+        w.emit(depth, f"acc = tl.full({rshape}, {ident_v}, {ct})")
+        w.emit(depth, f"for roff in range(0, {rn}, {blk}):")
+        chunk(depth + 1, "roff + ")
+        comb = {"sum": "acc + rv", "prod": "acc * rv",
+                "amax": "_maximum(acc, rv)" if dclass(dt) == _F else "tl.maximum(acc, rv)",
+                "amin": "_minimum(acc, rv)" if dclass(dt) == _F else "tl.minimum(acc, rv)"}
+        w.emit(depth + 1, f"acc = {comb[value_kind]}")
+        w.emit(depth, f"{val} = {_reduce_call(op, 'acc')}")
+        if nan_fix:
+            w.emit(depth, f"{val} = tl.where(tl.max((acc != acc).to(tl.int8), 1, keep_dims=True)"
+                          f" > 0, float('nan'), {val})")
+    if dt in (DType.f16, DType.bf16):  # the row value as eager rounds it
+        w.emit(depth, f"{val} = {val}.to({tl_dtype(dt)}).to(tl.float32)")
+    elif dt == DType.b8:
+        w.emit(depth, f"{val} = {val} != 0")
+    if kind == value_kind:
+        return
+    # argmax/argmin: the first index where the value is the max/min (a NaN where it is NaN)
+    big = rn
+    w.emit(depth, f"{red.name} = tl.full([XBLOCK, 1], {big}, tl.int64)")
+    loop = not red.persistent
+    d = depth + 1 if loop else depth
+    if loop:
+        w.emit(depth, f"for roff in range(0, {rn}, {blk}):")
+    chunk(d, "roff + " if loop else "")
+    hit = f"(rv == {val})" + (f" | ((rv != rv) & ({val} != {val}))" if dclass(dt) == _F else "")
+    w.emit(d, f"hit = rmask & ({hit})")
+    w.emit(d, f"{red.name} = tl.minimum({red.name}, tl.min(tl.where(hit, rflat.to(tl.int64), "
+              f"{big}), 1, keep_dims=True))")
+
+
+def _reduce_call(op: str, x: str) -> str:
+    if op == "_prod":
+        return f"tl.reduce({x}, 1, _mul, keep_dims=True)"
+    return f"{op}({x}, 1, keep_dims=True)"
+
+
+@dataclass
+class Rendered:
+    source: str
+    schedule: dict[str, int]
+
+
+def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret: bool = False
+           ) -> Rendered:
+    """The Triton module of kernel `name` computing `node` (loop.pointwise / loop.reduction);
+    `interpret`: for Triton's interpreter (ops that need libdevice raise CodegenError)."""
+    w = _Writer(name, items, interpret=interpret)
+    t = _tensor(node.results[0])
+    ranges = _static(node.kwargs["ranges"], "range")  # type: ignore[arg-type]
+    for v in [*node.args[1:], *node.results]:
+        if isinstance(v, Value):
+            tl_dtype(_tensor(v).dtype)
+            numel = math.prod(_static(_tensor(v).shape, "buffer size"))
+            w.wide |= numel >= INT32_LIMIT
+    nin = len(node.args) - 1
+    nout = len(node.results)
+    ins = [f"in{k}" for k in range(nin)]
+    outs = [f"out{k}" for k in range(nout)]
+    order: list[_Red] = []
+    main: _Red | None = None
+    if node.op == "loop.reduction":
+        main = _Red(body, tuple(ins), str(node.kwargs["reduction"]),
+                    _static(node.kwargs["reduce_ranges"], "reduce range"))  # type: ignore[arg-type]
+        _collect(w, body, ins, ranges, order)
+        order.append(main)
+        outer = ranges
+    else:
+        outer = _outer(w, body, ins, ranges, order)
+    xn = math.prod(outer)
+    w.wide |= xn >= INT32_LIMIT
+    sym = kernel_symbol(name)
+    sched: dict[str, int] = {}
+    head = [f"# ember triton kernel {safe_text('@' + short(name))}: "
+            f"{safe_text(node.op)} over {ranges}", PRELUDE, "", "@triton.jit"]
+    params = ", ".join([*ins, *outs, "XBLOCK: tl.constexpr"])
+    w.emit(0, f"def {sym}({params}):")
+    pid = "tl.program_id(0)" + (".to(tl.int64)" if w.wide else "")
+    if not order:  # plain pointwise: 1-D over the flattened output
+        xblock = min(PMAX, next_pow2(xn))
+        sched = {"XBLOCK": xblock, "num_warps": max(1, min(8, xblock // 256)),
+                 "grid": math.ceil(xn / xblock)}
+        w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        w.emit(1, f"xmask = xflat < {xn}")
+        _decompose(w, 1, "xflat", ranges, "i", 0)
+        vals = w.body(1, body, ins, "xmask", "[XBLOCK]")
+        for o, v, r in zip(outs, vals, node.results, strict=True):
+            w.emit(1, f"tl.store({o} + xflat, {v}.to({tl_dtype(_tensor(r).dtype)}), "
+                      f"mask=xmask)")
+    else:
+        widest = 1
+        for k, red in enumerate(order):
+            rn = math.prod(red.rranges)
+            red.persistent = rn <= RMAX
+            red.block = next_pow2(rn) if red.persistent else RMAX // 4
+            red.name = f"red{k}"
+            widest = max(widest, red.block)
+        inner = ranges[len(outer):] if main is None else []
+        ni = math.prod(inner)
+        iblock = min(next_pow2(ni), RMAX) if main is None else 1
+        widest = max(widest, iblock)
+        xblock = max(1, min(next_pow2(xn), 64, RMAX // widest))
+        elems = xblock * widest
+        sched = {"XBLOCK": xblock, "num_warps": 8 if elems >= 4096 else 4 if elems >= 1024
+                 else 2 if elems >= 256 else 1, "grid": math.ceil(xn / xblock)}
+        for k, red in enumerate(order):
+            sched[f"R{k}BLOCK"] = red.block
+        w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        w.emit(1, f"xmask = xflat < {xn}")
+        _decompose(w, 1, "xflat", outer, "i", 0)
+        for red in order:
+            _row_reduce(w, 1, red, "xmask", "[XBLOCK, 1]")
+        if main is not None:
+            w.emit(1, f"tl.store({outs[0]} + xflat, {main.name}.to({tl_dtype(t.dtype)}), "
+                      f"mask=xmask)")
+        else:
+            sched["IBLOCK"] = iblock
+            d = 1
+            if ni > iblock:
+                w.emit(1, f"for ioff in range(0, {ni}, {iblock}):")
+                d = 2
+            start = "ioff + " if ni > iblock else ""
+            w.emit(d, f"iflat = {start}tl.arange(0, {iblock})[None, :]" + (
+                ".to(tl.int64)" if w.wide else ""))
+            w.emit(d, f"imask = xmask & (iflat < {ni})")
+            _decompose(w, d, "iflat", inner, "i", len(outer))
+            vals = w.body(d, body, ins, "imask", f"[XBLOCK, {iblock}]")
+            for o, v, r in zip(outs, vals, node.results, strict=True):
+                w.emit(d, f"tl.store({o} + xflat * {ni} + iflat, "
+                          f"{v}.to({tl_dtype(_tensor(r).dtype)}), mask=imask)")
+    args = ", ".join([*ins, *outs])
+    launch = ["", "", f"SCHEDULE = {sched!r}", "", "",
+              f"def launch({args}):",
+              f"    {sym}[({sched['grid']},)]({args}, XBLOCK={sched['XBLOCK']}, "
+              f"num_warps={sched['num_warps']})", ""]
+    if xn == 0 or sched["grid"] == 0:
+        launch[-2] = "    return None  # no elements"
+    return Rendered("\n".join([*head, *w.lines, *launch]), sched)
+
+
+def _outer(w: _Writer, body: Graph, ins: list[str], ranges: list[int],
+           order: list[_Red]) -> list[int]:
+    """The outer ranges of a pointwise kernel's fused reductions ([] where it has none)."""
+    outer: list[int] | None = None
+    for n in body.nodes:
+        if n.op == "loop.reduce":
+            o = _static(n.kwargs["ranges"], "reduce range")  # type: ignore[arg-type]
+            if outer is not None and o != outer:
+                raise CodegenError("fused reductions over different outer ranges")
+            outer = o
+    if outer is None:
+        return ranges
+    if ranges[:len(outer)] != outer:
+        raise CodegenError("a fused reduction whose rows are not the kernel's outer dims")
+    _collect(w, body, ins, outer, order)
+    return outer
