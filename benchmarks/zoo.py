@@ -1,0 +1,611 @@
+"""The model zoo (issue 18): eager, torch.compile and ember on ~50 torchvision, timm and Hugging
+Face architectures (benchmarks/zoo_models.py), random weights, inference, f32, batch 2.
+
+    python benchmarks/zoo.py --list
+    python benchmarks/zoo.py --models all|NAME,NAME,... --threads N --out DIR --timeout S
+                             --budget S [--shard K/N] [--reps R] [--compilers ember,torch.compile]
+    python benchmarks/zoo.py --merge A.json B.json ... --out DIR     (shards -> one report)
+
+Each model runs in its own process (`--worker`), with a timeout: a crash or hang in one model is
+that model's result, not the suite's. In the worker: the model is built (seed 0), eager runs it
+once (the reference), then each compiler's first call is timed cold (fresh cache directories, a
+fresh process) and warm (a new compiled object with the disk caches kept, in-process state
+dropped), its output is checked against eager's, and what it did is recorded (ember: graphs,
+kernels, graph breaks, fallbacks to eager, with reasons; torch.compile: dynamo's graph count,
+graph breaks with reasons and frames it failed on). Then warm-up calls and `--reps` timed
+repetitions interleaved round robin (order rotating; tiny calls batched to >= 5 ms per sample).
+The worker writes one JSON line per step, so a timeout still reports the steps that finished.
+
+Correct = `torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-3 * max(1, max|eager|),
+equal_nan=True)` on the logits (or last hidden state) — an absolute tolerance relative to the
+output's scale, since random-weight deep nets have outputs of very different magnitudes.
+
+`--budget` stops starting models when the time is spent (a running model's timeout is cut to
+what is left) and the results (`zoo-<date>-<tag>.json` and `.md` in --out) are rewritten after
+every model, so a run cut short still leaves a report. Models whose library does not import are
+reported as skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+if (ROOT / ".devlibs").is_dir():  # `bytecode` carried to a machine with no index (README)
+    sys.path.append(str(ROOT / ".devlibs"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size  # noqa: E402
+
+COMPILERS = ("torch.compile", "ember")
+RTOL, ATOL = 1e-3, 1e-3
+LIBRARY = {"torchvision": "torchvision", "timm": "timm", "hf": "transformers"}
+
+# ---- the worker: one model, in its own process -------------------------------------------------
+
+
+class Events:
+    """The worker's JSON-lines log, flushed after every line (a killed worker keeps its steps)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, event: str, **data: Any) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"event": event, **data}, default=str) + "\n")
+
+
+def _short(e: BaseException, frames: int = 3) -> str:
+    """The exception in one line, with the innermost frames' locations (for diagnosis)."""
+    tb = traceback.extract_tb(e.__traceback__)[-frames:]
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(tb))
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:400]}" + (f" [at {where}]"
+                                                                      if where else "")
+
+
+def _out(x: Any) -> Any:
+    """The tensors compared: an HF output's logits (or last hidden state), else the output."""
+    for attr in ("logits", "last_hidden_state"):
+        v = getattr(x, attr, None)
+        if v is not None:
+            return v
+    return x
+
+
+def _scale(x: Any) -> float:
+    import torch
+    from torch.utils._pytree import tree_leaves
+    m = 0.0
+    for t in tree_leaves(x):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            fin = t[torch.isfinite(t)]
+            if fin.numel():
+                m = max(m, float(fin.abs().max()))
+    return m
+
+
+def compare(got: Any, want: Any) -> str:
+    import torch
+    want = _out(want)
+    try:
+        torch.testing.assert_close(_out(got), want, rtol=RTOL, atol=ATOL * max(1.0, _scale(want)),
+                                   equal_nan=True)
+    except (AssertionError, TypeError, ValueError) as e:
+        return "MISMATCH: " + " ".join(str(e).split())[:400]
+    return "ok"
+
+
+class TorchCompile:
+    """torch.compile (default inductor): cold = a fresh inductor cache directory and dynamo
+    reset; warm = dynamo reset with the disk cache kept. What dynamo did is read from its
+    counters right after the cold compile (this process compiled nothing else before)."""
+
+    name = "torch.compile"
+
+    def __init__(self) -> None:
+        self.seen: dict[str, Any] = {}
+
+    def make(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+        return torch.compile(fn)
+
+    def cold(self, d: Path) -> None:
+        import torch._dynamo
+        import torch._inductor.utils
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+        torch._dynamo.reset()
+        torch._inductor.utils.clear_caches()
+        torch._dynamo.utils.counters.clear()
+
+    def after_cold(self) -> None:
+        import torch._dynamo
+        c = torch._dynamo.utils.counters
+        breaks = {k: v for k, v in c["graph_break"].items()}
+        frames_failed = c["frames"]["total"] - c["frames"]["ok"]
+        graphs = c["stats"]["unique_graphs"]
+        status = f"{graphs} graph(s)"
+        if breaks:
+            status += f"; {sum(breaks.values())} graph break(s)"
+        if frames_failed:
+            status += f"; {frames_failed} frame(s) failed to compile (run eagerly)"
+        self.seen = {"status": status, "graphs": graphs,
+                     "breaks": [f"{n}× {k}" for k, n in breaks.items()],
+                     "break_count": sum(breaks.values()), "frames_failed": frames_failed,
+                     "fallbacks": [f"{k} ({n}×)" for k, n in c["unimplemented"].items()]
+                     if frames_failed else []}
+
+    def warm(self) -> None:
+        import torch._dynamo
+        import torch._inductor.utils
+        torch._dynamo.reset()
+        torch._inductor.utils.clear_caches()
+
+    def describe(self, compiled: Any) -> dict[str, Any]:
+        return self.seen
+
+
+class Ember:
+    name = "ember"
+
+    def make(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        from ember.runtime.compile import compile
+        return compile(fn, backend="inductor")  # type: ignore[no-any-return]
+
+    def cold(self, d: Path) -> None:
+        from ember.inductor import cache
+        os.environ["EMBER_CACHE_DIR"] = str(d)
+        cache.forget_loaded()
+
+    def after_cold(self) -> None:
+        pass
+
+    def warm(self) -> None:
+        from ember.inductor import cache
+        cache.forget_loaded()
+
+    def describe(self, compiled: Any) -> dict[str, Any]:
+        from ember.runtime.bench import ember_status
+        info = ember_status(compiled)
+        info.pop("notes", None)
+        info["break_count"] = len(info.get("breaks", []))
+        return info
+
+
+def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float) -> int:
+    t = time.perf_counter()
+    f(*args)
+    once = max(time.perf_counter() - t, 1e-7)
+    return max(1, min(10_000, math.ceil(min_sample_s / once)))
+
+
+def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
+           warm: bool) -> int:
+    try:
+        import importlib
+        importlib.import_module(LIBRARY[model.family])
+    except Exception as e:  # noqa: BLE001  (a broken install is as good as a missing one)
+        emit("skipped", reason=f"{LIBRARY[model.family]} not importable "
+                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        return 0
+    import torch
+    warnings.filterwarnings("ignore")
+    with torch.no_grad():
+        try:
+            torch.manual_seed(0)
+            fn, args = model.build(size)
+        except Exception as e:  # noqa: BLE001
+            emit("error", reason="build failed: " + _short(e))
+            return 0
+        t = time.perf_counter()
+        want = fn(*args)
+        emit("built", eager_first_s=time.perf_counter() - t,
+             params=sum(p.numel() for p in getattr(fn, "parameters", lambda: [])()),
+             inputs=[list(a.shape) for a in args if isinstance(a, torch.Tensor)],
+             eager_finite=all(bool(torch.isfinite(t).all()) for t in
+                              torch.utils._pytree.tree_leaves(_out(want))
+                              if isinstance(t, torch.Tensor) and t.is_floating_point()))
+        runs: dict[str, Callable[..., Any]] = {"eager": fn}
+        for who in compilers:
+            c: TorchCompile | Ember = TorchCompile() if who == "torch.compile" else Ember()
+            tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
+            try:
+                c.cold(tmp)
+                t = time.perf_counter()
+                compiled = c.make(fn)
+                got = compiled(*args)
+                cold_s = time.perf_counter() - t
+                c.after_cold()
+                warm_s = None
+                if warm:
+                    c.warm()
+                    t = time.perf_counter()
+                    compiled = c.make(fn)
+                    compiled(*args)
+                    warm_s = time.perf_counter() - t
+                emit("compiled", who=who, cold_s=cold_s, warm_s=warm_s, check=compare(got, want),
+                     info=c.describe(compiled))
+                runs[who] = compiled
+            except Exception as e:  # noqa: BLE001  (the compiler failed: its result, not ours)
+                emit("compile_error", who=who, error=_short(e))
+        for n, f in list(runs.items()):
+            try:
+                for _ in range(2):
+                    f(*args)
+            except Exception as e:  # noqa: BLE001
+                emit("run_error", who=n, error=_short(e))
+                del runs[n]
+        number = _calibrate(fn, args, 0.005)
+        samples: dict[str, list[float]] = {n: [] for n in runs}
+        names = list(runs)
+        for r in range(reps):
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
+                f = runs[n]
+                t = time.perf_counter()
+                for _ in range(number):
+                    f(*args)
+                samples[n].append((time.perf_counter() - t) / number * 1e3)
+        timings = {}
+        for n, s in samples.items():
+            q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
+            timings[n] = {"ms": statistics.median(s), "q1": q[0], "q3": q[2],
+                          "calls": len(s) * number}
+        emit("timed", timings=timings)
+    return 0
+
+
+# ---- the driver --------------------------------------------------------------------------------
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(path.read_text(errors="replace")[-n:].split())
+    return ""
+
+
+def record_of(model: Model, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A model's result from the worker's events (`status` is set by the caller if the worker
+    did not finish)."""
+    rec: dict[str, Any] = {"name": model.name, "family": model.family, "kind": model.kind,
+                           "what": model.what, "status": "done", "reason": "", "contenders": {}}
+    con = rec["contenders"]
+    for ev in events:
+        kind = ev.pop("event")
+        if kind in ("skipped", "error"):
+            rec["status"], rec["reason"] = kind, ev["reason"]
+        elif kind == "built":
+            rec["built"] = ev
+        elif kind == "compiled":
+            con[ev.pop("who")] = ev
+        elif kind in ("compile_error", "run_error"):
+            con.setdefault(ev.pop("who"), {})["error"] = ev["error"]
+        elif kind == "timed":
+            for who, t in ev["timings"].items():
+                con.setdefault(who, {}).update(t)
+    return rec
+
+
+def run_model(model: Model, a: argparse.Namespace, timeout: float, logdir: Path
+              ) -> dict[str, Any]:
+    safe = model.name.replace("/", "_")
+    ev_path, log_path = logdir / f"{safe}.jsonl", logdir / f"{safe}.log"
+    ev_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model.name,
+           "--events", str(ev_path), "--threads", str(a.threads), "--reps", str(a.reps),
+           "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
+        + ([] if a.warm else ["--no-warm"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
+    t = time.monotonic()
+    with log_path.open("w") as log:
+        # its own session: on a timeout the whole group goes (g++, inductor's compile workers)
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                             start_new_session=True)
+        try:
+            rc: int | None = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = None
+    events = []
+    with contextlib.suppress(OSError):
+        for line in ev_path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                events.append(json.loads(line))
+    rec = record_of(model, events)
+    rec["seconds"] = round(time.monotonic() - t, 1)
+    if rc is None:
+        cut = timeout < a.timeout
+        rec["status"] = "budget" if cut else "timeout"
+        rec["reason"] = (f"stopped after {timeout:.0f} s: the time budget ran out" if cut
+                         else f"timed out after {timeout:.0f} s")
+        rec["log_tail"] = _tail(log_path, 600)
+    elif rc != 0 or not events:
+        rec["status"], rec["reason"] = "crashed", f"worker exited with status {rc}"
+        rec["log_tail"] = _tail(log_path)
+    return rec
+
+
+def _ok(rec: dict[str, Any], who: str) -> bool:
+    c = rec["contenders"].get(who, {})
+    return c.get("check") == "ok" and "error" not in c
+
+
+def _speedup(rec: dict[str, Any], who: str) -> float | None:
+    con = rec["contenders"]
+    e, c = con.get("eager", {}).get("ms"), con.get(who, {}).get("ms")
+    return e / c if e and c and "error" not in con.get(who, {}) else None
+
+
+def geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def summary(records: list[dict[str, Any]], compilers: list[str]) -> dict[str, Any]:
+    ran = [r for r in records if r["status"] not in ("skipped", "not run")]
+    both = [r for r in ran if all(_ok(r, w) and _speedup(r, w) for w in compilers)]
+    out: dict[str, Any] = {"models": len(records), "ran": len(ran),
+                           "skipped": sum(r["status"] == "skipped" for r in records),
+                           "not_run": sum(r["status"] == "not run" for r in records),
+                           "both_correct_and_timed": len(both)}
+    for w in compilers:
+        out[w] = {
+            "correct": sum(_ok(r, w) for r in ran),
+            "with_graph_breaks": sum(bool(r["contenders"].get(w, {}).get("info", {})
+                                          .get("break_count")) for r in ran),
+            "with_fallbacks": sum(bool(r["contenders"].get(w, {}).get("info", {})
+                                       .get("fallbacks")) for r in ran),
+            "geomean_speedup": geomean([_speedup(r, w) or 1.0 for r in both]),
+            "max_cold_compile_s": max((r["contenders"].get(w, {}).get("cold_s") or 0.0
+                                       for r in ran), default=0.0)}
+    if len(compilers) == 2 and both:
+        a, b = compilers
+        out[f"{b} / {a}"] = geomean([(_speedup(r, b) or 1.0) / (_speedup(r, a) or 1.0)
+                                     for r in both])
+    return out
+
+
+def _f(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "—"
+    return (f"{x:.3f}" if x < 1 else f"{x:.2f}" if x < 10 else f"{x:.1f}") + unit
+
+
+def _cell(rec: dict[str, Any], who: str) -> str:
+    c = rec["contenders"].get(who)
+    if c is None:
+        return "—"
+    if "error" in c:
+        return "FAILED"
+    info = c.get("info", {})
+    bits = [c.get("check", "—") if c.get("check") == "ok" else "MISMATCH"]
+    if info.get("break_count"):
+        bits.append(f"{info['break_count']} break(s)")
+    if info.get("fallbacks"):
+        bits.append(f"{len(info['fallbacks'])} fallback(s)")
+    if info.get("eager_graphs"):
+        bits.append(f"{len(info['eager_graphs'])} graph(s) eager")
+    return ", ".join(bits)
+
+
+def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str]) -> str:
+    m, v, s = meta["machine"], meta["versions"], summary(records, compilers)
+    out = [f"# ember model zoo, {meta['date']}", "",
+           f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; {meta['threads']} "
+           f"torch threads; {m['os']}.  ",
+           "Versions: " + ", ".join(f"{k}: {x}" for k, x in v.items()) + ".  ",
+           *([f"**Smoke sizes** (`--tiny`): HF models at {TINY}."] if meta.get("tiny") else []),
+           f"Method: {meta['method']}", "", "## Summary", "",
+           f"{s['models']} models: {s['ran']} run, {s['skipped']} skipped, {s['not_run']} not "
+           f"run (budget). Both compilers correct and timed: {s['both_correct_and_timed']}.", ""]
+    for w in compilers:
+        x = s[w]
+        out.append(f"- **{w}**: correct {x['correct']}/{s['ran']}; geomean speedup over eager "
+                   f"on the {s['both_correct_and_timed']} models both got right "
+                   f"{_f(x['geomean_speedup'], '×')}; graph breaks in {x['with_graph_breaks']} "
+                   f"model(s), fallbacks in {x['with_fallbacks']}; slowest cold compile "
+                   f"{_f(x['max_cold_compile_s'], ' s')}")
+    for k, x in s.items():
+        if " / " in k:
+            out.append(f"- geomean of {k} speedups: {_f(x, '×')}")
+    head = ["model", "eager ms"] + [f"{w} ms" for w in compilers] + [f"{w} ×" for w in compilers] \
+        + [f"{w} cold / warm s" for w in compilers] + compilers
+    out += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        con = r["contenders"]
+        if r["status"] in ("skipped", "not run"):
+            continue
+        cells = [r["name"], _f(con.get("eager", {}).get("ms"))]
+        cells += [_f(con.get(w, {}).get("ms")) for w in compilers]
+        cells += [_f(_speedup(r, w), "×") for w in compilers]
+        cells += [f"{_f(con.get(w, {}).get('cold_s'))} / {_f(con.get(w, {}).get('warm_s'))}"
+                  for w in compilers]
+        cells += [_cell(r, w) if r["status"] == "done" else
+                  f"{r['status'].upper()}: {_cell(r, w)}" for w in compilers]
+        out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    out += ["", "## Graph breaks, fallbacks, mismatches and failures", ""]
+    for r in records:
+        notes = [f"{r['status']}: {r['reason']}"] if r["status"] not in ("done",) else []
+        for w in ["eager", *compilers]:
+            c = r["contenders"].get(w, {})
+            info = c.get("info", {})
+            if "error" in c:
+                notes.append(f"{w} FAILED: {c['error']}")
+            if c.get("check", "ok") != "ok":
+                notes.append(f"{w} {c['check']}")
+            for key in ("breaks", "fallbacks", "eager_graphs", "reference"):
+                notes += [f"{w} {key[:-1] if key != 'reference' else 'reference op'}: {x}"
+                          for x in info.get(key, [])]
+        if r.get("built") and not r["built"].get("eager_finite", True):
+            notes.append("note: eager's output has non-finite values")
+        if notes:
+            out.append(f"- **{r['name']}**: " + "; ".join(" ".join(str(n).split())[:600]
+                                                          for n in notes))
+    out += ["", "## Models", ""] + [f"- **{r['name']}** ({r['family']}, {r['kind']}): {r['what']}"
+                                    for r in records]
+    return "\n".join(out) + "\n"
+
+
+def meta_of(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from ember.runtime.bench import machine_info, versions
+    v = versions(ROOT)
+    if v["ember"].startswith("unknown") and a.commit:
+        v["ember"] = a.commit
+    for lib in ("torchvision", "timm", "transformers"):
+        try:
+            v[lib] = __import__(lib).__version__
+        except Exception:  # noqa: BLE001
+            v[lib] = "not importable"
+    return {"date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC", "machine": machine_info(),
+            "versions": v, "threads": a.threads, "torch_threads_default": torch.get_num_threads(),
+            "compilers": a.compilers, "reps": a.reps, "tiny": a.tiny, "shard": a.shard,
+            "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
+            "method": f"each model in its own process; {a.reps} interleaved repetitions per "
+                      f"contender (round robin, order rotating), median ms; cold s = first call "
+                      f"with empty caches in a fresh process, warm s = first call of a new "
+                      f"compiled object with the disk caches kept; correct = assert_close vs "
+                      f"eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's output)); "
+                      f"inference under torch.no_grad(), f32, random weights."}
+
+
+def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str],
+          outdir: Path, stem: str) -> list[Path]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    js, md = outdir / f"{stem}.json", outdir / f"{stem}.md"
+    js.write_text(json.dumps({"meta": meta, "summary": summary(records, compilers),
+                              "models": records}, indent=1, default=str) + "\n")
+    md.write_text(markdown(records, meta, compilers))
+    return [js, md]
+
+
+def select(a: argparse.Namespace) -> list[Model]:
+    if a.models == "all":
+        models = list(ZOO)
+    else:
+        names = [n.strip() for n in a.models.split(",") if n.strip()]
+        unknown = [n for n in names if n not in BY_NAME]
+        if unknown:
+            raise SystemExit(f"zoo: unknown model(s) {', '.join(unknown)} (see --list)")
+        models = [BY_NAME[n] for n in names]
+    if a.shard:
+        k, n = (int(x) for x in a.shard.split("/"))
+        if not 1 <= k <= n:
+            raise SystemExit(f"zoo: --shard {a.shard}: want K/N with 1 <= K <= N")
+        models = models[k - 1::n]
+    return models
+
+
+def merge(paths: list[Path], outdir: Path) -> list[Path]:
+    """One report from several runs' JSON (shards): models in zoo order, the later file's
+    result for a model run twice."""
+    datas = [json.loads(p.read_text()) for p in paths]
+    by: dict[str, dict[str, Any]] = {}
+    for d in datas:
+        for r in d["models"]:
+            if r["name"] not in by or r["status"] != "not run":
+                by[r["name"]] = r
+    order = {m.name: i for i, m in enumerate(ZOO)}
+    records = sorted(by.values(), key=lambda r: order.get(r["name"], len(order)))
+    meta = dict(datas[0]["meta"], merged=[str(p) for p in paths], shard=None)
+    stem = paths[0].stem.split("-shard")[0] + "-merged"
+    return write(records, meta, list(meta["compilers"]), outdir, stem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="all", help="all, or a comma-separated list (--list)")
+    ap.add_argument("--list", action="store_true", help="print the zoo and exit")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per model")
+    ap.add_argument("--budget", type=float, default=math.inf,
+                    help="seconds for the whole run: no model starts after it")
+    ap.add_argument("--shard", default="", help="K/N: every N-th model from the K-th")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--compilers", default=",".join(COMPILERS),
+                    help="comma-separated subset of torch.compile,ember")
+    ap.add_argument("--no-warm", dest="warm", action="store_false",
+                    help="skip the warm compile (saves time)")
+    ap.add_argument("--tiny", action="store_true", help="smoke sizes for the HF models")
+    ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
+    ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
+    ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--events", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    a.compilers = [c for c in a.compilers.split(",") if c]
+    if bad := [c for c in a.compilers if c not in COMPILERS]:
+        ap.error(f"unknown compiler(s) {', '.join(bad)}: choose from {', '.join(COMPILERS)}")
+    if a.merge:
+        for p in merge(a.merge, a.out):
+            print(f"wrote {p}", file=sys.stderr)
+        return 0
+    if a.worker:
+        import torch
+        torch.set_num_threads(a.threads)
+        m = BY_NAME[a.worker]
+        return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
+                      a.warm)
+    models = select(a)
+    if a.list:
+        for m in models:
+            print(f"{m.name:32} {m.family:12} {m.kind:12} {m.what}")
+        return 0
+    meta = meta_of(a)
+    tag = a.tag or f"cpu-{os.cpu_count()}core-{a.threads}t" + (
+        f"-shard{a.shard.replace('/', 'of')}" if a.shard else "")
+    stem = f"zoo-{dt.datetime.now(dt.UTC):%Y-%m-%d}-{tag}"
+    logdir = Path(tempfile.mkdtemp(prefix="zoo-logs-"))
+    records = [record_of(m, []) | {"status": "not run", "reason": "not started"}
+               for m in models]
+    unimportable: dict[str, str] = {}
+    start = time.monotonic()
+    for i, m in enumerate(models):
+        left = a.budget - (time.monotonic() - start)
+        if m.family in unimportable:
+            records[i].update(status="skipped", reason=unimportable[m.family])
+            continue
+        if left < 15:  # not enough to build and compile anything: leave it "not run"
+            records[i]["reason"] = "the time budget ran out before it started"
+            continue
+        rec = run_model(m, a, min(a.timeout, left), logdir)
+        if rec["status"] == "skipped" and "not importable" in rec["reason"]:
+            unimportable[m.family] = rec["reason"]
+        records[i] = rec
+        print(f"[zoo] {i + 1}/{len(models)} {m.name} ({rec['seconds']:.0f} s): "
+              + (f"{rec['status']}: {rec['reason']}" if rec["status"] != "done" else
+                 "; ".join(f"{w} {_f(_speedup(rec, w), '×')} {_cell(rec, w)}"
+                           for w in a.compilers)), file=sys.stderr, flush=True)
+        write(records, meta, a.compilers, a.out, stem)
+    paths = write(records, meta, a.compilers, a.out, stem)
+    shutil.rmtree(logdir, ignore_errors=True)
+    print(paths[1].read_text())
+    print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

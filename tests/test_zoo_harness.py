@@ -1,0 +1,120 @@
+"""The model-zoo runner (benchmarks/zoo.py) at smoke sizes, eager + ember only (torch.compile's
+cold compiles take ~1 minute on the 2-core machine). Speed is never asserted; what is: each model
+runs in its own process and reports correctness, breaks and timings; a missing library is a
+skip with its reason, a hang is a timeout, a spent budget leaves models "not run"; results are
+written as JSON and markdown, and shards merge into one report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _zoo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ember_bench_zoo", ROOT / "benchmarks/zoo.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+zoo = _zoo()
+
+
+def _run(tmp: Path, *args: str) -> dict[str, Any]:
+    assert zoo.main([*args, "--out", str(tmp), "--tag", "t", "--threads", "1"]) == 0
+    (js,) = tmp.glob("zoo-*-t.json")
+    assert js.with_suffix(".md").exists()
+    data: dict[str, Any] = json.loads(js.read_text())
+    return data
+
+
+def test_one_tiny_hf_model_eager_and_ember(tmp_path: Path) -> None:
+    names = "hf/bert" + ("" if importlib.util.find_spec("torchvision") else ",tv/resnet18")
+    data = _run(tmp_path, "--models", names, "--tiny", "--compilers", "ember", "--reps", "2",
+                "--timeout", "120")
+    bert = data["models"][0]
+    assert bert["name"] == "hf/bert" and bert["status"] == "done", bert
+    em = bert["contenders"]["ember"]
+    assert em["check"] == "ok" and em["cold_s"] > 0 and em["warm_s"] > 0 and em["ms"] > 0
+    assert em["info"]["compiled_graphs"] >= 1 and em["info"]["break_count"] == 0
+    assert bert["contenders"]["eager"]["ms"] > 0
+    s = data["summary"]
+    assert s["ember"]["correct"] == 1 and s["ember"]["geomean_speedup"] > 0
+    assert data["meta"]["tiny"] and data["meta"]["versions"]["transformers"]
+    md = (tmp_path / next(tmp_path.glob("zoo-*-t.json")).with_suffix(".md").name).read_text()
+    assert "| hf/bert |" in md and "correct 1/1" in md
+    if "tv/resnet18" in names:  # this machine's torchvision does not import: a skip, not a crash
+        tv = data["models"][1]
+        assert tv["status"] == "skipped" and "torchvision not importable" in tv["reason"]
+        assert "torchvision not importable" in md
+
+
+def test_a_hang_is_a_timeout_and_the_budget_stops_new_models(tmp_path: Path) -> None:
+    # 1 s is not enough for the worker to import torch: it is killed, the suite goes on
+    data = _run(tmp_path, "--models", "hf/gpt2,hf/llama", "--compilers", "ember",
+                "--timeout", "1", "--budget", "20")
+    first, second = data["models"]
+    assert first["status"] == "timeout" and "timed out after 1 s" in first["reason"]
+    assert second["status"] in ("timeout", "not run")
+    data = _run(tmp_path / "b", "--models", "all", "--budget", "0")
+    assert {r["status"] for r in data["models"]} == {"not run"}
+    assert data["summary"]["not_run"] == len(zoo.ZOO) >= 50
+
+
+def _rec(name: str, **con: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = zoo.record_of(zoo.BY_NAME[name], [])
+    rec["contenders"] = con
+    return rec
+
+
+def test_breaks_fallbacks_mismatches_and_failures_are_shown(tmp_path: Path) -> None:
+    ok = {"check": "ok", "ms": 1.0, "info": {}}
+    records = [
+        _rec("hf/bert", eager={"ms": 2.0}, ember=ok | {"info": {
+            "break_count": 1, "breaks": ["break at modeling_bert.py:12: a print()"],
+            "fallbacks": ["aten.foo has no lowering"]}},
+            **{"torch.compile": ok | {"ms": 0.5}}),
+        _rec("hf/gpt2", eager={"ms": 2.0}, ember={"check": "MISMATCH: 3 elements", "ms": 1.0},
+             **{"torch.compile": {"error": "BackendCompilerFailed: boom"}}),
+        _rec("tv/resnet18") | {"status": "skipped", "reason": "torchvision not importable"},
+    ]
+    meta = {"date": "d", "machine": {"cpu": "c", "cores": 2, "memory_gb": 1, "os": "o"},
+            "versions": {"torch": "t"}, "threads": 2, "method": "m",
+            "compilers": ["torch.compile", "ember"]}
+    s = zoo.summary(records, ["torch.compile", "ember"])
+    assert s["ember"]["correct"] == 1 and s["torch.compile"]["correct"] == 1
+    assert s["both_correct_and_timed"] == 1 and s["ember"]["with_graph_breaks"] == 1
+    assert s["ember"]["geomean_speedup"] == pytest.approx(2.0)
+    assert s["ember / torch.compile"] == pytest.approx(0.5)
+    md = zoo.markdown(records, meta, ["torch.compile", "ember"])
+    for text in ("a print()", "aten.foo has no lowering", "MISMATCH: 3 elements",
+                 "torch.compile FAILED: BackendCompilerFailed: boom",
+                 "skipped: torchvision not importable", "1 break(s), 1 fallback(s)"):
+        assert text in md, text
+    # shards merge into one report, in zoo order
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa = zoo.write(records[1:2], meta, ["torch.compile", "ember"], a, "zoo-x-shard1of2")[0]
+    pb = zoo.write(records[0:1], meta, ["torch.compile", "ember"], b, "zoo-x-shard2of2")[0]
+    js, _ = zoo.merge([pa, pb], tmp_path / "m")
+    merged = json.loads(js.read_text())
+    assert [r["name"] for r in merged["models"]] == ["hf/bert", "hf/gpt2"]
+    assert merged["summary"]["ran"] == 2 and js.name == "zoo-x-merged.json"
+
+
+def test_select_and_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert zoo.main(["--list", "--shard", "2/3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(zoo.ZOO[1::3]) and lines[0].startswith(zoo.ZOO[1].name)
+    assert {m.family for m in zoo.ZOO[:6]} == {"torchvision", "timm", "hf"}  # mixed early
+    with pytest.raises(SystemExit, match="unknown model"):
+        zoo.main(["--models", "nope", "--list"])
