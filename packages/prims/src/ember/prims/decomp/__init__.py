@@ -17,6 +17,7 @@ from ember.prims.decomp import conv as _conv  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import creation as _creation  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import indexing as _indexing  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import linalg as _linalg  # noqa: E402,F401  isort: skip
+from ember.prims.decomp import losses as _losses  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import norms as _norms  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import pointwise as _pointwise  # noqa: E402,F401  isort: skip
 from ember.prims.decomp import random as _random  # noqa: E402,F401  isort: skip

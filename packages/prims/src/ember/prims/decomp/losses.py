@@ -1,0 +1,165 @@
+"""Decompositions of losses: nll_loss_forward, nll_loss2d_forward and their backward ops.
+
+`F.cross_entropy` reaches ember as `_log_softmax` (norms.py) then `nll_loss_forward` (or
+`nll_loss2d_forward` for [N, C, H, W] inputs); label smoothing is composite (mul/sum/where
+around the same two ops), so these complete cross entropy in every form.
+
+The input is [C] with a 0-d target, or [N, C, *] with target [N, *]; the class dim is 1 (0 for a
+1-d input). Each target element picks -input[..t..] * weight[t] (weight 1 when absent); an
+element whose target equals `ignore_index` gives 0 and adds nothing to `total_weight`, the sum
+of the weights picked. reduction 0 ('none') returns the per-element losses and total_weight 0
+(a 1-d input's total_weight is still its one weight, as eager's kernel); 2 ('sum') their sum;
+1 ('mean') their sum / total_weight (NaN when every target is ignored, as eager).
+
+Targets outside [0, C) other than ignore_index are not checked: eager raises IndexError, the
+decomposition's result is undefined (as ember's other indexing decompositions, indexing.py).
+
+The backward ops follow eager's CPU kernels: grad_input is 0 everywhere but at each target's
+class, where it is -grad * weight[t] (grad divided by total_weight first for 'mean'); a one-hot
+compare with the class index (not a scatter into zeros times grad, which would spread a NaN
+gradient over the whole row as torch's Python decomposition does).
+"""
+
+from __future__ import annotations
+
+from ember.ir import DType, Value
+from ember.prims.decomp.context import DecompContext, DecompositionError, EagerRuntimeError
+from ember.prims.decomp.pointwise import opmath
+from ember.prims.decomp.table import register_decomposition
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+class _Layout:
+    """Where the class dim is, and the target laid against the input (checked as eager)."""
+
+    def __init__(self, ctx: DecompContext, self_: Value, target: Value, weight: Value | None,
+                 reduction: int, ignore_index: int):
+        op = ctx.node.op
+        if ctx.dtype(target) != DType.i64:  # (torch's meta kernels refuse u8 too)
+            raise EagerRuntimeError(f"{op}: expected target dtype to be Long, but got "
+                                    f"{ctx.dtype(target).name}")
+        rank, trank = ctx.rank(self_), ctx.rank(target)
+        if rank == 0 or trank != max(rank - 1, 0):
+            raise DecompositionError(f"{op}: input of rank {rank} with a target of rank "
+                                     f"{trank}; expected [C] with [] or [N, C, *] with [N, *]")
+        if weight is not None and ctx.rank(weight) != 1:
+            raise DecompositionError(f"{op}: the weight must be 1-d")
+        self.rank = rank
+        self.cd = 1 if rank >= 2 else 0  # the class dim
+        self.shape = list(ctx.shape(self_))
+        self.tshape = list(ctx.shape(target))
+        self.reduction = reduction
+        t = target
+        self.valid = ctx.prim("ne", t, ignore_index)
+        # ignored targets read class 0 (any in-range index); their losses are masked out
+        self.safe = ctx.prim("where", self.valid, t, 0)
+        self.target = t
+
+    def index(self, ctx: DecompContext) -> Value:
+        """The safe target as a gather index into the input: the class dim of size 1."""
+        return ctx.prim("unsqueeze", self.safe, dims=[self.cd])
+
+    def pick(self, ctx: DecompContext, x: Value) -> Value:
+        """x[..target..] along the class dim, in the target's shape."""
+        return ctx.prim("reshape", ctx.prim("gather", x, self.index(ctx), dim=self.cd),
+                        shape=self.tshape)
+
+    def along_classes(self, ctx: DecompContext, w: Value) -> Value:
+        """The 1-d weight broadcast to the input's shape along the class dim."""
+        return ctx.prim("broadcast_in_dim", w, shape=self.shape, broadcast_dims=[self.cd])
+
+    def over_input(self, ctx: DecompContext, v: Value) -> Value:
+        """A value of the target's shape (or 0-d) broadcast to the input's shape."""
+        if ctx.rank(v) == 0:
+            return ctx.prim("broadcast_in_dim", v, shape=self.shape, broadcast_dims=[])
+        dims = [d for d in range(self.rank) if d != self.cd]
+        return ctx.prim("broadcast_in_dim", v, shape=self.shape, broadcast_dims=dims)
+
+
+def _all(ctx: DecompContext, v: Value) -> Value:
+    return ctx.prim("sum", v, dims=list(range(ctx.rank(v)))) if ctx.rank(v) else v
+
+
+def _nll_forward(ctx: DecompContext, self: Value, target: Value, weight: Value | None,
+                 reduction: int, ignore_index: int) -> tuple[Value, Value]:
+    lay = _Layout(ctx, self, target, weight, reduction, ignore_index)
+    out = ctx.out_dtype()
+    comp = opmath(out)
+    x = ctx.convert(self, comp)
+    picked = lay.pick(ctx, x)
+    if weight is not None:
+        w = lay.pick(ctx, lay.along_classes(ctx, ctx.convert(weight, comp)))
+        loss = ctx.prim("neg", ctx.prim("mul", picked, w))
+        wsum = ctx.prim("where", lay.valid, w, 0.0)
+    else:
+        loss = ctx.prim("neg", picked)
+        wsum = ctx.convert(lay.valid, comp)
+    # where, not a multiply by the mask: an ignored element's NaN/inf input is never read
+    loss = ctx.prim("where", lay.valid, loss, 0.0)
+    tw_dtype = ctx.out_dtype(1)
+    if reduction == 0 and lay.rank >= 2:
+        return (ctx.convert(loss, out),
+                ctx.full([], 0.0, tw_dtype, ctx.device(self)))
+    total = _all(ctx, wsum)
+    if reduction == 0:
+        result = loss
+    elif reduction == 2:
+        result = _all(ctx, loss)
+    else:
+        result = ctx.prim("div", _all(ctx, loss), total)
+    return ctx.convert(result, out), ctx.convert(total, tw_dtype)
+
+
+@register_decomposition("aten.nll_loss_forward.default")
+def nll_loss_forward(ctx: DecompContext, self: Value, target: Value, weight: Value | None,
+                     reduction: int, ignore_index: int) -> tuple[Value, Value]:
+    if ctx.rank(self) > 2:
+        raise DecompositionError(f"{ctx.node.op}: input tensor should be 1D or 2D, got "
+                                 f"{ctx.rank(self)}D")
+    return _nll_forward(ctx, self, target, weight, reduction, ignore_index)
+
+
+@register_decomposition("aten.nll_loss2d_forward.default")
+def nll_loss2d_forward(ctx: DecompContext, self: Value, target: Value, weight: Value | None,
+                       reduction: int, ignore_index: int) -> tuple[Value, Value]:
+    return _nll_forward(ctx, self, target, weight, reduction, ignore_index)
+
+
+def _nll_backward(ctx: DecompContext, grad_output: Value, self: Value, target: Value,
+                  weight: Value | None, reduction: int, ignore_index: int,
+                  total_weight: Value) -> Value:
+    lay = _Layout(ctx, self, target, weight, reduction, ignore_index)
+    out = ctx.out_dtype()
+    comp = opmath(out)
+    g = ctx.convert(grad_output, comp)
+    if ctx.rank(g) and (reduction != 0 or lay.rank < 2):
+        g = ctx.prim("reshape", g, shape=[])  # a one-element gradient of a reduced loss
+    if reduction == 1:
+        g = ctx.prim("div", g, ctx.convert(total_weight, comp))
+    val = ctx.prim("neg", lay.over_input(ctx, g))
+    if weight is not None:
+        val = ctx.prim("mul", val, lay.along_classes(ctx, ctx.convert(weight, comp)))
+    # the class each element's gradient lands on; -1 (no class) where the target is ignored
+    hit_class = lay.over_input(ctx, ctx.prim("where", lay.valid, lay.target, -1))
+    classes = ctx.prim("iota", length=lay.shape[lay.cd], start=0, step=1, dtype=DType.i64,
+                       device=ctx.device(self))
+    hit = ctx.prim("eq", lay.along_classes(ctx, classes), hit_class)
+    return ctx.convert(ctx.prim("where", hit, val, 0.0), out)
+
+
+@register_decomposition("aten.nll_loss_backward.default")
+def nll_loss_backward(ctx: DecompContext, grad_output: Value, self: Value, target: Value,
+                      weight: Value | None, reduction: int, ignore_index: int,
+                      total_weight: Value) -> Value:
+    return _nll_backward(ctx, grad_output, self, target, weight, reduction, ignore_index,
+                         total_weight)
+
+
+@register_decomposition("aten.nll_loss2d_backward.default")
+def nll_loss2d_backward(ctx: DecompContext, grad_output: Value, self: Value, target: Value,
+                        weight: Value | None, reduction: int, ignore_index: int,
+                        total_weight: Value) -> Value:
+    return _nll_backward(ctx, grad_output, self, target, weight, reduction, ignore_index,
+                         total_weight)
+
