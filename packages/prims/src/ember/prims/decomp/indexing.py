@@ -189,6 +189,17 @@ def index_put(ctx: DecompContext, self: Value, indices: list[Value | None], valu
     return ctx.prim("ne", out, 0) if comp != dt else out
 
 
+@register_decomposition("aten.index_copy.default")
+def index_copy(ctx: DecompContext, self: Value, dim: int, index: Value, source: Value) -> Value:
+    """self with self.select(dim, index[i]) = source.select(dim, i): an index_put along `dim`
+    (a static KV cache writes each step's new tokens at `cache_position` this way)."""
+    if ctx.rank(self) == 0:
+        return _reshape(ctx, ctx.convert(source, ctx.dtype(self)), [])
+    d = ctx.norm_dim(dim, ctx.rank(self))
+    idx = _reshape(ctx, index, [ctx.numel(index)])
+    return index_put(ctx, self, [None] * d + [idx], source)
+
+
 @register_decomposition("aten.index_select.default")
 def index_select(ctx: DecompContext, self: Value, dim: int, index: Value) -> Value:
     rank = ctx.rank(self)

@@ -139,6 +139,23 @@ def _index_put(draw: Draw) -> Sample:
     return Sample((x, indices, values, accumulate))
 
 
+@st.composite
+def _index_copy(draw: Draw) -> Sample:
+    """Distinct i64 indices along a dim (eager leaves duplicate writes unordered)."""
+    x = _tensor(draw, draw(S.shapes(0, 4, 4)))
+    if x.dim() == 0:
+        return Sample((x, 0, torch.tensor(0), draw(S.tensors((), x.dtype))))
+    dim = S.dim_of(draw, x.dim())
+    d = dim % x.dim()
+    n = draw(st.integers(0, x.shape[d]))
+    idx = torch.randperm(x.shape[d], generator=_gen(draw))[:n]
+    if n == 1 and draw(st.booleans()):
+        idx = idx.reshape(())  # a 0-d index writes one slice
+    shape = list(x.shape)
+    shape[d] = n
+    return Sample((x, dim, idx, draw(S.tensors(tuple(shape), x.dtype))))
+
+
 # ---- index_select, gather, scatter ------------------------------------------------------
 
 
@@ -373,6 +390,7 @@ def _ix(op: str, samples: Gen, **kw: Any) -> None:
 _ix("aten.index.Tensor", lambda: _index())
 _ix("aten.index_put.default", lambda: _index_put(), tol=ACCUMULATE_TOL,
     tol_reason=ACCUMULATE_REASON)
+_ix("aten.index_copy.default", lambda: _index_copy())
 _ix("aten.index_select.default", lambda: _index_select())
 _ix("aten.gather.default", lambda: _gather())
 _ix("aten.scatter.src", _scatter("src"))
