@@ -248,10 +248,11 @@ def test_verify_each_catches_a_bad_pass(breaking_pass: str) -> None:
 
 def test_named_pipelines_expand() -> None:
     assert expand_pipeline("inductor") == ("decompose{keep_attention=true},cse,dce,conv-nhwc,"
-                                           "lower-loops,fuse,codegen-cpp,plan-buffers")
+                                           "lower-loops,fuse,schedule-cpu,codegen-cpp,"
+                                           "plan-buffers")
     assert expand_pipeline("to-prims,inductor-cpu") == ("decompose,cse,dce,conv-nhwc,"
-                                                        "lower-loops,fuse,codegen-cpp,"
-                                                        "plan-buffers")
+                                                        "lower-loops,fuse,schedule-cpu,"
+                                                        "codegen-cpp,plan-buffers")
     from ember.inductor.kernels import DEFAULT_PIPELINE
     assert DEFAULT_PIPELINE == default_pass_registry().pipelines()["inductor"].text
 

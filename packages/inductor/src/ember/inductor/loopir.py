@@ -39,6 +39,7 @@ import torch
 
 from ember.inductor.bounds import check_kernel, index_violation, symbol_ranges
 from ember.inductor.indexing import IndexParseError, affine_view, clip, eval_index, parse_index
+from ember.inductor.schedule import check_schedule_attrs
 from ember.ir import (
     Arg,
     DType,
@@ -106,6 +107,7 @@ def _pointwise_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Ar
     _check_body(op, g, args[1:], multi=True)
     ranges = _dims(kw.get("ranges"), f"{op} ranges=")
     check_kernel(ctx.module, op, g, ranges, ())  # every load inside its buffer
+    check_schedule_attrs(op, kw, len(ranges))  # the schedule stage's attributes
     return [TensorType(t.dtype, tuple(ranges), None, t.device) for t in g.result_types
             if isinstance(t, TensorType)]
 
@@ -123,6 +125,7 @@ def _reduction_types(op: str, ctx: InferContext, args: Sequence[Arg], kw: Mappin
         raise OpTypeError(f"{op}: reduction= must be one of {', '.join(REDUCTIONS)}")
     if keep_outer:  # a loop.reduce is checked with the kernel that holds it (its extents)
         check_kernel(ctx.module, op, g, ranges, red)
+        check_schedule_attrs(op, kw, len(ranges))
     shape = tuple(ranges) if keep_outer else ()
     if kind in ("argmax", "argmin"):
         if len(red) != 1:

@@ -2,7 +2,8 @@
 
 Registers, for device kind "cpu": the `cpp` loader (codegen.py: g++ through the compile cache,
 cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `conv-nhwc`, the target-neutral
-`lower-loops` and `fuse`, `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
+`lower-loops` and `fuse`, `schedule-cpu` (schedule.py: the kernels' schedules as attributes),
+`codegen-cpp`, `plan-buffers`) and `inductor` (its front end
 `decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
 channels-last convolution (conv.py) and torch's fused CPU attention kept as one extern call
 (`keep_attention=true` keeps it through decompose: torch's flash kernel beats matmul + softmax
@@ -17,14 +18,16 @@ from ember.inductor.launch import register_loader
 from ember.inductor.targets import Rule, register_target
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
+from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
 from ember.ir import Node
 from ember.ir.passes import register_pipeline
 from ember.prims.decomp.passes import FUSED_ATTENTION
 
 FRONT = "decompose{keep_attention=true},cse,dce"
 INDUCTOR_CPU = register_pipeline(
-    "inductor-cpu", "conv-nhwc,lower-loops,fuse,codegen-cpp,plan-buffers",
-    "prims -> loop kernels, fused, as C++ kernel blocks with planned buffers (CPU)").text
+    "inductor-cpu", "conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,plan-buffers",
+    "prims -> loop kernels, fused, scheduled, as C++ kernel blocks with planned buffers (CPU)"
+).text
 # compile()'s default on CPU graphs: the inductor backend runs the pipeline of the graph's
 # device's target, which for the CPU is this one
 DEFAULT_PIPELINE = register_pipeline(

@@ -41,6 +41,7 @@ import sympy
 from ember.inductor.body import body_signature
 from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
 from ember.inductor.sanitize import comment, kernel_symbol
+from ember.inductor.schedule import Schedule, ScheduleError, check_schedule_attrs, read_schedule
 from ember.inductor.targets.cpu.cpp import (
     ACC_INIT,
     COMBINE,
@@ -59,7 +60,7 @@ from ember.inductor.targets.cpu.cpp import (
     size_symbols,
     symbol_order,
 )
-from ember.ir import DType, Graph, Node, Ref, Symbol, Value
+from ember.ir import DType, Graph, Node, OpTypeError, Ref, Symbol, Value
 from ember.ir.expr import Dim, ExprEvalError, evaluate, simplify_dim
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
@@ -136,6 +137,8 @@ class _Writer:
         self.hints = dict(hints or {})
         self.reduces: dict[Key, _Reduce] = {}  # insertion order is a dependency order
         self.col: _Col | None = None
+        self.split = True  # the schedule's split plan: full SIMD reductions over threads
+        self.threshold = PARALLEL_WORK  # the schedule's sched_threshold
 
     def hint(self, d: Dim) -> int:
         """A size for schedule decisions only (the code is correct for every size): symbols
@@ -194,9 +197,9 @@ class _Writer:
         return lambda n: self.ref(self.reduces[self.key(n, args)])
 
     # ---- reductions ------------------------------------------------------------------------
-    def level(self, k: int) -> list[str]:
-        """The statements computing the reductions of depth k, grouped: independent SIMD
-        reductions over the same domain share one pass."""
+    def groups(self, k: int) -> list[list[_Reduce]]:
+        """The reductions of depth k, grouped: independent SIMD reductions over the same domain
+        share one pass."""
         groups: list[list[_Reduce]] = []
         for r in (r for r in self.reduces.values() if r.k == k):
             g = groups[-1] if groups else None
@@ -205,18 +208,26 @@ class _Writer:
                 g.append(r)
             else:
                 groups.append([r])
+        return groups
+
+    def splits(self, g: list[_Reduce]) -> bool:
+        """Whether the split plan splits group g over threads: depth 0 is outside every parallel
+        loop, so a large one is (a symbolic one always, its threads started only when large:
+        _par_if)."""
+        work = math.prod(g[0].red)
+        return g[0].k == 0 and g[0].simd and self.col is None \
+            and (not isinstance(work, int) or work >= self.threshold)
+
+    def level(self, k: int) -> list[str]:
+        """The statements computing the reductions of depth k, by group."""
         out: list[str] = []
-        for g in groups:
+        for g in self.groups(k):
             if self.col is not None:
                 out += self.col_group(g)
             elif not g[0].simd:
                 out += self.scalar(g[0])
             else:
-                # depth 0 is outside every parallel loop: a large one is split over threads
-                # (a symbolic one always, its threads started only when large: _par_if)
-                work = math.prod(g[0].red)
-                split = k == 0 and (not isinstance(work, int) or work >= PARALLEL_WORK)
-                out += self.simd_group(g, split)
+                out += self.simd_group(g, self.split and self.splits(g))
         return out
 
     def statements(self, r: _Reduce, j: int) -> list[str]:
@@ -309,7 +320,7 @@ class _Writer:
         return [*self.header(g), "{", *["  " + s for s in [
             *parts, "int nt_used = 1;",
             f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))"
-            + _par_if(math.prod(red)),
+            + _par_if(math.prod(red), self.threshold),
             "{", *["  " + s for s in region], "}",
             *init, "for (int t = 0; t < nt_used; ++t) {", *["  " + s for s in combine], "}",
             *final]], "}"]
@@ -414,10 +425,16 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
 def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
                         bodies: Mapping[str, object] | None = None,
                         symbols: Mapping[str, Symbol] | None = None) -> tuple[str, list[str]]:
-    """`kernel_source`, and the size symbols its function takes after the buffers, in order."""
-    hints = {n: s.hint for n, s in (symbols or {}).items() if s.hint is not None}
+    """`kernel_source`, and the size symbols its function takes after the buffers, in order.
+    The loops follow the node's `sched_*` attributes (ember.inductor.schedule), the default
+    schedule (`kernel_schedule`) where it has none."""
+    w = _Writer(bodies or {}, _hints(symbols))
+    with size_symbols():  # (the default decisions' text is not the kernel's)
+        args, ranges = _setup(node, body, w)
+        default = _decide(w, node, body, args, ranges)
     with size_symbols() as used:
-        lines = _kernel_lines(name, node, body, provenance, _Writer(bodies or {}, hints))
+        s = read_schedule(node.kwargs, default)
+        lines = _kernel_lines(name, node, body, provenance, w, args, ranges, s)
     sizes = symbol_order(used)
     if sizes:  # the symbols' values, bound from the inputs' shapes by the caller
         head = lines[1 + len(node.results)]
@@ -426,15 +443,130 @@ def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
     return "\n".join(lines) + "\n", sizes
 
 
-def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer
-                  ) -> list[str]:
+def kernel_schedule(node: Node, body: Graph, bodies: Mapping[str, object] | None = None,
+                    symbols: Mapping[str, Symbol] | None = None) -> Schedule:
+    """The schedule `kernel_source` renders for a loop node: its `sched_*` attributes, the
+    default decisions for those it lacks (CodegenError: a kernel C++ cannot express)."""
+    w = _Writer(bodies or {}, _hints(symbols))
+    with size_symbols():
+        args, ranges = _setup(node, body, w)
+        return read_schedule(node.kwargs, _decide(w, node, body, args, ranges))
+
+
+def _hints(symbols: Mapping[str, Symbol] | None) -> dict[str, int]:
+    return {n: s.hint for n, s in (symbols or {}).items() if s.hint is not None}
+
+
+def _setup(node: Node, body: Graph, w: _Writer) -> tuple[dict[Value, str], list[Dim]]:
+    """Collect the kernel's reductions into `w` (a loop.reduction's own last); its buffers'
+    C++ names and its loop extents."""
+    args = {p: f"in{k}" for k, p in enumerate(body.params)}
+    ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
+    if node.op == "loop.pointwise":
+        w.collect(body, args)
+    else:  # loop.reduction: one reduce of depth len(ranges), stored
+        red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
+        deps = w.collect(body, args)
+        key: Key = ("@" + body.name, tuple(args.values()), "", "", "")
+        w.reduces[key] = _Reduce(key, len(w.reduces), node, body, args,
+                                 str(node.kwargs["reduction"]), len(ranges), red,
+                                 f"red{len(w.reduces)}", deps)
+    return args, ranges
+
+
+def _work(w: _Writer, ranges: Sequence[Dim]) -> Dim:
+    return simplify_dim(math.prod(ranges) + sum(
+        math.prod(ranges[:r.k]) * _at_least_1(math.prod(r.red)) for r in w.reduces.values()))
+
+
+def _depth(w: _Writer) -> int:
+    return max((r.k for r in w.reduces.values()), default=0)
+
+
+def _par_limit(w: _Writer, ranges: Sequence[Dim]) -> int:
+    """The most outer loops OpenMP may split: the column plan's loops and blocks; otherwise up
+    to the first depth that computes a reduction (all but the innermost loop of a pointwise
+    kernel, whose loop is `parallel for simd` when it is the only one)."""
+    if w.col is not None:
+        return w.col.d
+    depth = _depth(w)
+    first = min((r.k for r in w.reduces.values()), default=0)
+    n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
+    return min(n_par, len(ranges))
+
+
+def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
+            ranges: Sequence[Dim]) -> Schedule:
+    """The default schedule of a kernel whose reductions `w` holds (the decisions, made where
+    the sizes are static or at the symbols' hints; per-call ones stay per call)."""
+    n = len(ranges)
+    w.col = col = _column_plan(w, ranges)
+    steps = ["column"] if col is not None else []
+    if any(w.splits(g) for g in w.groups(0)):
+        steps.append("split")
+    if col is None and node.op == "loop.pointwise" \
+            and _rescale_plan(w, body, args, ranges) is not None:
+        steps.append("rescale")
+    work = _work(w, ranges)
+    # symbolic work: the threads are started per call where it is large enough (_par_if)
+    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
+    n_par = col.d if col is not None else _collapse(w, ranges, _par_limit(w, ranges))
+    vector = (n - 1,) if n and (col is not None or _depth(w) < n) else ()
+    blocks = (col.block, col.nblocks) if col is not None and not col.decls else None
+    w.col = None
+    return Schedule(tuple(range(n)), tuple(range(n_par)) if parallel else (), vector,
+                    "+".join(steps) or "plain", blocks, PARALLEL_WORK)
+
+
+def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
+           ranges: Sequence[Dim], s: Schedule) -> tuple[_Reduce, Value] | None:
+    """Set `w` up to render schedule `s` (ScheduleError where it does not fit the kernel); the
+    rescale plan's sum and quotient, if it is one."""
+    def refuse(why: str) -> ScheduleError:
+        return ScheduleError(f"{node.op} of @{body.name}: {why}")
+    try:  # a schedule merged from the attributes and the defaults: checked as a whole
+        check_schedule_attrs("schedule", s.attrs(), len(ranges))
+    except OpTypeError as e:
+        raise refuse(str(e).removeprefix("schedule: ")) from None
+    depth, n = _depth(w), len(ranges)
+    if s.order[:depth] != tuple(range(depth)):
+        raise refuse(f"sched_order={list(s.order)}: the loops over dims 0..{depth - 1} hold "
+                     f"its reductions and stay outermost, in order")
+    w.split, w.threshold = "split" in s.steps, s.threshold
+    w.col = None
+    if "column" in s.steps:
+        d = _column_dim(w)
+        if d is None:
+            raise refuse("sched_plan=\"column\" needs every reduction to be a sum, prod, "
+                         "amax, amin, argmax or argmin over ints or floats, per element of "
+                         "the same outer dims")
+        w.col = _col_blocks(w, d, ranges, s.blocks, refuse)
+    if w.split and not any(r.k == 0 and r.simd for r in w.reduces.values()):
+        raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
+                     "ints or floats to one value)")
+    plan = None
+    if "rescale" in s.steps:
+        plan = _rescale_plan(w, body, args, ranges) if node.op == "loop.pointwise" else None
+        if plan is None:
+            raise refuse("sched_plan rescale needs a quotient e / sum(e) over the innermost "
+                         "dim (softmax's)")
+    if len(s.parallel) > _par_limit(w, ranges):
+        raise refuse(f"sched_parallel={list(s.parallel)}: OpenMP can split at most "
+                     f"{_par_limit(w, ranges)} outer loop(s) of this kernel")
+    if s.vector and w.col is None and depth >= n:
+        raise refuse(f"sched_vector={list(s.vector)}: the kernel has no pointwise loop to "
+                     f"vectorise")
+    return plan
+
+
+def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer,
+                  args: Mapping[Value, str], ranges: list[Dim], s: Schedule) -> list[str]:
+    plan = _apply(w, node, body, args, ranges, s)
     ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
            for k, p in enumerate(body.params)]
     outs = [_tensor(r) for r in node.results]
     sig = ", ".join([*ins, *(f"{ctypes_of(t.dtype)[0]}* __restrict__ out{j}"
                              for j, t in enumerate(outs))])
-    args = {p: f"in{k}" for k, p in enumerate(body.params)}
-    ranges = [_int(d) for d in node.kwargs["ranges"]]  # type: ignore[union-attr]
     lines = [comment(f"kernel @{name}: {node.op} of {provenance}"),
              *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
              f'extern "C" void {kernel_symbol(name)}({sig}) {{']
@@ -447,9 +579,6 @@ def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Write
             lines.append(f"  ember_hugepages(out{j}, {size}LL);")
     off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
     if node.op == "loop.pointwise":
-        w.collect(body, args)
-        w.col = _column_plan(w, ranges)
-        plan = _rescale_plan(w, body, args, ranges) if w.col is None else None
         override: dict[Value, str] = {}
         if plan is not None:  # g++ drops the numerator's now dead computation
             r, q = plan
@@ -464,24 +593,16 @@ def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Write
         store = [f"out{j}[{off}] = {_store(_tensor(o).dtype, _cname(o))};"
                  for j, o in enumerate(body.outputs)]
         inner = [*note, *stmts, *store]
-    else:  # loop.reduction: one reduce of depth len(ranges), stored
-        red = [_int(d) for d in node.kwargs["reduce_ranges"]]  # type: ignore[union-attr]
-        deps = w.collect(body, args)
+    else:  # loop.reduction: its own reduce, the last collected, stored
+        r = list(w.reduces.values())[-1]
         elem = _tensor(body.outputs[0]).dtype
-        key: Key = ("@" + body.name, tuple(args.values()), "", "", "")
-        j = len(w.reduces)
-        r = w.reduces[key] = _Reduce(key, j, node, body, args, str(node.kwargs["reduction"]),
-                                     len(ranges), red, f"red{j}", deps)
-        w.col = _column_plan(w, ranges)
         value = w.ref(r) if r.kind in ("argmax", "argmin") else _store(elem, w.ref(r))
         inner = [f"out0[{off}] = {value};"]
-    work = simplify_dim(math.prod(ranges) + sum(
-        math.prod(ranges[:r.k]) * _at_least_1(math.prod(r.red)) for r in w.reduces.values()))
-    # symbolic work: the threads are started per call where it is large enough (_par_if)
-    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
-    cond = _par_if(work)
-    nest = _nest_col(w, ranges, inner, parallel, cond) if w.col is not None else \
-        _nest(w, ranges, inner, parallel, cond)
+    cond = _par_if(_work(w, ranges), s.threshold)
+    vec = bool(s.vector)
+    nest = _nest_col(w, ranges, inner, len(s.parallel), s.order, vec, cond) \
+        if w.col is not None else \
+        _nest(w, ranges, inner, len(s.parallel), s.order, vec, cond)
     lines += ["  " + x for x in nest]
     lines.append("}")
     return lines
@@ -491,13 +612,13 @@ def _at_least_1(n: Dim) -> Dim:
     return max(1, n) if isinstance(n, int) else sympy.Max(1, n)
 
 
-def _par_if(work: Dim) -> str:
+def _par_if(work: Dim, threshold: int = PARALLEL_WORK) -> str:
     """An OpenMP clause running a parallel region on one thread when the (symbolic) work is
-    below PARALLEL_WORK; nothing for a static size (decided when the code is written)."""
+    below the threshold; nothing for a static size (decided when the code is written)."""
     work = simplify_dim(work)
     if isinstance(work, int):
         return ""
-    return f" if(parallel: {cexpr(work)} >= {PARALLEL_WORK})"
+    return f" if(parallel: {cexpr(work)} >= {threshold})"
 
 
 def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
@@ -506,17 +627,27 @@ def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
     return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
 
 
-def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
-    """The outer-reduction loop order, where every reduction is per output element of the
-    same depth d, vectorisable, and its loads are contiguous along the kept dim i<d-1> more
-    often than along the innermost reduced dim."""
+def _column_dim(w: _Writer) -> int | None:
+    """The depth d of the kernel's reductions where the column loop order can compute them:
+    all per output element of the same outer dims, of a kind with a column form."""
     rs = list(w.reduces.values())
     if not rs:
         return None
     d = rs[0].k
     if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
-                     or not r.red for r in rs) or w.hint(ranges[d - 1]) < 2:
+                     or not r.red for r in rs):
         return None
+    return d
+
+
+def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
+    """The outer-reduction loop order, where it can compute the reductions (_column_dim) and
+    their loads are contiguous along the kept dim i<d-1> more often than along the innermost
+    reduced dim."""
+    d = _column_dim(w)
+    if d is None or w.hint(ranges[d - 1]) < 2:
+        return None
+    rs = list(w.reduces.values())
     along_i = along_r = 0
     for r in rs:
         for n in r.body.nodes:
@@ -530,11 +661,28 @@ def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
             along_r += _unit_stride(off, rvar(len(r.red) - 1))
     if along_i <= along_r:
         return None
+    return _col_blocks(w, d, ranges, None, ScheduleError)
+
+
+def _col_blocks(w: _Writer, d: int, ranges: Sequence[Dim], blocks: tuple[int, int] | None,
+                refuse: Callable[[str], ScheduleError]) -> _Col:
+    """The column blocks of the kept dim i<d-1>: `blocks` (a schedule's [block, count]) or,
+    for None, the default rule's (per call for symbolic sizes)."""
     extent, outer = ranges[d - 1], simplify_dim(math.prod(ranges[:d - 1]))
     # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
-    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(rs))) // 16 * 16)
+    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(w.reduces))) // 16 * 16)
     if not isinstance(extent, int) or not isinstance(outer, int):
+        if blocks is not None:
+            raise refuse(f"sched_blocks={list(blocks)}: the column blocks of symbolic sizes "
+                         f"are computed per call (write \"auto\")")
         return _symbolic_col(d, extent, outer, widest)
+    if blocks is not None:
+        block, count = blocks
+        if block > widest or count != _cdiv(extent, block):
+            raise refuse(f"sched_blocks={list(blocks)}: a block holds 1..{widest} columns "
+                         f"(its arrays live on the stack) and the count covers the "
+                         f"{extent} columns: ceil({extent} / block)")
+        return _Col(d, extent, block, count)
     nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
     block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
     return _Col(d, extent, block, _cdiv(extent, block))
@@ -630,29 +778,26 @@ def _collapse(w: _Writer, ranges: Sequence[Dim], n_par: int) -> int:
     return n_par
 
 
-def _nest(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: bool,
-          cond: str = "") -> list[str]:
+def _nest(w: _Writer, ranges: Sequence[Dim], inner: list[str], n_par: int,
+          order: Sequence[int], vec: bool, cond: str = "") -> list[str]:
     """Loops i0.. with each depth's reductions computed before the deeper loops, the pointwise
-    part innermost. OpenMP splits the outer loops that hold no reductions between them (all of
-    them but the innermost in a pure pointwise kernel); the innermost pointwise loop is SIMD."""
-    depth = max((r.k for r in w.reduces.values()), default=0)
+    part innermost (its loops in the schedule's `order`). OpenMP splits the `n_par` outer loops
+    (collapsed; none of them holds a reduction between them); the innermost pointwise loop is
+    SIMD where `vec`."""
+    depth = _depth(w)
     levels = {d: w.level(d) for d in range(depth + 1)}
-    # the outer loops OpenMP may collapse: up to the first level that computes something
-    first = next((d for d in range(depth + 1) if levels[d]), depth)
-    n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
-    n_par = _collapse(w, ranges, min(n_par, len(ranges)))
 
     def pragma(d: int) -> list[str]:
-        if not parallel or d != 0 or n_par == 0:
+        if d != 0 or n_par == 0:
             return []
-        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0, cond)]
+        return [_pragma(n_par, d == len(ranges) - 1 and depth == 0 and vec, cond)]
 
     def build(d: int) -> list[str]:
         out = list(levels.get(d, [])) if d <= depth else []
         if d >= len(ranges):
             return [*out, *inner]
         if d >= depth:  # only pointwise loops below
-            out += pragma(d) + _simd_loops(d, ranges, inner, pragma(d) != [])
+            out += pragma(d) + _simd_loops(d, ranges, inner, pragma(d) != [], order, vec)
             return out
         out += pragma(d) + [f"for (int64_t i{d} = 0; i{d} < {bound(ranges[d])}; ++i{d}) {{",
                             *["  " + s for s in build(d + 1)], "}"]
@@ -660,8 +805,8 @@ def _nest(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: bool,
     return build(0)
 
 
-def _nest_col(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: bool,
-              cond: str = "") -> list[str]:
+def _nest_col(w: _Writer, ranges: Sequence[Dim], inner: list[str], n_par: int,
+              order: Sequence[int], vec: bool, cond: str = "") -> list[str]:
     """An outer reduction: loops i0..i<d-2> and the column blocks of i<d-1> (split by OpenMP),
     in each the reductions' column passes, then the pointwise part over the block's columns
     (and any deeper dims, the innermost SIMD)."""
@@ -671,28 +816,31 @@ def _nest_col(w: _Writer, ranges: Sequence[Dim], inner: list[str], parallel: boo
     body = [f"const int64_t ib = b * {c.block_text}, ie = std::min<int64_t>(ib + "
             f"{c.block_text}, {bound(c.extent)});", *w.level(d)]
     if d == len(ranges):
-        body += ["#pragma omp simd", f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
+        body += [*(["#pragma omp simd"] if vec else []),
+                 f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
                  *["  " + s for s in inner], "}"]
     else:
         body += [f"for (int64_t {iv} = ib; {iv} < ie; ++{iv}) {{",
-                 *["  " + s for s in _simd_loops(d, ranges, inner, False)], "}"]
+                 *["  " + s for s in _simd_loops(d, ranges, inner, False, order, vec)], "}"]
     loop = [f"for (int64_t b = 0; b < {c.nblocks_text}; ++b) {{", *["  " + s for s in body],
             "}"]
     out = loops("i", ranges[:d - 1], loop)
-    return c.decls + ([_pragma(d, cond=cond)] if parallel else []) + out
+    return c.decls + ([_pragma(n_par, cond=cond)] if n_par else []) + out
 
 
-def _simd_loops(d: int, ranges: Sequence[Dim], inner: list[str], has_pragma: bool
-                ) -> list[str]:
-    """Loops i<d>.. with `omp simd` on the innermost (unless it already carries the parallel
-    pragma as `parallel for simd`)."""
+def _simd_loops(d: int, ranges: Sequence[Dim], inner: list[str], has_pragma: bool,
+                order: Sequence[int] | None = None, vec: bool = True) -> list[str]:
+    """Loops d.. of `order` (over dims order[d], ...) with `omp simd` on the innermost where
+    `vec` (unless it already carries the parallel pragma as `parallel for simd`)."""
     n = len(ranges)
+    order = range(n) if order is None else order
     out = []
     for k in range(d, n):
-        if k == n - 1 and not (has_pragma and k == d):
+        i = order[k]
+        if k == n - 1 and vec and not (has_pragma and k == d):
             out.append("  " * (k - d) + "#pragma omp simd")
-        out.append("  " * (k - d) + f"for (int64_t i{k} = 0; i{k} < {bound(ranges[k])}; "
-                   f"++i{k}) {{")
+        out.append("  " * (k - d) + f"for (int64_t i{i} = 0; i{i} < {bound(ranges[i])}; "
+                   f"++i{i}) {{")
     out += ["  " * (n - d) + s for s in inner]
     out += ["  " * (k - d) + "}" for k in reversed(range(d, n))]
     return out
