@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -391,5 +392,55 @@ def test_compiled_user_code_still_runs_its_own_effects(tmp_path: Path,
         torch.ops.aten._print.default("user-print")
         return x + torch.from_file(str(data), shared=False, size=4, dtype=torch.float32)
 
-    torch.testing.assert_close(ember.runtime.compile(f)(torch.ones(4)), SECRET + 1)
-    assert "user-print" in capfd.readouterr().out
+    compiled = ember.runtime.compile(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a graph break at each effect, not a fallback
+        for _ in range(2):  # capture, then the cached graphs
+            torch.testing.assert_close(compiled(torch.ones(4)), SECRET + 1)
+            assert capfd.readouterr().out.count("user-print") == 1
+    breaks = [b.reason for b in ember.runtime.explain(compiled, torch.ones(4)).breaks]
+    assert any(r.startswith("aten::_print prints to standard output") for r in breaks), breaks
+    assert any(r.startswith("aten::from_file reads a file") for r in breaks), breaks
+
+
+@pytest.mark.parametrize("kind", ["print", "read", "seed"])
+def test_each_effect_in_user_code_is_a_graph_break(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str) -> None:
+    """The effect sits between tensor work captured before and after it, and happens once per
+    call, in order (fake tensors would have run it silently and dropped it from the graph)."""
+    import ember.runtime
+
+    data = tmp_path / "mine.bin"
+    SECRET.numpy().tofile(data)
+    name = str(data)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if kind == "print":
+            torch.ops.aten._print.default("user-print")
+            z = y
+        elif kind == "read":
+            z = y + torch.from_file(name, shared=False, size=4, dtype=torch.float32)
+        else:
+            torch.ops.aten.manual_seed.default(1234)
+            z = y
+        return z.sin()
+
+    compiled = ember.runtime.compile(f)
+    x = torch.arange(4.0)
+    seed = torch.initial_seed()
+    torch.manual_seed(seed + 1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = compiled(x)
+    assert torch.initial_seed() == (1234 if kind == "seed" else seed + 1)
+    torch.manual_seed(seed)
+    expect = ((x * 2 + SECRET) if kind == "read" else x * 2).sin()
+    torch.testing.assert_close(out, expect)
+    if kind == "print":
+        assert capfd.readouterr().out.count("user-print") == 1
+    warned = [str(w.message) for w in seen]
+    assert not any("falls back" in w for w in warned), warned
+    rep = ember.runtime.explain(compiled, x)
+    op = {"print": "aten::_print", "read": "aten::from_file", "seed": "aten::manual_seed"}[kind]
+    assert [b.reason.split(" ")[0] for b in rep.breaks] == [op]

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch._library.custom_ops import OPDEFS, CustomOpDef
 
+from ember.ir.effects import EFFECT_NAMESPACES, capture_effect
+
 OP_TYPES: tuple[type, ...] = (torch._ops.OpOverload, torch._ops.OpOverloadPacket, CustomOpDef)
 
 # torch's own namespaces: their operators have meta kernels or decompositions of their own.
@@ -63,6 +65,33 @@ def custom_op_problem(op: torch._ops.OpOverload) -> str | None:
         what = "nothing" if not kinds else ", ".join(kinds)
         return (f"custom op {qual} returns {what}: only tensor results can be graph values "
                 f"(the call would vanish from the graph), so it runs eagerly")
+    return None
+
+
+def torch_op_effect(op: torch._ops.OpOverload) -> str | None:
+    """Why a call of torch's own `op` must run eagerly, outside the graph (a graph break): it
+    acts outside the graph (`ember.ir.effects`: prints, reads a file, reseeds, ...). Recorded,
+    such a call would run on fake tensors only, and its effect would be lost. A custom op is the
+    user's own and is recorded as one node (`custom_op_problem`) whatever its text arguments."""
+    ns = str(op._schema.name).partition("::")[0]
+    if ns not in _TORCH_NAMESPACES and ns not in EFFECT_NAMESPACES:
+        return None
+    why = capture_effect(op)
+    if why is None:
+        return None
+    return f"{op_label(op)} {why}: it runs eagerly, outside the graph (a graph break)"
+
+
+def op_object_effect(f: Any) -> str | None:
+    """`torch_op_effect` of an operator object the user calls; a packet (`torch.ops.aten.
+    set_`) breaks only if every overload acts outside the graph, else the overload that torch
+    picks is checked when it reaches the recorder."""
+    if isinstance(f, torch._ops.OpOverload):
+        return torch_op_effect(f)
+    if isinstance(f, torch._ops.OpOverloadPacket):
+        whys = [torch_op_effect(getattr(f, o)) for o in f.overloads()]
+        if whys and all(whys):
+            return whys[0]
     return None
 
 

@@ -24,7 +24,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ember.capture.customops import custom_op_problem
+from ember.capture.customops import custom_op_problem, torch_op_effect
 from ember.capture.errors import unhandled
 from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
 from ember.capture.quiet import quiet_torch_errors
@@ -227,6 +227,9 @@ class Recorder:
         schema_name = func._schema.name
         if schema_name.startswith("prim::"):
             return func(*args, **kwargs)
+        effect = torch_op_effect(func)  # before running it: fake tensors would drop the effect
+        if effect is not None:
+            raise unhandled(effect)
         if not schema_name.startswith("aten::"):  # a custom op: one opaque node, if it can be
             why = custom_op_problem(func)
             if why is not None:

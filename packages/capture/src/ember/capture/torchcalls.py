@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedFakeTensorException,
 )
 
-from ember.capture.customops import is_op_object, op_label
+from ember.capture.customops import is_op_object, op_label, op_object_effect
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
 from ember.capture.symbolic import as_sym
 from ember.capture.variables import (
@@ -143,6 +143,9 @@ def run_real(tx: Tracer, fn: Callable[..., Any], args: list[Var], kwargs: dict[s
     k = {n: unwrap(x) for n, x in kwargs.items()}
     if what is None and is_op_object(fn):
         what = op_label(fn)
+        effect = op_object_effect(fn)  # some (manual_seed) never reach the recorder's mode
+        if effect is not None:
+            raise unhandled(effect)
     try:
         with tx.torch_state(), tx.recorder.active():
             out = fn(*a, **k)

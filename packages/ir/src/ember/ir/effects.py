@@ -112,6 +112,17 @@ STR_ARGS: dict[str, tuple[bool, str]] = {
 
 def classify_schema(schema: Any) -> str | None:
     """Why an operator with this `torch.FunctionSchema` acts outside the graph, or None."""
+    why = _named_effect(schema)
+    if why is not None:
+        return why
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if not schema.returns and not writes:
+        return "returns nothing and writes no argument: it exists for an effect outside the graph"
+    return None
+
+
+def _named_effect(schema: Any) -> str | None:
+    """Rules 1-3 but the last: the op names or takes something outside the graph."""
     ns = schema.name.partition("::")[0]
     if schema.name in EFFECT_OPS:
         return EFFECT_OPS[schema.name]
@@ -132,9 +143,6 @@ def classify_schema(schema: Any) -> str | None:
                                                     f"not reviewed"))
             if not safe:
                 return f"{why} (argument {a.name})" if a.name in STR_ARGS else why
-    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-    if not schema.returns and not writes:
-        return "returns nothing and writes no argument: it exists for an effect outside the graph"
     return None
 
 
@@ -142,6 +150,15 @@ def classify_schema(schema: Any) -> str | None:
 def classify(op: Any) -> str | None:
     """Why a torch `OpOverload` acts outside the graph (e.g. "reads a file ..."), or None."""
     return classify_schema(op._schema)
+
+
+@functools.cache
+def capture_effect(op: Any) -> str | None:
+    """Why user code's call of torch's own `op` must run eagerly rather than as a graph node
+    (a graph break), or None. The rules of `classify` but the last: ops that return nothing
+    only to check (`_assert_async`, `_linalg_check_errors`) are reached inside torch's own
+    functions and stay capture's to handle; `_print` and `warn` are named in EFFECT_OPS."""
+    return _named_effect(op._schema)
 
 
 class EffectError(InterpretError):
