@@ -136,3 +136,101 @@ graph @main() -> (f32[4, 4]) {{
         return
     with pytest.raises(VerificationError):
         verify(m)
+
+
+# ---- run-time scalars where a decomposition needs a size ----------------------------------------
+# `%a = aten.arange.start(0, %n, dtype=f32) : f32[100000]` with n=1: the reference refuses the
+# declared type (eager makes 1 element), but the prims and inductor backends made 100000: the
+# decomposition took the length from the declared type, which nothing checks at run time. A
+# decomposition now refuses an operand it reads as a size (arange's start/end/step, any int of
+# the schema: full's sizes, narrow's start and length, ...) when it is a run-time scalar.
+
+ARANGE = """ember.ir 1.0
+
+graph @main(%n: i64) -> (f32[100000]) {
+  %a = aten.arange.start(0, %n, dtype=f32) : f32[100000]
+  return (%a)
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["prims", "inductor"])
+def test_arange_of_a_runtime_scalar_is_refused(tmp_path: Path, backend: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    ir = tmp_path / "arange.ir"
+    ir.write_text(ARANGE)
+    inputs = tmp_path / "in.safetensors"
+    save_file({"n": torch.tensor(1)}, str(inputs))
+    out = tmp_path / "out.safetensors"
+    rc = cli.main(["run", str(ir), "--inputs", str(inputs), "--backend", backend,
+                   "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and not out.exists(), err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert ("aten.arange.start: end is a run-time scalar (%n); ember needs it as a literal or a "
+            "size expression") in err, err
+
+
+# (node text, the operand named in the refusal); %n: i64 is a parameter, %x: f32[8]
+RUNTIME_SIZES = [
+    ("aten.arange.default(%n, dtype=f32) : f32[{k}]", "end"),
+    ("aten.arange.start(0, %n, dtype=f32) : f32[{k}]", "end"),
+    ("aten.arange.start(%n, 9, dtype=f32) : f32[{k}]", "start"),
+    ("aten.arange.start_step(0, 9, %n, dtype=f32) : f32[{k}]", "step"),
+    ("aten.full.default([%n], 1.0, dtype=f32) : f32[{k}]", "size"),
+    ("aten.zeros.default([2, %n], dtype=f32) : f32[2, {k}]", "size"),
+    ("aten.narrow.default(%x, 0, %n, {k}) : f32[{k}]", "start"),
+    ("aten.narrow.default(%x, 0, 0, %n) : f32[{k}]", "length"),
+    ("aten.slice.Tensor(%x, 0, 0, %n) : f32[{k}]", "end"),
+    ("aten.view.default(%x, [%n, -1]) : f32[{k}, 1]", "size"),
+    ("aten.expand.default(%x, [%n, 8]) : f32[{k}, 8]", "size"),
+    ("aten.new_ones.default(%x, [%n]) : f32[{k}]", "size"),
+]
+
+
+@settings(max_examples=30, deadline=None)
+@example(case=RUNTIME_SIZES[1], k=8)
+@example(case=RUNTIME_SIZES[6], k=4)
+@given(case=st.sampled_from(RUNTIME_SIZES), k=st.integers(1, 8))
+def test_decompositions_refuse_runtime_sizes(case: tuple[str, str], k: int) -> None:
+    """Whatever the declared size, a decomposition never trusts it for a run-time scalar: it
+    refuses with one line naming the op, the operand and the scalar (not an AttributeError)."""
+    from ember.prims.decomp.context import DecompositionError
+    from ember.prims.decomp.passes import decompose_module
+    from ember.prims.decomp.table import active_table
+
+    node, operand = case
+    text = node.format(k=k)
+    rty = text.rsplit(" : ", 1)[1]
+    m = parse(f"""ember.ir 1.0
+
+graph @main(%x: f32[8], %n: i64) -> ({rty}) {{
+  %a = {text}
+  return (%a)
+}}
+""")
+    op = text.split("(", 1)[0]
+    with pytest.raises(DecompositionError) as e:
+        decompose_module(m, active_table())
+    msg = str(e.value)
+    assert msg == (f"{op}: {operand} is a run-time scalar (%n); ember needs it as a literal or "
+                   f"a size expression"), msg
+
+
+def test_runtime_scalars_used_as_values_still_decompose() -> None:
+    # a scalar parameter computed on (a Scalar operand) is a value, not a size: still fine
+    from ember.prims.decomp.passes import decompose_module
+    from ember.prims.decomp.table import active_table
+
+    m = parse("""ember.ir 1.0
+
+graph @main(%x: f32[8], %s: f64) -> (f32[8]) {
+  %a = aten.mul.Tensor(%x, %s) : f32[8]
+  %b = aten.add.Tensor(%a, %x, alpha=%s) : f32[8]
+  return (%b)
+}
+""")
+    d = decompose_module(m, active_table())
+    x = torch.arange(8.0)
+    (got,) = Interpreter(d).run([x, 2.5], "main").outputs
+    torch.testing.assert_close(got, x * 2.5 + x * 2.5)

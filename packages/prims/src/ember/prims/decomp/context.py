@@ -35,6 +35,13 @@ class EagerNotImplementedError(DecompositionError, NotImplementedError):
     """Eager has no kernel for these dtypes (NotImplementedError, a RuntimeError)."""
 
 
+def runtime_scalar_error(op: str, operand: str, v: Value) -> DecompositionError:
+    """A size-like operand that is a run-time scalar: a decomposition would have to trust the
+    declared result shape (which nothing checks at run time) instead of the scalar's value."""
+    return DecompositionError(f"{op}: {operand} is a run-time scalar (%{v.name}); ember needs "
+                              f"it as a literal or a size expression")
+
+
 class DecompContext:
     """Emits prims for one aten node. `node` is the node being decomposed (its declared result
     types say what the decomposition must produce); emitted nodes carry its location."""

@@ -26,7 +26,7 @@ import sympy
 
 from ember.ir import DType, Value
 from ember.ir.expr import Dim, FloorDiv, as_sympy, simplify_dim
-from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.context import DecompContext, DecompositionError, runtime_scalar_error
 from ember.prims.decomp.shape import _fill_value
 from ember.prims.decomp.table import register_decomposition
 
@@ -93,6 +93,9 @@ def _sym_length(start: Any, end: Any, step: Any) -> Dim:
 
 
 def _arange(ctx: DecompContext, start: Any, end: Any, step: Any) -> Value:
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, Value):  # the length would be the declared one, unchecked
+            raise runtime_scalar_error(ctx.node.op, name, v)
     shape, dtype, device = _result(ctx)
     if dtype == DType.b8 or not (dtype.is_integer or dtype.is_floating):
         raise DecompositionError(f"{ctx.node.op}: no arange of {dtype.name}")

@@ -12,7 +12,7 @@ from ember.ir.passes import PipelineError, register_pass, register_pipeline
 from ember.ir.registry import EMBER_DIALECTS, OpRegistry
 from ember.ir.types import Type
 from ember.ir.verifier import types_equal
-from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.context import DecompContext, DecompositionError, runtime_scalar_error
 from ember.prims.decomp.random import PhiloxState
 from ember.prims.decomp.table import (
     DecompositionTable,
@@ -103,6 +103,7 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
             raise DecompositionError(
                 f"ember.prims: no decomposition for {n.op}{where}; keep such ops with "
                 f"decompose{{keep_unsupported=true}}")
+        _refuse_runtime_sizes(n, args, kwargs)
         b.loc = n.loc  # provenance: every emitted prim points at the source of its aten op
         results = _results(n, table.apply(DecompContext(b, n, table, rng), n.op, args, kwargs))
         _check_results(n, results, hints)
@@ -116,6 +117,30 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
     g.outputs = [sub(o) for o in g.outputs]
     g.result_types = [t if types_equal(t, o.type) else o.type
                       for t, o in zip(g.result_types, g.outputs, strict=True)]
+
+
+# schema types of operands that decompositions read as sizes, dims or indices (literals or size
+# expressions); `Scalar` operands are values computed on (arange checks its own)
+_SIZE_KINDS = ("int", "SymInt")
+
+
+def _refuse_runtime_sizes(n: Node, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """A scalar graph value (a parameter `%n: i64`, an `item()`) where the op's schema takes an
+    int: its value is known only at run time, and a decomposition would trust the declared
+    result shape instead (arange of `%n` declared f32[100000] made 100000 elements)."""
+    from ember.ir.torch_ops import resolve
+
+    op = resolve(n.op)
+    if op is None:
+        return
+    for i, a in enumerate(op._schema.arguments):
+        kind = str(a.real_type).replace("Optional[", "").replace("List[", "").rstrip("]?")
+        if kind not in _SIZE_KINDS:  # int, int?, int[], SymInt[], int[]? ...
+            continue
+        v = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(x, Value) and isinstance(x.type, ScalarType):
+                raise runtime_scalar_error(n.op, a.name, x)
 
 
 def _results(n: Node, out: Any) -> list[Any]:

@@ -24,7 +24,7 @@ import torch
 from ember.ir import DType, Value
 from ember.ir.expr import INT64_MAX, Dim, FloorDiv, PyMod, as_sympy, evaluate, simplify_dim
 from ember.ir.verifier import dims_equal
-from ember.prims.decomp.context import DecompContext, DecompositionError
+from ember.prims.decomp.context import DecompContext, DecompositionError, runtime_scalar_error
 from ember.prims.decomp.table import register_decomposition
 
 # ---- size arithmetic (ints stay ints; expressions stay exact) ------------------------------
@@ -90,6 +90,8 @@ def _hint(ctx: DecompContext, d: Dim) -> int:
     """A size at the symbols' hints (what the aten node's meta kernel saw)."""
     if isinstance(d, int):
         return d
+    if isinstance(d, Value):  # a scalar known only at run time (passes.py refuses most)
+        raise runtime_scalar_error(ctx.node.op, "a size", d)
     try:
         return evaluate(d, ctx.b.module.hints())
     except Exception as e:
