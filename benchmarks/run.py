@@ -5,7 +5,8 @@ Runs eager, torch.compile (default inductor) and ember (`ember.runtime.compile`,
 thread count set to the number of cores. Writes benchmarks/results/<date>-<tag>.{json,md,png}
 and latest.{json,md,png}. Numbers are measured, never asserted.
 
-    --suite micro|models|all   which cases (default all)
+    --suite micro|models|training|all   which cases (default all; training: training steps,
+                               benchmarks/training.py, with peak memory per step)
     --filter TEXT              only cases whose name contains TEXT
     --quick                    3 repetitions (a smoke run; numbers are rough)
     --no-torch-compile         leave torch.compile out (its cold compiles take 10-25 s each)
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from suites import SUITES  # noqa: E402
+from training import TrainCase, memory_section, run_training_case  # noqa: E402
 
 from ember.runtime.bench import (  # noqa: E402
     Contender,
@@ -103,16 +105,25 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(len(cases))
     results = []
     for case in cases:
-        results.append(run_case(case, contenders, reps=reps, progress=progress))
+        run = run_training_case if isinstance(case, TrainCase) else run_case
+        results.append(run(case, contenders, reps=reps, progress=progress))
     progress.show("done", final=True)
     meta = run_meta(ROOT, f"{reps} interleaved repetitions per contender (round robin, order "
                     f"rotating), median ± half the IQR; compile s = the first call (compile + "
                     f"one run): cold with empty caches, warm in a new compiled object with the "
-                    f"disk caches kept; inference under torch.no_grad().")
+                    f"disk caches kept; inference cases under torch.no_grad().")
+    if "training" in suites:
+        meta["method"] += (" Training cases: one step = the compiled forward + loss, backward(), "
+                           "SGD step, zero_grad (benchmarks/training.py), timed one step per "
+                           "sample; the first 3 steps checked against eager's losses and "
+                           "parameters.")
     meta["suites"], meta["quick"] = suites, a.quick
     extra = guards_section() if "micro" in suites and not a.filter else ""
+    extra += memory_section(results, who)
     stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{a.tag}" + ("-quick" if a.quick else "")
-    paths = write_results(results, meta, who, a.out, stem, latest=not a.quick, extra=extra)
+    # latest.* is the whole bench: a run of one suite does not replace it
+    paths = write_results(results, meta, who, a.out, stem,
+                          latest=not a.quick and a.suite == "all", extra=extra)
     print(paths[1].read_text())
     print("wrote " + ", ".join(str(p.relative_to(ROOT) if p.is_relative_to(ROOT) else p)
                                for p in paths), file=sys.stderr)

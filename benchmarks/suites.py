@@ -1,28 +1,31 @@
-"""The benchmark cases: `micro` (single ops and short chains) and `models` (small networks).
+"""The benchmark cases: `micro` (single ops and short chains), `models` (small networks) and
+`training` (forward + backward + SGD steps, run by benchmarks/training.py).
 
-Every case builds fresh inputs from a fixed seed; models are in eval mode, run under no_grad,
-with random weights (HF models from configs, HF_HUB_OFFLINE=1: nothing downloads).
+Every case builds fresh inputs from a fixed seed; inference models are in eval mode, run under
+no_grad, with random weights (HF models from configs, HF_HUB_OFFLINE=1: nothing downloads).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from training import TrainBuilt, TrainCase  # (benchmarks/ is on the path)
 
 from ember.runtime.bench import Case
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 Built = tuple[Callable[..., Any], tuple[Any, ...]]
+_B = TypeVar("_B")
 
 
-def _seeded(make: Callable[[], Built]) -> Callable[[], Built]:
-    def build() -> Built:
+def _seeded(make: Callable[[], _B]) -> Callable[[], _B]:
+    def build() -> _B:
         torch.manual_seed(0)
         return make()
     return build
@@ -160,4 +163,124 @@ def _models() -> list[Case]:
     ]
 
 
-SUITES: dict[str, Callable[[], list[Case]]] = {"micro": _micro, "models": _models}
+# ---- training ----------------------------------------------------------------------------------
+# One step = compiled (forward + loss), backward, SGD step (benchmarks/training.py). Small sizes:
+# the CPU machine has 2 cores.
+
+
+def _xent(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def train_mlp() -> TrainBuilt:
+    m = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(),
+                      nn.Linear(1024, 10))
+    return (m, lambda m, x, t: F.cross_entropy(m(x), t),
+            (torch.randn(64, 256), torch.randint(0, 10, (64,))))
+
+
+class TrainConvNet(nn.Module):
+    """2 × (conv 3×3, BatchNorm in training mode, ReLU), global average pool, linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))  # type: ignore[no-any-return]
+
+
+def train_convnet() -> TrainBuilt:
+    return (TrainConvNet().train(), lambda m, x, t: F.cross_entropy(m(x), t),
+            (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))))
+
+
+def train_neox() -> TrainBuilt:
+    from transformers import GPTNeoXForCausalLM
+    m = GPTNeoXForCausalLM(neox_config(layers=2, hidden=128)).train()
+    ids = torch.randint(0, 1024, (4, 64))
+    # next-token loss on the logits (dropout probabilities are 0 in the config)
+    return (m, lambda m, i, t: _xent(m(i).logits, t), (ids, torch.roll(ids, -1, 1)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.w, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, -1)
+    return x * cos + torch.cat([-b, a], -1) * sin
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm RMSNorm, causal attention with rotary embeddings, RMSNorm, SwiGLU MLP."""
+
+    def __init__(self, d: int = 256, heads: int = 4, ff: int = 688, seq: int = 64) -> None:
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, ff, bias=False), nn.Linear(d, ff, bias=False)
+        self.down = nn.Linear(ff, d, bias=False)
+        inv = 1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd)
+        f = torch.outer(torch.arange(seq).float(), inv)
+        emb = torch.cat([f, f], -1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        cos, sin = self.cos[:s], self.sin[:s]
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))  # type: ignore[no-any-return]
+
+
+class TinyLlama(nn.Module):
+    def __init__(self, vocab: int = 1024, d: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList([LlamaBlock(d) for _ in range(layers)])
+        self.norm, self.head = RMSNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x))  # type: ignore[no-any-return]
+
+
+def train_llama() -> TrainBuilt:
+    ids = torch.randint(0, 1024, (4, 64))
+    return (TinyLlama(), lambda m, i, t: _xent(m(i), t), (ids, torch.roll(ids, -1, 1)))
+
+
+def _training() -> list[Case | TrainCase]:
+    return [
+        TrainCase("MLP train", "training", _seeded(train_mlp),
+                  "Linear 256→1024→1024→10 with GELU, cross-entropy; batch 64"),
+        TrainCase("conv+BN train", "training", _seeded(train_convnet),
+                  "2 × (conv 3×3, BatchNorm (training), ReLU), 3→16→32, mean pool, linear, "
+                  "cross-entropy; 16×3×32×32"),
+        TrainCase("GPT-NeoX train", "training", _seeded(train_neox),
+                  "transformers GPTNeoXForCausalLM, 2 layers × 128 hidden, 4 heads, rotary_pct "
+                  "0.25, vocab 1024, next-token cross-entropy; batch 4 × seq 64"),
+        TrainCase("Llama block train", "training", _seeded(train_llama),
+                  "2 Llama-style blocks (RMSNorm, causal SDPA with rotary, SwiGLU 256→688), "
+                  "embedding and head, vocab 1024, cross-entropy; batch 4 × seq 64"),
+    ]
+
+
+SUITES: dict[str, Callable[[], list[Any]]] = {"micro": _micro, "models": _models,
+                                              "training": _training}
