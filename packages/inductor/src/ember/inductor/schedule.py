@@ -78,7 +78,7 @@ def _int(v: object) -> bool:
 def _dims(op: str, key: str, v: Arg, rank: int) -> list[int]:
     if not isinstance(v, list) or not all(_int(x) for x in v):
         raise OpTypeError(f"{op}: {key}= must be a list of dims (integers), got {v}")
-    dims = [int(x) for x in v]  # type: ignore[call-overload]
+    dims = [int(x) for x in v]
     bad = [d for d in dims if not 0 <= d < rank]
     if bad:
         raise OpTypeError(f"{op}: {key}={dims} names dim {bad[0]}, outside the kernel's "
@@ -122,7 +122,7 @@ def check_schedule_attrs(op: str, kw: Mapping[str, Arg], rank: int) -> None:
             raise OpTypeError(f"{op}: sched_blocks= is the column plan's; sched_plan is "
                               f"{plan!r}")
         if b != AUTO and not (isinstance(b, list) and len(b) == 2
-                              and all(_int(x) and x >= 1 for x in b)):  # type: ignore[operator]
+                              and all(_int(x) and x >= 1 for x in b)):
             raise OpTypeError(f"{op}: sched_blocks= must be \"auto\" or [block, count] "
                               f"(positive integers), got {b}")
     t = kw.get("sched_threshold", 0)
@@ -137,12 +137,12 @@ def read_schedule(kw: Mapping[str, Arg], default: Schedule) -> Schedule:
 
     def dims(key: str, d: tuple[int, ...]) -> tuple[int, ...]:
         v = kw.get(key)
-        return tuple(int(x) for x in v) if isinstance(v, list) else d  # type: ignore[arg-type]
+        return tuple(int(x) for x in v) if isinstance(v, list) else d
 
     plan = str(kw.get("sched_plan", default.plan))
     b = kw.get("sched_blocks")
     blocks = (int(b[0]), int(b[1])) if isinstance(b, list) else \
-        None if b == AUTO or plan != default.plan else default.blocks  # type: ignore[arg-type]
+        None if b == AUTO or plan != default.plan else default.blocks
     t = kw.get("sched_threshold", default.threshold)
     return Schedule(dims("sched_order", default.order), dims("sched_parallel", default.parallel),
                     dims("sched_vector", default.vector), plan, blocks,

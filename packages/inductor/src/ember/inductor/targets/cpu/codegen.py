@@ -28,7 +28,7 @@ from ember.inductor.sanitize import kernel_symbol
 from ember.inductor.targets import require_device
 from ember.inductor.targets.cpu import cache
 from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
-from ember.inductor.targets.cpu.cppkernel import kernel_source_sizes
+from ember.inductor.targets.cpu.kernel import kernel_source_sizes
 from ember.ir import (
     Arg,
     Graph,

@@ -39,9 +39,8 @@ from dataclasses import dataclass, field
 import sympy
 
 from ember.inductor.body import body_signature
-from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
-from ember.inductor.sanitize import comment, kernel_symbol
-from ember.inductor.schedule import Schedule, ScheduleError, check_schedule_attrs, read_schedule
+from ember.inductor.indexing import flat_offset, rvar
+from ember.inductor.sanitize import comment
 from ember.inductor.targets.cpu.cpp import (
     ACC_INIT,
     COMBINE,
@@ -50,17 +49,14 @@ from ember.inductor.targets.cpu.cpp import (
     _describe,
     _int,
     _round,
-    _store,
     _tensor,
     body_statements,
     bound,
     cexpr,
     ctypes_of,
     dclass,
-    size_symbols,
-    symbol_order,
 )
-from ember.ir import DType, Graph, Node, OpTypeError, Ref, Symbol, Value
+from ember.ir import DType, Graph, Node, Ref, Symbol, Value
 from ember.ir.expr import Dim, ExprEvalError, evaluate, simplify_dim
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
@@ -412,47 +408,6 @@ def _lanes(stmts: list[str], pad: str = "") -> list[str]:
             *[f"{pad}  {s}" for s in stmts], f"{pad}}}"]
 
 
-def kernel_source(name: str, node: Node, body: Graph, provenance: str,
-                  bodies: Mapping[str, object] | None = None,
-                  symbols: Mapping[str, Symbol] | None = None) -> str:
-    """One `extern "C"` function computing the loop node `node` whose body is `body`
-    (`bodies`: the module's items, where `loop.reduce` nodes find their bodies). Its parameters
-    are the body's buffers, then one pointer per output, then one `int64_t` per size symbol
-    its code reads (`kernel_sizes`: by number; `symbols`' hints guide schedule decisions)."""
-    return kernel_source_sizes(name, node, body, provenance, bodies, symbols)[0]
-
-
-def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
-                        bodies: Mapping[str, object] | None = None,
-                        symbols: Mapping[str, Symbol] | None = None) -> tuple[str, list[str]]:
-    """`kernel_source`, and the size symbols its function takes after the buffers, in order.
-    The loops follow the node's `sched_*` attributes (ember.inductor.schedule), the default
-    schedule (`kernel_schedule`) where it has none."""
-    w = _Writer(bodies or {}, _hints(symbols))
-    with size_symbols():  # (the default decisions' text is not the kernel's)
-        args, ranges = _setup(node, body, w)
-        default = _decide(w, node, body, args, ranges)
-    with size_symbols() as used:
-        s = read_schedule(node.kwargs, default)
-        lines = _kernel_lines(name, node, body, provenance, w, args, ranges, s)
-    sizes = symbol_order(used)
-    if sizes:  # the symbols' values, bound from the inputs' shapes by the caller
-        head = lines[1 + len(node.results)]
-        lines[1 + len(node.results)] = head.replace(
-            ") {", "".join(f", int64_t {s}" for s in sizes) + ") {", 1)
-    return "\n".join(lines) + "\n", sizes
-
-
-def kernel_schedule(node: Node, body: Graph, bodies: Mapping[str, object] | None = None,
-                    symbols: Mapping[str, Symbol] | None = None) -> Schedule:
-    """The schedule `kernel_source` renders for a loop node: its `sched_*` attributes, the
-    default decisions for those it lacks (CodegenError: a kernel C++ cannot express)."""
-    w = _Writer(bodies or {}, _hints(symbols))
-    with size_symbols():
-        args, ranges = _setup(node, body, w)
-        return read_schedule(node.kwargs, _decide(w, node, body, args, ranges))
-
-
 def _hints(symbols: Mapping[str, Symbol] | None) -> dict[str, int]:
     return {n: s.hint for n, s in (symbols or {}).items() if s.hint is not None}
 
@@ -483,131 +438,6 @@ def _depth(w: _Writer) -> int:
     return max((r.k for r in w.reduces.values()), default=0)
 
 
-def _par_limit(w: _Writer, ranges: Sequence[Dim]) -> int:
-    """The most outer loops OpenMP may split: the column plan's loops and blocks; otherwise up
-    to the first depth that computes a reduction (all but the innermost loop of a pointwise
-    kernel, whose loop is `parallel for simd` when it is the only one)."""
-    if w.col is not None:
-        return w.col.d
-    depth = _depth(w)
-    first = min((r.k for r in w.reduces.values()), default=0)
-    n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
-    return min(n_par, len(ranges))
-
-
-def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
-            ranges: Sequence[Dim]) -> Schedule:
-    """The default schedule of a kernel whose reductions `w` holds (the decisions, made where
-    the sizes are static or at the symbols' hints; per-call ones stay per call)."""
-    n = len(ranges)
-    w.col = col = _column_plan(w, ranges)
-    steps = ["column"] if col is not None else []
-    if any(w.splits(g) for g in w.groups(0)):
-        steps.append("split")
-    if col is None and node.op == "loop.pointwise" \
-            and _rescale_plan(w, body, args, ranges) is not None:
-        steps.append("rescale")
-    work = _work(w, ranges)
-    # symbolic work: the threads are started per call where it is large enough (_par_if)
-    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
-    n_par = col.d if col is not None else _collapse(w, ranges, _par_limit(w, ranges))
-    vector = (n - 1,) if n and (col is not None or _depth(w) < n) else ()
-    blocks = (col.block, col.nblocks) if col is not None and not col.decls else None
-    w.col = None
-    return Schedule(tuple(range(n)), tuple(range(n_par)) if parallel else (), vector,
-                    "+".join(steps) or "plain", blocks, PARALLEL_WORK)
-
-
-def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
-           ranges: Sequence[Dim], s: Schedule) -> tuple[_Reduce, Value] | None:
-    """Set `w` up to render schedule `s` (ScheduleError where it does not fit the kernel); the
-    rescale plan's sum and quotient, if it is one."""
-    def refuse(why: str) -> ScheduleError:
-        return ScheduleError(f"{node.op} of @{body.name}: {why}")
-    try:  # a schedule merged from the attributes and the defaults: checked as a whole
-        check_schedule_attrs("schedule", s.attrs(), len(ranges))
-    except OpTypeError as e:
-        raise refuse(str(e).removeprefix("schedule: ")) from None
-    depth, n = _depth(w), len(ranges)
-    if s.order[:depth] != tuple(range(depth)):
-        raise refuse(f"sched_order={list(s.order)}: the loops over dims 0..{depth - 1} hold "
-                     f"its reductions and stay outermost, in order")
-    w.split, w.threshold = "split" in s.steps, s.threshold
-    w.col = None
-    if "column" in s.steps:
-        d = _column_dim(w)
-        if d is None:
-            raise refuse("sched_plan=\"column\" needs every reduction to be a sum, prod, "
-                         "amax, amin, argmax or argmin over ints or floats, per element of "
-                         "the same outer dims")
-        w.col = _col_blocks(w, d, ranges, s.blocks, refuse)
-    if w.split and not any(r.k == 0 and r.simd for r in w.reduces.values()):
-        raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
-                     "ints or floats to one value)")
-    plan = None
-    if "rescale" in s.steps:
-        plan = _rescale_plan(w, body, args, ranges) if node.op == "loop.pointwise" else None
-        if plan is None:
-            raise refuse("sched_plan rescale needs a quotient e / sum(e) over the innermost "
-                         "dim (softmax's)")
-    if len(s.parallel) > _par_limit(w, ranges):
-        raise refuse(f"sched_parallel={list(s.parallel)}: OpenMP can split at most "
-                     f"{_par_limit(w, ranges)} outer loop(s) of this kernel")
-    if s.vector and w.col is None and depth >= n:
-        raise refuse(f"sched_vector={list(s.vector)}: the kernel has no pointwise loop to "
-                     f"vectorise")
-    return plan
-
-
-def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer,
-                  args: Mapping[Value, str], ranges: list[Dim], s: Schedule) -> list[str]:
-    plan = _apply(w, node, body, args, ranges, s)
-    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
-           for k, p in enumerate(body.params)]
-    outs = [_tensor(r) for r in node.results]
-    sig = ", ".join([*ins, *(f"{ctypes_of(t.dtype)[0]}* __restrict__ out{j}"
-                             for j, t in enumerate(outs))])
-    lines = [comment(f"kernel @{name}: {node.op} of {provenance}"),
-             *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
-             f'extern "C" void {kernel_symbol(name)}({sig}) {{']
-    for j, t in enumerate(outs):
-        size = simplify_dim(math.prod(_int(d) for d in t.shape) * t.dtype.itemsize)
-        if not isinstance(size, int):  # decided per call
-            lines.append(f"  if ({cexpr(size)} >= {HUGE_OUTPUT}LL) "
-                         f"ember_hugepages(out{j}, {cexpr(size)});")
-        elif size >= HUGE_OUTPUT:
-            lines.append(f"  ember_hugepages(out{j}, {size}LL);")
-    off = cexpr(flat_offset([ivar(k) for k in range(len(ranges))], ranges))
-    if node.op == "loop.pointwise":
-        override: dict[Value, str] = {}
-        if plan is not None:  # g++ drops the numerator's now dead computation
-            r, q = plan
-            k = len(ranges) - 1
-            at_r = cexpr(flat_offset([*(ivar(d) for d in range(k)), rvar(0)], ranges))
-            r.stores.append(f"out0[{at_r}] = {_cname(r.body.outputs[0], f'n{r.j}_')};")
-            ct = ctypes_of(r.rdt)[1]
-            override[q] = f"out0[{off}] * (({ct})1 / {r.var})"
-        stmts = body_statements(body, args, reduce_value=w.value(args), override=override)
-        note = [comment("the sum's pass stored the numerators of %" + plan[1].name)] if plan \
-            else []
-        store = [f"out{j}[{off}] = {_store(_tensor(o).dtype, _cname(o))};"
-                 for j, o in enumerate(body.outputs)]
-        inner = [*note, *stmts, *store]
-    else:  # loop.reduction: its own reduce, the last collected, stored
-        r = list(w.reduces.values())[-1]
-        elem = _tensor(body.outputs[0]).dtype
-        value = w.ref(r) if r.kind in ("argmax", "argmin") else _store(elem, w.ref(r))
-        inner = [f"out0[{off}] = {value};"]
-    cond = _par_if(_work(w, ranges), s.threshold)
-    vec = bool(s.vector)
-    nest = _nest_col(w, ranges, inner, len(s.parallel), s.order, vec, cond) \
-        if w.col is not None else \
-        _nest(w, ranges, inner, len(s.parallel), s.order, vec, cond)
-    lines += ["  " + x for x in nest]
-    lines.append("}")
-    return lines
-
-
 def _at_least_1(n: Dim) -> Dim:
     return max(1, n) if isinstance(n, int) else sympy.Max(1, n)
 
@@ -621,161 +451,9 @@ def _par_if(work: Dim, threshold: int = PARALLEL_WORK) -> str:
     return f" if(parallel: {cexpr(work)} >= {threshold})"
 
 
-def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
-    if isinstance(off, int):
-        return False
-    return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
-
-
-def _column_dim(w: _Writer) -> int | None:
-    """The depth d of the kernel's reductions where the column loop order can compute them:
-    all per output element of the same outer dims, of a kind with a column form."""
-    rs = list(w.reduces.values())
-    if not rs:
-        return None
-    d = rs[0].k
-    if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
-                     or not r.red for r in rs):
-        return None
-    return d
-
-
-def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
-    """The outer-reduction loop order, where it can compute the reductions (_column_dim) and
-    their loads are contiguous along the kept dim i<d-1> more often than along the innermost
-    reduced dim."""
-    d = _column_dim(w)
-    if d is None or w.hint(ranges[d - 1]) < 2:
-        return None
-    rs = list(w.reduces.values())
-    along_i = along_r = 0
-    for r in rs:
-        for n in r.body.nodes:
-            if n.op != "loop.load":
-                continue
-            buf = n.args[0]
-            assert isinstance(buf, Value)
-            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            off = flat_offset(index, _tensor(buf).shape)
-            along_i += _unit_stride(off, ivar(d - 1))
-            along_r += _unit_stride(off, rvar(len(r.red) - 1))
-    if along_i <= along_r:
-        return None
-    return _col_blocks(w, d, ranges, None, ScheduleError)
-
-
-def _col_blocks(w: _Writer, d: int, ranges: Sequence[Dim], blocks: tuple[int, int] | None,
-                refuse: Callable[[str], ScheduleError]) -> _Col:
-    """The column blocks of the kept dim i<d-1>: `blocks` (a schedule's [block, count]) or,
-    for None, the default rule's (per call for symbolic sizes)."""
-    extent, outer = ranges[d - 1], simplify_dim(math.prod(ranges[:d - 1]))
-    # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
-    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(w.reduces))) // 16 * 16)
-    if not isinstance(extent, int) or not isinstance(outer, int):
-        if blocks is not None:
-            raise refuse(f"sched_blocks={list(blocks)}: the column blocks of symbolic sizes "
-                         f"are computed per call (write \"auto\")")
-        return _symbolic_col(d, extent, outer, widest)
-    if blocks is not None:
-        block, count = blocks
-        if block > widest or count != _cdiv(extent, block):
-            raise refuse(f"sched_blocks={list(blocks)}: a block holds 1..{widest} columns "
-                         f"(its arrays live on the stack) and the count covers the "
-                         f"{extent} columns: ceil({extent} / block)")
-        return _Col(d, extent, block, count)
-    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
-    block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
-    return _Col(d, extent, block, _cdiv(extent, block))
-
-
-def _symbolic_col(d: int, extent: Dim, outer: Dim, widest: int) -> _Col:
-    """The column blocks of a symbolic extent: the static plan's arithmetic at run time
-    (`cb` columns per block, `nb` blocks), the arrays sized for the widest block."""
-    e, o = cexpr(extent), cexpr(outer)
-    mx, mn = "std::max<int64_t>", "std::min<int64_t>"
-    decls = [comment("the column blocks of this call's sizes (as for static sizes)"),
-             f"const int64_t cn = {mx}({mx}(({e} + {widest - 1}) / {widest}, {mn}(({e} + 15) "
-             f"/ 16, ({COL_TASKS} + {o} - 1) / {mx}({o}, 1))), 1);",
-             f"const int64_t cb = {mx}({mn}({e}, (({e} + cn - 1) / cn + 15) / 16 * 16), 1);",
-             f"const int64_t nb = ({e} + cb - 1) / cb;"]
-    return _Col(d, extent, widest, 0, "cb", "nb", decls)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // max(b, 1))
-
-
-def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
-          subst: Mapping[sympy.Symbol, sympy.Expr]) -> object:
-    """A value's expression tree as a comparable key: loads by buffer and index (after `subst`),
-    fused reductions by their key."""
-    made = {res: n for n in g.nodes for res in n.results}
-    memo: dict[Value, object] = {}
-
-    def go(x: Value) -> object:
-        if x in memo:
-            return memo[x]
-        n = made.get(x)
-        if n is None:
-            out: object = ("param", args.get(x))
-        elif n.op == "loop.load":
-            buf = n.args[0]
-            assert isinstance(buf, Value)
-            out = ("load", args[buf], tuple(
-                str(substitute(parse_index(str(s)), subst))
-                for s in n.kwargs["index"]))  # type: ignore[union-attr]
-        elif n.op == "loop.reduce":
-            out = ("reduce", w.key(n, args))
-        else:
-            out = (n.op, tuple(go(a) if isinstance(a, Value) else repr(a) for a in n.args),
-                   repr(sorted(n.kwargs.items())), str(n.results[0].type))
-        memo[x] = out
-        return out
-    return go(v)
-
-
-def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[Dim]
-                  ) -> tuple[_Reduce, Value] | None:
-    """The sum whose pass can store the kernel's numerators, and the quotient: the body holds
-    `q = e / s` where s sums e over the innermost output dim (softmax; HF's masked softmax
-    wraps q in a where), and its one output is f32/f64 like e (so e is stored exactly)."""
-    if len(body.outputs) != 1 or not ranges:
-        return None
-    dt = _tensor(body.outputs[0]).dtype
-    if dt not in (DType.f32, DType.f64):
-        return None
-    made = {res: n for n in body.nodes for res in n.results}
-    for n in body.nodes:
-        if n.op != "prims.div" or len(n.args) != 2 \
-                or not all(isinstance(a, Value) for a in n.args):
-            continue
-        num, den = n.args
-        assert isinstance(num, Value) and isinstance(den, Value)
-        dn = made.get(den)
-        if dn is None or dn.op != "loop.reduce":
-            continue
-        r = w.reduces[w.key(dn, args)]
-        if r.kind != "sum" or r.k != len(ranges) - 1 or r.red != [ranges[-1]] \
-                or r.elem != dt or r.rdt != dt or _tensor(num).dtype != dt:
-            continue
-        if _expr(w, r.body, r.body.outputs[0], r.args, {rvar(0): ivar(r.k)}) \
-                == _expr(w, body, num, args, {}):
-            return r, n.results[0]
-    return None
-
-
 def _pragma(n_par: int, simd: bool = False, cond: str = "") -> str:
     coll = f" collapse({n_par})" if n_par > 1 else ""
     return f"#pragma omp parallel for{' simd' if simd else ''} schedule(static){coll}{cond}"
-
-
-def _collapse(w: _Writer, ranges: Sequence[Dim], n_par: int) -> int:
-    """The fewest outer loops (at most n_par) giving OpenMP enough iterations to split well:
-    collapsing more only adds index arithmetic (symbolic sizes: at their hints)."""
-    for p in range(1, n_par):
-        if w.hint(simplify_dim(math.prod(ranges[:p]))) >= COLLAPSE_MIN:
-            return p
-    return n_par
 
 
 def _nest(w: _Writer, ranges: Sequence[Dim], inner: list[str], n_par: int,

@@ -5,9 +5,10 @@ It writes, on each `loop.pointwise` / `loop.reduction` node of a fused loop modu
 `codegen-cpp` renders: loop order, the loops OpenMP splits (the collapse depth), the vectorised
 loop, the reduction plan (plain, column, split, rescale), the column blocks where the sizes are
 static and the work threshold of per-call decisions, as `sched_*` attributes
-(ember.inductor.schedule). The decisions are `cppkernel.kernel_schedule`'s, the same function
-codegen-cpp calls for a node without them, so a module compiles to the same C++ with or without
-this stage; attributes already on a node (a hand-edited schedule) are kept.
+(ember.inductor.schedule). The decisions are `kernel_schedule`'s (`_decide`, below), which
+codegen-cpp also calls for a node without them, so a module compiles to the same C++ with or
+without this stage; attributes already on a node (a hand-edited schedule) are kept. `_apply`
+checks a schedule against its kernel and sets up cppkernel's writer to render it.
 
 Another schedule is a pass of its own: register it under a name (`register_pass`) and use a
 pipeline that runs it in place of this one (codegen-cpp renders whatever it wrote, refusing a
@@ -16,11 +17,34 @@ schedule that does not fit a kernel with a one-line ScheduleError).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import sympy
+
 from ember.inductor.body import body_names
-from ember.inductor.targets import require_device
-from ember.inductor.targets.cpu.cpp import CodegenError
-from ember.inductor.targets.cpu.cppkernel import kernel_schedule
-from ember.ir import Graph, Module, Ref
+from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
+from ember.inductor.sanitize import comment
+from ember.inductor.schedule import Schedule, ScheduleError, check_schedule_attrs, read_schedule
+from ember.inductor.targets import device_kind, graph_devices
+from ember.inductor.targets.cpu.cpp import CodegenError, _tensor, cexpr, dclass, size_symbols
+from ember.inductor.targets.cpu.cppkernel import (
+    COL_BLOCK,
+    COL_BYTES,
+    COL_KINDS,
+    COL_TASKS,
+    COLLAPSE_MIN,
+    PARALLEL_WORK,
+    _Col,
+    _depth,
+    _hints,
+    _Reduce,
+    _setup,
+    _work,
+    _Writer,
+)
+from ember.ir import DType, Graph, Module, Node, OpTypeError, Ref, Symbol, Value
+from ember.ir.expr import Dim, simplify_dim
 from ember.ir.passes import register_pass
 
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
@@ -31,8 +55,9 @@ KERNEL_OPS = ("loop.pointwise", "loop.reduction")
 def schedule_cpu(module: Module) -> Module:
     m = module.clone()
     bodies = body_names(m)
-    graphs = [g for g in m.graphs.values() if g.name not in bodies]
-    require_device(m, graphs, "cpu", "schedule-cpu")
+    # graphs on another device get no CPU schedule (codegen-cpp refuses them, naming them)
+    graphs = [g for g in m.graphs.values() if g.name not in bodies
+              and all(device_kind(d) == "cpu" for d in graph_devices(g))]
     for g in graphs:
         for n in g.nodes:
             ref = n.args[0] if n.args else None
@@ -48,4 +73,244 @@ def schedule_cpu(module: Module) -> Module:
     return m
 
 
-__all__ = ["KERNEL_OPS", "schedule_cpu"]
+# ---- the default decisions, and the checks of a schedule against its kernel --------------
+
+def kernel_schedule(node: Node, body: Graph, bodies: Mapping[str, object] | None = None,
+                    symbols: Mapping[str, Symbol] | None = None) -> Schedule:
+    """The schedule `kernel_source` renders for a loop node: its `sched_*` attributes, the
+    default decisions for those it lacks (CodegenError: a kernel C++ cannot express)."""
+    w = _Writer(bodies or {}, _hints(symbols))
+    with size_symbols():
+        args, ranges = _setup(node, body, w)
+        return read_schedule(node.kwargs, _decide(w, node, body, args, ranges))
+
+
+def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
+            ranges: Sequence[Dim]) -> Schedule:
+    """The default schedule of a kernel whose reductions `w` holds (the decisions, made where
+    the sizes are static or at the symbols' hints; per-call ones stay per call)."""
+    n = len(ranges)
+    w.col = col = _column_plan(w, ranges)
+    steps = ["column"] if col is not None else []
+    if any(w.splits(g) for g in w.groups(0)):
+        steps.append("split")
+    if col is None and node.op == "loop.pointwise" \
+            and _rescale_plan(w, body, args, ranges) is not None:
+        steps.append("rescale")
+    work = _work(w, ranges)
+    # symbolic work: the threads are started per call where it is large enough (_par_if)
+    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
+    n_par = col.d if col is not None else _collapse(w, ranges, _par_limit(w, ranges))
+    vector = (n - 1,) if n and (col is not None or _depth(w) < n) else ()
+    blocks = (col.block, col.nblocks) if col is not None and not col.decls else None
+    w.col = None
+    return Schedule(tuple(range(n)), tuple(range(n_par)) if parallel else (), vector,
+                    "+".join(steps) or "plain", blocks, PARALLEL_WORK)
+
+
+def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
+           ranges: Sequence[Dim], s: Schedule) -> tuple[_Reduce, Value] | None:
+    """Set `w` up to render schedule `s` (ScheduleError where it does not fit the kernel); the
+    rescale plan's sum and quotient, if it is one."""
+    def refuse(why: str) -> ScheduleError:
+        return ScheduleError(f"{node.op} of @{body.name}: {why}")
+    try:  # a schedule merged from the attributes and the defaults: checked as a whole
+        check_schedule_attrs("schedule", s.attrs(), len(ranges))
+    except OpTypeError as e:
+        raise refuse(str(e).removeprefix("schedule: ")) from None
+    depth, n = _depth(w), len(ranges)
+    if s.order[:depth] != tuple(range(depth)):
+        raise refuse(f"sched_order={list(s.order)}: the loops over dims 0..{depth - 1} hold "
+                     f"its reductions and stay outermost, in order")
+    w.split, w.threshold = "split" in s.steps, s.threshold
+    w.col = None
+    if "column" in s.steps:
+        d = _column_dim(w)
+        if d is None:
+            raise refuse("sched_plan=\"column\" needs every reduction to be a sum, prod, "
+                         "amax, amin, argmax or argmin over ints or floats, per element of "
+                         "the same outer dims")
+        w.col = _col_blocks(w, d, ranges, s.blocks, refuse)
+    if w.split and not any(r.k == 0 and r.simd for r in w.reduces.values()):
+        raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
+                     "ints or floats to one value)")
+    plan = None
+    if "rescale" in s.steps:
+        plan = _rescale_plan(w, body, args, ranges) if node.op == "loop.pointwise" else None
+        if plan is None:
+            raise refuse("sched_plan rescale needs a quotient e / sum(e) over the innermost "
+                         "dim (softmax's)")
+    if len(s.parallel) > _par_limit(w, ranges):
+        raise refuse(f"sched_parallel={list(s.parallel)}: OpenMP can split at most "
+                     f"{_par_limit(w, ranges)} outer loop(s) of this kernel")
+    if s.vector and w.col is None and depth >= n:
+        raise refuse(f"sched_vector={list(s.vector)}: the kernel has no pointwise loop to "
+                     f"vectorise")
+    return plan
+
+
+def _par_limit(w: _Writer, ranges: Sequence[Dim]) -> int:
+    """The most outer loops OpenMP may split: the column plan's loops and blocks; otherwise up
+    to the first depth that computes a reduction (all but the innermost loop of a pointwise
+    kernel, whose loop is `parallel for simd` when it is the only one)."""
+    if w.col is not None:
+        return w.col.d
+    depth = _depth(w)
+    first = min((r.k for r in w.reduces.values()), default=0)
+    n_par = first if first > 0 else max(1, len(ranges) - 1) if depth == 0 else 0
+    return min(n_par, len(ranges))
+
+
+def _column_dim(w: _Writer) -> int | None:
+    """The depth d of the kernel's reductions where the column loop order can compute them:
+    all per output element of the same outer dims, of a kind with a column form."""
+    rs = list(w.reduces.values())
+    if not rs:
+        return None
+    d = rs[0].k
+    if d == 0 or any(r.k != d or r.kind not in COL_KINDS or dclass(r.elem) not in ("f", "i")
+                     or not r.red for r in rs):
+        return None
+    return d
+
+
+def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
+    """The outer-reduction loop order, where it can compute the reductions (_column_dim) and
+    their loads are contiguous along the kept dim i<d-1> more often than along the innermost
+    reduced dim."""
+    d = _column_dim(w)
+    if d is None or w.hint(ranges[d - 1]) < 2:
+        return None
+    rs = list(w.reduces.values())
+    along_i = along_r = 0
+    for r in rs:
+        for n in r.body.nodes:
+            if n.op != "loop.load":
+                continue
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            off = flat_offset(index, _tensor(buf).shape)
+            along_i += _unit_stride(off, ivar(d - 1))
+            along_r += _unit_stride(off, rvar(len(r.red) - 1))
+    if along_i <= along_r:
+        return None
+    return _col_blocks(w, d, ranges, None, ScheduleError)
+
+
+def _col_blocks(w: _Writer, d: int, ranges: Sequence[Dim], blocks: tuple[int, int] | None,
+                refuse: Callable[[str], ScheduleError]) -> _Col:
+    """The column blocks of the kept dim i<d-1>: `blocks` (a schedule's [block, count]) or,
+    for None, the default rule's (per call for symbolic sizes)."""
+    extent, outer = ranges[d - 1], simplify_dim(math.prod(ranges[:d - 1]))
+    # <= 32 bytes of stack arrays per reduction and column: many reductions, fewer columns
+    widest = max(16, min(COL_BLOCK, COL_BYTES // (32 * len(w.reduces))) // 16 * 16)
+    if not isinstance(extent, int) or not isinstance(outer, int):
+        if blocks is not None:
+            raise refuse(f"sched_blocks={list(blocks)}: the column blocks of symbolic sizes "
+                         f"are computed per call (write \"auto\")")
+        return _symbolic_col(d, extent, outer, widest)
+    if blocks is not None:
+        block, count = blocks
+        if block > widest or count != _cdiv(extent, block):
+            raise refuse(f"sched_blocks={list(blocks)}: a block holds 1..{widest} columns "
+                         f"(its arrays live on the stack) and the count covers the "
+                         f"{extent} columns: ceil({extent} / block)")
+        return _Col(d, extent, block, count)
+    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
+    block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
+    return _Col(d, extent, block, _cdiv(extent, block))
+
+
+def _symbolic_col(d: int, extent: Dim, outer: Dim, widest: int) -> _Col:
+    """The column blocks of a symbolic extent: the static plan's arithmetic at run time
+    (`cb` columns per block, `nb` blocks), the arrays sized for the widest block."""
+    e, o = cexpr(extent), cexpr(outer)
+    mx, mn = "std::max<int64_t>", "std::min<int64_t>"
+    decls = [comment("the column blocks of this call's sizes (as for static sizes)"),
+             f"const int64_t cn = {mx}({mx}(({e} + {widest - 1}) / {widest}, {mn}(({e} + 15) "
+             f"/ 16, ({COL_TASKS} + {o} - 1) / {mx}({o}, 1))), 1);",
+             f"const int64_t cb = {mx}({mn}({e}, (({e} + cn - 1) / cn + 15) / 16 * 16), 1);",
+             f"const int64_t nb = ({e} + cb - 1) / cb;"]
+    return _Col(d, extent, widest, 0, "cb", "nb", decls)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // max(b, 1))
+
+
+def _unit_stride(off: sympy.Expr | int, var: sympy.Symbol) -> bool:
+    if isinstance(off, int):
+        return False
+    return bool(sympy.expand(off.xreplace({var: var + 1}) - off) == 1)
+
+
+def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
+          subst: Mapping[sympy.Symbol, sympy.Expr]) -> object:
+    """A value's expression tree as a comparable key: loads by buffer and index (after `subst`),
+    fused reductions by their key."""
+    made = {res: n for n in g.nodes for res in n.results}
+    memo: dict[Value, object] = {}
+
+    def go(x: Value) -> object:
+        if x in memo:
+            return memo[x]
+        n = made.get(x)
+        if n is None:
+            out: object = ("param", args.get(x))
+        elif n.op == "loop.load":
+            buf = n.args[0]
+            assert isinstance(buf, Value)
+            out = ("load", args[buf], tuple(
+                str(substitute(parse_index(str(s)), subst))
+                for s in n.kwargs["index"]))  # type: ignore[union-attr]
+        elif n.op == "loop.reduce":
+            out = ("reduce", w.key(n, args))
+        else:
+            out = (n.op, tuple(go(a) if isinstance(a, Value) else repr(a) for a in n.args),
+                   repr(sorted(n.kwargs.items())), str(n.results[0].type))
+        memo[x] = out
+        return out
+    return go(v)
+
+
+def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Sequence[Dim]
+                  ) -> tuple[_Reduce, Value] | None:
+    """The sum whose pass can store the kernel's numerators, and the quotient: the body holds
+    `q = e / s` where s sums e over the innermost output dim (softmax; HF's masked softmax
+    wraps q in a where), and its one output is f32/f64 like e (so e is stored exactly)."""
+    if len(body.outputs) != 1 or not ranges:
+        return None
+    dt = _tensor(body.outputs[0]).dtype
+    if dt not in (DType.f32, DType.f64):
+        return None
+    made = {res: n for n in body.nodes for res in n.results}
+    for n in body.nodes:
+        if n.op != "prims.div" or len(n.args) != 2 \
+                or not all(isinstance(a, Value) for a in n.args):
+            continue
+        num, den = n.args
+        assert isinstance(num, Value) and isinstance(den, Value)
+        dn = made.get(den)
+        if dn is None or dn.op != "loop.reduce":
+            continue
+        r = w.reduces[w.key(dn, args)]
+        if r.kind != "sum" or r.k != len(ranges) - 1 or r.red != [ranges[-1]] \
+                or r.elem != dt or r.rdt != dt or _tensor(num).dtype != dt:
+            continue
+        if _expr(w, r.body, r.body.outputs[0], r.args, {rvar(0): ivar(r.k)}) \
+                == _expr(w, body, num, args, {}):
+            return r, n.results[0]
+    return None
+
+
+def _collapse(w: _Writer, ranges: Sequence[Dim], n_par: int) -> int:
+    """The fewest outer loops (at most n_par) giving OpenMP enough iterations to split well:
+    collapsing more only adds index arithmetic (symbolic sizes: at their hints)."""
+    for p in range(1, n_par):
+        if w.hint(simplify_dim(math.prod(ranges[:p]))) >= COLLAPSE_MIN:
+            return p
+    return n_par
+
+
+__all__ = ["KERNEL_OPS", "kernel_schedule", "schedule_cpu"]
