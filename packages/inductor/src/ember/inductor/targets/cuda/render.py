@@ -169,8 +169,9 @@ def _static(dims: Sequence[Any], what: str) -> list[int]:
     return out
 
 
-def pyexpr(e: Any) -> str:
-    """An index expression over loop variables as Triton code (Python floor semantics)."""
+def pyexpr(e: Any, rtag: str = "") -> str:
+    """An index expression over loop variables as Triton code (Python floor semantics); the
+    reduced variables r0, ... are named r0{rtag}, ...."""
     if isinstance(e, int):
         return str(e)
     if e.is_Integer:
@@ -179,8 +180,8 @@ def pyexpr(e: Any) -> str:
         name = str(e.name)
         if not (name[:1] in "ir" and name[1:].isdigit()):
             raise CodegenError(f"index symbol {short(name)!r} is not a loop variable")
-        return name
-    args = [pyexpr(a) for a in e.args]
+        return name + rtag if name[0] == "r" else name
+    args = [pyexpr(a, rtag) for a in e.args]
     if isinstance(e, sympy.Add):
         return "(" + " + ".join(args) + ")"
     if isinstance(e, sympy.Mul):
@@ -247,6 +248,8 @@ class _Writer:
     renders: int = 0
     wide: bool = False  # int64 index math
     interpret: bool = False  # for Triton's interpreter, which has no libdevice
+    tags: int = 0  # passes over a reduction row so far (each names its locals apart)
+    rtag: str = ""  # the suffix of the reduced loop variables' names in the current pass
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -276,13 +279,14 @@ class _Writer:
             buf = n.args[0]
             assert isinstance(buf, Value)
             index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            off = pyexpr(flat_offset(index, _static(_tensor(buf).shape, "buffer size")))
+            off = pyexpr(flat_offset(index, _static(_tensor(buf).shape, "buffer size")),
+                         self.rtag)
             # the offsets broadcast to the block (a row value's load under a [X, R] mask)
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
                    f"mask={mask}, other=0)"
             return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
         if n.op == "loop.index":
-            e = pyexpr(parse_index(str(n.kwargs["index"])))
+            e = pyexpr(parse_index(str(n.kwargs["index"])), self.rtag)
             return f"(tl.zeros({shape}, tl.int64) + {e})"
         if n.op == "loop.reduce":
             return self.reduce_ref(n, env).name
@@ -346,7 +350,7 @@ def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
 
 
 def _decompose(w: _Writer, depth: int, flat: str, dims: list[int], var: str, start: int,
-               ) -> None:
+               tag: str = "") -> None:
     """Loop variables `var{start+k}` recovered from the flat row-major index `flat`."""
     stride = math.prod(dims)
     for k, d in enumerate(dims):
@@ -354,7 +358,7 @@ def _decompose(w: _Writer, depth: int, flat: str, dims: list[int], var: str, sta
         e = flat if stride == 1 else f"({flat} // {stride})"
         if k > 0:
             e = f"({e} % {d})"
-        w.emit(depth, f"{var}{start + k} = {e}")
+        w.emit(depth, f"{var}{start + k}{tag} = {e}")
 
 
 IDENT: dict[str, dict[str, str]] = {
@@ -388,37 +392,45 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
     blk = red.block
     rshape = f"[XBLOCK, {blk}]"
 
-    def chunk(d: int, roff: str) -> str:
-        """Emit the body over one chunk of the row; returns the masked value name."""
-        w.emit(d, f"rflat = {roff}tl.arange(0, {blk})[None, :]" + (
+    def chunk(d: int, roff: str) -> tuple[str, str, str]:
+        """Emit the body over one chunk of the row: (value, flat index, mask) names. Every
+        pass over a row has its own names (r0_3, rv3, ...): Triton types a name that a loop
+        assigns by its type before the loop."""
+        w.tags += 1
+        t = str(w.tags)
+        w.emit(d, f"rflat{t} = {roff}tl.arange(0, {blk})[None, :]" + (
             ".to(tl.int64)" if w.wide else ""))
-        w.emit(d, f"rmask = {xmask} & (rflat < {rn})")
-        _decompose(w, d, "rflat", red.rranges, "r", 0)
-        (v,) = w.body(d, red.body, red.bufs, "rmask", rshape)
-        w.emit(d, f"rv = tl.where(rmask, {v}.to({ct}), {ident_v})")
-        return "rv"
+        w.emit(d, f"rmask{t} = {xmask} & (rflat{t} < {rn})")
+        _decompose(w, d, f"rflat{t}", red.rranges, "r", 0, f"_{t}")
+        w.rtag = f"_{t}"
+        (v,) = w.body(d, red.body, red.bufs, f"rmask{t}", rshape)
+        w.rtag = ""
+        w.emit(d, f"rv{t} = tl.where(rmask{t}, {v}.to({ct}), {ident_v})")
+        return f"rv{t}", f"rflat{t}", f"rmask{t}"
 
     val = red.name if kind == value_kind else red.name + "_m"
     nan_fix = dclass(dt) == _F and value_kind in ("amax", "amin")
     op = _COMBINE[value_kind]
+    acc = f"acc{red.name}"
     if red.persistent:
-        chunk(depth, "")
-        w.emit(depth, f"{val} = {_reduce_call(op, 'rv')}")
+        rv, _, _ = chunk(depth, "")
+        w.emit(depth, f"{val} = {_reduce_call(op, rv)}")
         if nan_fix:  # tl.max drops NaN: a row holding one reduces to NaN, as eager
-            w.emit(depth, f"{val} = tl.where(tl.max((rv != rv).to(tl.int8), 1, keep_dims=True)"
-                          f" > 0, float('nan'), {val})")
+            w.emit(depth, f"{val} = tl.where(tl.max(({rv} != {rv}).to(tl.int8), 1, "
+                          f"keep_dims=True) > 0, float('nan'), {val})")
     else:
-        w.emit(depth, f"acc = tl.full({rshape}, {ident_v}, {ct})")
+        w.emit(depth, f"{acc} = tl.full({rshape}, {ident_v}, {ct})")
         w.emit(depth, f"for roff in range(0, {rn}, {blk}):")
-        chunk(depth + 1, "roff + ")
-        comb = {"sum": "acc + rv", "prod": "acc * rv",
-                "amax": "_maximum(acc, rv)" if dclass(dt) == _F else "tl.maximum(acc, rv)",
-                "amin": "_minimum(acc, rv)" if dclass(dt) == _F else "tl.minimum(acc, rv)"}
-        w.emit(depth + 1, f"acc = {comb[value_kind]}")
-        w.emit(depth, f"{val} = {_reduce_call(op, 'acc')}")
+        rv, _, _ = chunk(depth + 1, "roff + ")
+        fmax = "_maximum" if dclass(dt) == _F else "tl.maximum"
+        fmin = "_minimum" if dclass(dt) == _F else "tl.minimum"
+        comb = {"sum": f"{acc} + {rv}", "prod": f"{acc} * {rv}",
+                "amax": f"{fmax}({acc}, {rv})", "amin": f"{fmin}({acc}, {rv})"}
+        w.emit(depth + 1, f"{acc} = {comb[value_kind]}")
+        w.emit(depth, f"{val} = {_reduce_call(op, acc)}")
         if nan_fix:
-            w.emit(depth, f"{val} = tl.where(tl.max((acc != acc).to(tl.int8), 1, keep_dims=True)"
-                          f" > 0, float('nan'), {val})")
+            w.emit(depth, f"{val} = tl.where(tl.max(({acc} != {acc}).to(tl.int8), 1, "
+                          f"keep_dims=True) > 0, float('nan'), {val})")
     if dt in (DType.f16, DType.bf16):  # the row value as eager rounds it
         w.emit(depth, f"{val} = {val}.to({tl_dtype(dt)}).to(tl.float32)")
     elif dt == DType.b8:
@@ -432,11 +444,11 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
     d = depth + 1 if loop else depth
     if loop:
         w.emit(depth, f"for roff in range(0, {rn}, {blk}):")
-    chunk(d, "roff + " if loop else "")
-    hit = f"(rv == {val})" + (f" | ((rv != rv) & ({val} != {val}))" if dclass(dt) == _F else "")
-    w.emit(d, f"hit = rmask & ({hit})")
-    w.emit(d, f"{red.name} = tl.minimum({red.name}, tl.min(tl.where(hit, rflat.to(tl.int64), "
-              f"{big}), 1, keep_dims=True))")
+    rv, rflat, rmask = chunk(d, "roff + " if loop else "")
+    hit = f"({rv} == {val})" + (f" | (({rv} != {rv}) & ({val} != {val}))"
+                                if dclass(dt) == _F else "")
+    w.emit(d, f"{red.name} = tl.minimum({red.name}, tl.min(tl.where({rmask} & ({hit}), "
+              f"{rflat}.to(tl.int64), {big}), 1, keep_dims=True))")
 
 
 def _reduce_call(op: str, x: str) -> str:
