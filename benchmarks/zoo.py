@@ -44,6 +44,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -305,8 +306,22 @@ def record_of(model: Model, events: list[dict[str, Any]]) -> dict[str, Any]:
     return rec
 
 
-def run_model(model: Model, a: argparse.Namespace, timeout: float, logdir: Path
-              ) -> dict[str, Any]:
+@dataclass
+class Job:
+    """A model's worker process, running in slot `slot` (its own set of cores)."""
+
+    index: int
+    model: Model
+    slot: int
+    proc: subprocess.Popen[bytes]
+    start: float
+    timeout: float
+    events: Path
+    log: Path
+
+
+def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdir: Path,
+          slot: int, cores: list[int] | None) -> Job:
     safe = model.name.replace("/", "_")
     ev_path, log_path = logdir / f"{safe}.jsonl", logdir / f"{safe}.log"
     ev_path.unlink(missing_ok=True)
@@ -315,35 +330,105 @@ def run_model(model: Model, a: argparse.Namespace, timeout: float, logdir: Path
            "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
         + ([] if a.warm else ["--no-warm"])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
-    t = time.monotonic()
+
+    def pin() -> None:  # (inherited by g++ and inductor's compile workers)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+
     with log_path.open("w") as log:
         # its own session: on a timeout the whole group goes (g++, inductor's compile workers)
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                             start_new_session=True)
-        try:
-            rc: int | None = p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-            rc = None
+                             start_new_session=True, preexec_fn=pin if cores else None)
+    return Job(index, model, slot, p, time.monotonic(), timeout, ev_path, log_path)
+
+
+def finish(job: Job, a: argparse.Namespace) -> dict[str, Any]:
+    """The job's record once its process has ended, or kill it if it is past its time."""
+    rc = job.proc.poll()
+    if rc is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
     events = []
     with contextlib.suppress(OSError):
-        for line in ev_path.read_text().splitlines():
+        for line in job.events.read_text().splitlines():
             with contextlib.suppress(json.JSONDecodeError):
                 events.append(json.loads(line))
-    rec = record_of(model, events)
-    rec["seconds"] = round(time.monotonic() - t, 1)
+    rec = record_of(job.model, events)
+    rec["seconds"] = round(time.monotonic() - job.start, 1)
     if rc is None:
-        cut = timeout < a.timeout
+        cut = job.timeout < a.timeout
         rec["status"] = "budget" if cut else "timeout"
-        rec["reason"] = (f"stopped after {timeout:.0f} s: the time budget ran out" if cut
-                         else f"timed out after {timeout:.0f} s")
-        rec["log_tail"] = _tail(log_path, 600)
+        rec["reason"] = (f"stopped after {job.timeout:.0f} s: the time budget ran out" if cut
+                         else f"timed out after {job.timeout:.0f} s")
+        rec["log_tail"] = _tail(job.log, 600)
     elif rc != 0 or not events:
         rec["status"], rec["reason"] = "crashed", f"worker exited with status {rc}"
-        rec["log_tail"] = _tail(log_path)
+        rec["log_tail"] = _tail(job.log)
     return rec
+
+
+def slots(a: argparse.Namespace) -> list[list[int] | None]:
+    """`--jobs` disjoint sets of `--threads` cores (one job: no pinning)."""
+    if a.jobs == 1:
+        return [None]
+    cores = _by_physical_core(sorted(os.sched_getaffinity(0)))
+    if a.jobs * a.threads > len(cores):
+        raise SystemExit(f"zoo: --jobs {a.jobs} × --threads {a.threads} needs "
+                         f"{a.jobs * a.threads} cores; this process has {len(cores)}")
+    return [cores[k * a.threads:(k + 1) * a.threads] for k in range(a.jobs)]
+
+
+def _by_physical_core(cpus: list[int]) -> list[int]:
+    """One hyperthread of every physical core first, then the siblings: slots then take
+    whole cores before sharing any (where sysfs tells the topology)."""
+    seen: set[str] = set()
+    first: list[int] = []
+    for c in cpus:
+        try:
+            sib = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
+            key = sib.read_text().strip()
+        except OSError:
+            return cpus
+        if key not in seen:
+            seen.add(key)
+            first.append(c)
+    return first + [c for c in cpus if c not in first]
+
+
+def run_all(models: list[Model], a: argparse.Namespace, on_record: Callable[[int], None],
+            records: list[dict[str, Any]]) -> None:
+    """Run the models' workers, `--jobs` at a time, within `--budget`; `records[i]` is filled
+    in (and `on_record(i)` called) as each ends."""
+    logdir = Path(tempfile.mkdtemp(prefix="zoo-logs-"))
+    cores = slots(a)
+    pending = list(enumerate(models))
+    running: dict[int, Job] = {}
+    unimportable: dict[str, str] = {}
+    t0 = time.monotonic()
+    while pending or running:
+        for slot in [k for k in range(len(cores)) if k not in running]:
+            while pending and pending[0][1].family in unimportable:
+                i, m = pending.pop(0)
+                records[i].update(status="skipped", reason=unimportable[m.family])
+            left = a.budget - (time.monotonic() - t0)
+            if pending and left < 15:  # too little to build and compile anything
+                for i, _ in pending:
+                    records[i]["reason"] = "the time budget ran out before it started"
+                pending.clear()
+            if pending:
+                i, m = pending.pop(0)
+                running[slot] = start(i, m, a, min(a.timeout, left), logdir, slot, cores[slot])
+        time.sleep(0.1)
+        for slot, job in list(running.items()):
+            if job.proc.poll() is None and time.monotonic() - job.start < job.timeout:
+                continue
+            rec = records[job.index] = finish(job, a)
+            del running[slot]
+            if rec["status"] == "skipped" and "not importable" in rec["reason"]:
+                unimportable[job.model.family] = rec["reason"]
+            on_record(job.index)
+    shutil.rmtree(logdir, ignore_errors=True)
 
 
 def _ok(rec: dict[str, Any], who: str) -> bool:
@@ -362,11 +447,12 @@ def geomean(xs: list[float]) -> float | None:
 
 
 def summary(records: list[dict[str, Any]], compilers: list[str]) -> dict[str, Any]:
-    ran = [r for r in records if r["status"] not in ("skipped", "not run")]
+    ran = [r for r in records if r["status"] not in ("skipped", "not run", "budget")]
     both = [r for r in ran if all(_ok(r, w) and _speedup(r, w) for w in compilers)]
     out: dict[str, Any] = {"models": len(records), "ran": len(ran),
                            "skipped": sum(r["status"] == "skipped" for r in records),
-                           "not_run": sum(r["status"] == "not run" for r in records),
+                           "not_run": sum(r["status"] in ("not run", "budget")
+                                          for r in records),
                            "both_correct_and_timed": len(both)}
     for w in compilers:
         out[w] = {
@@ -412,12 +498,13 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
     m, v, s = meta["machine"], meta["versions"], summary(records, compilers)
     out = [f"# ember model zoo, {meta['date']}", "",
            f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gb']} GB; {meta['threads']} "
-           f"torch threads; {m['os']}.  ",
+           f"torch threads" + (f" × {meta['jobs']} models at a time, each on its own cores"
+                             if meta.get("jobs", 1) > 1 else "") + f"; {m['os']}.  ",
            "Versions: " + ", ".join(f"{k}: {x}" for k, x in v.items()) + ".  ",
            *([f"**Smoke sizes** (`--tiny`): HF models at {TINY}."] if meta.get("tiny") else []),
            f"Method: {meta['method']}", "", "## Summary", "",
            f"{s['models']} models: {s['ran']} run, {s['skipped']} skipped, {s['not_run']} not "
-           f"run (budget). Both compilers correct and timed: {s['both_correct_and_timed']}.", ""]
+           f"run or cut short by the time budget. Both compilers correct and timed: {s['both_correct_and_timed']}.", ""]
     for w in compilers:
         x = s[w]
         out.append(f"- **{w}**: correct {x['correct']}/{s['ran']}; geomean speedup over eager "
@@ -480,7 +567,8 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             v[lib] = "not importable"
     return {"date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC", "machine": machine_info(),
             "versions": v, "threads": a.threads, "torch_threads_default": torch.get_num_threads(),
-            "compilers": a.compilers, "reps": a.reps, "tiny": a.tiny, "shard": a.shard,
+            "compilers": a.compilers, "reps": a.reps, "jobs": a.jobs,
+            "slots": slots(a), "tiny": a.tiny, "shard": a.shard,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
             "method": f"each model in its own process; {a.reps} interleaved repetitions per "
                       f"contender (round robin, order rotating), median ms; cold s = first call "
@@ -543,6 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per model")
     ap.add_argument("--budget", type=float, default=math.inf,
                     help="seconds for the whole run: no model starts after it")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="models at a time, each pinned to its own --threads cores (big hosts)")
     ap.add_argument("--shard", default="", help="K/N: every N-th model from the K-th")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--compilers", default=",".join(COMPILERS),
@@ -578,30 +668,19 @@ def main(argv: list[str] | None = None) -> int:
     tag = a.tag or f"cpu-{os.cpu_count()}core-{a.threads}t" + (
         f"-shard{a.shard.replace('/', 'of')}" if a.shard else "")
     stem = f"zoo-{dt.datetime.now(dt.UTC):%Y-%m-%d}-{tag}"
-    logdir = Path(tempfile.mkdtemp(prefix="zoo-logs-"))
     records = [record_of(m, []) | {"status": "not run", "reason": "not started"}
                for m in models]
-    unimportable: dict[str, str] = {}
-    start = time.monotonic()
-    for i, m in enumerate(models):
-        left = a.budget - (time.monotonic() - start)
-        if m.family in unimportable:
-            records[i].update(status="skipped", reason=unimportable[m.family])
-            continue
-        if left < 15:  # not enough to build and compile anything: leave it "not run"
-            records[i]["reason"] = "the time budget ran out before it started"
-            continue
-        rec = run_model(m, a, min(a.timeout, left), logdir)
-        if rec["status"] == "skipped" and "not importable" in rec["reason"]:
-            unimportable[m.family] = rec["reason"]
-        records[i] = rec
-        print(f"[zoo] {i + 1}/{len(models)} {m.name} ({rec['seconds']:.0f} s): "
+
+    def done(i: int) -> None:
+        rec = records[i]
+        print(f"[zoo] {i + 1}/{len(models)} {rec['name']} ({rec['seconds']:.0f} s): "
               + (f"{rec['status']}: {rec['reason']}" if rec["status"] != "done" else
                  "; ".join(f"{w} {_f(_speedup(rec, w), '×')} {_cell(rec, w)}"
                            for w in a.compilers)), file=sys.stderr, flush=True)
         write(records, meta, a.compilers, a.out, stem)
+
+    run_all(models, a, done, records)
     paths = write(records, meta, a.compilers, a.out, stem)
-    shutil.rmtree(logdir, ignore_errors=True)
     print(paths[1].read_text())
     print("wrote " + ", ".join(map(str, paths)), file=sys.stderr)
     return 0

@@ -6,9 +6,13 @@ written as JSON and markdown, and shards merge into one report."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -60,12 +64,21 @@ def test_one_tiny_hf_model_eager_and_ember(tmp_path: Path) -> None:
 
 
 def test_a_hang_is_a_timeout_and_the_budget_stops_new_models(tmp_path: Path) -> None:
-    # 1 s is not enough for the worker to import torch: it is killed, the suite goes on
+    # 1 s is not enough for the worker to import torch: it is killed, the suite goes on (two
+    # at a time, each pinned to its own core, where there are two)
+    jobs = "2" if len(os.sched_getaffinity(0)) >= 2 else "1"
     data = _run(tmp_path, "--models", "hf/gpt2,hf/llama", "--compilers", "ember",
-                "--timeout", "1", "--budget", "20")
-    first, second = data["models"]
-    assert first["status"] == "timeout" and "timed out after 1 s" in first["reason"]
-    assert second["status"] in ("timeout", "not run")
+                "--timeout", "1", "--budget", "20", "--jobs", jobs)
+    assert [r["status"] for r in data["models"]] == ["timeout", "timeout"]
+    assert "timed out after 1 s" in data["models"][0]["reason"]
+    assert data["summary"]["ran"] == 2 and data["summary"]["ember"]["correct"] == 0
+    # a model still running when the budget runs out is killed and marked "budget"
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    job = zoo.Job(0, zoo.BY_NAME["hf/bert"], 0, proc, time.monotonic(), 0.1,
+                  tmp_path / "none.jsonl", tmp_path / "none.log")
+    rec = zoo.finish(job, argparse.Namespace(timeout=300.0))
+    assert rec["status"] == "budget" and "budget ran out" in rec["reason"]
+    assert proc.returncode is not None
     data = _run(tmp_path / "b", "--models", "all", "--budget", "0")
     assert {r["status"] for r in data["models"]} == {"not run"}
     assert data["summary"]["not_run"] == len(zoo.ZOO) >= 50
