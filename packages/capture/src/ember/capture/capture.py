@@ -163,8 +163,8 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     return None
                 runs.append(finish(cap, env, tx.recorder.sym_layouts))
         except Specialize as e:
-            learnt.static |= {o for n in e.names if n in env.symbols
-                              for o in env.symbols[n].origins}
+            for n in e.names & env.symbols.keys():
+                learnt.make_static(env.symbols[n])
             continue
         except Narrow as e:
             for o in env.symbols[e.name].origins:
@@ -177,7 +177,7 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             hits = [s for s in env.symbols.values() if str(s.probe) in text
                     and not set(s.origins) <= learnt.static]
             if hits:  # the newest first: it is usually the one that met a static size
-                learnt.static |= set(hits[-1].origins)
+                learnt.make_static(hits[-1])
                 continue
             policy.static_reason = f"{type(e.exc).__name__}: {e.exc}"
             return None

@@ -29,7 +29,13 @@ from ember.capture.errors import unhandled
 from ember.capture.functionalize import Aliases, ViewStep, storage_key, view_steps
 from ember.capture.quiet import quiet_torch_errors
 from ember.capture.result import OutAlias, OutResult, OutSpec, OutTensor, Update
-from ember.capture.sources import ConstantSource, Source, describe, param_name
+from ember.capture.sources import (
+    ConstantSource,
+    ModuleMemberSource,
+    Source,
+    describe,
+    param_name,
+)
 from ember.capture.symbolic import Layout, current_env, current_policy, symbolic_layout
 from ember.ir import DType, GraphBuilder, Loc, Module, TensorType, Value
 from ember.ir.types import device_text
@@ -101,10 +107,13 @@ class Recorder:
 
     def _symbolic_layout(self, real: torch.Tensor, source: Source) -> Layout | None:
         """The symbolic layout of a dynamic input: plain tensors the caller passes, dense and
-        alone in their storage (a view of another input keeps its static shape)."""
+        alone in their storage (a view of another input keeps its static shape). A module's
+        buffers stay static, as its parameters do (a rotary table's size is not a sequence
+        length, whatever `dynamic=True` says; torch keeps module tensors static too)."""
         env, policy = current_env(), current_policy()
         if env is None or policy is None or type(real) is not torch.Tensor or \
                 isinstance(source, ConstantSource) or real.storage_offset() != 0 or \
+                isinstance(source, ModuleMemberSource) and source.table == "_buffers" or \
                 real.untyped_storage().nbytes() != real.numel() * real.element_size():
             return None
         where = describe(source)

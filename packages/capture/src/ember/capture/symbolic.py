@@ -86,6 +86,14 @@ class Restarts:
 
     static: set[str] = field(default_factory=set)
     ranges: dict[str, tuple[int, int | float]] = field(default_factory=dict)
+    # sizes whose symbol was made static: an input dim of that size met later in the recording
+    # would have shared the symbol (duck sizing), so it is static too. Without this each of a
+    # KV cache's 2 x layers tensors costs its own restart (its head dim meets the weights').
+    sizes: set[int] = field(default_factory=set)
+
+    def make_static(self, info: SymInfo) -> None:
+        self.static |= set(info.origins)
+        self.sizes.add(info.hint)
 
 
 @dataclass
@@ -102,7 +110,7 @@ class ShapeEnv:
                    ) -> sympy.Symbol | None:
         """The symbol for input dim `where` of real size `hint`, or None where it stays static
         (0/1, or made static by an earlier attempt). Equal sizes share a symbol (duck sizing)."""
-        if hint < 2 or where in self.learnt.static:
+        if hint < 2 or where in self.learnt.static or hint in self.learnt.sizes:
             return None
         lo, hi = self.learnt.ranges.get(where, (max(lo, 2), hi))
         for s in self.symbols.values():
