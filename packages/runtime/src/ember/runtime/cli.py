@@ -418,8 +418,14 @@ def cmd_passes(a: argparse.Namespace) -> int:
 
 
 def cmd_backends(a: argparse.Namespace) -> int:
+    """Every backend of the one protocol (ember.ir.backends): ember's, and third parties' from
+    the `ember.backends` entry point group; `run`, `check`, `minimize` and compile() take each."""
     for b in default_backends().all().values():
-        print(f"{b.name:<16}{b.summary}")
+        caps = [c for c, on in (("training", getattr(b, "supports_training", False)),
+                                (f"pipeline {getattr(b, 'pipeline', '')}",
+                                 getattr(b, "pipeline", None))) if on]
+        extra = f" [{'; '.join(caps)}]" if caps else ""
+        print(f"{b.name:<16}{b.summary}{extra}")
     return 0
 
 
@@ -522,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
     ps = sub.add_parser("passes", help="list the registered passes")
     ps.set_defaults(fn=cmd_passes)
 
-    bs = sub.add_parser("backends", help="list the backends `run` and `check` can use")
+    bs = sub.add_parser("backends", help="list the backends `run`, `check` and compile() "
+                        "can use")
     bs.set_defaults(fn=cmd_backends)
 
     add_explain_command(sub)

@@ -14,12 +14,14 @@ verification and dumps (options.py); an unknown option or mode is a ValueError.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
 import time
 import types
 from collections.abc import Callable, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -35,8 +37,10 @@ from ember.inductor.cache import STATS
 from ember.inductor.kernels import PRELUDE_NAME, compiled_runner, load_module, summary
 from ember.inductor.targets import targets as inductor_targets
 from ember.ir import Module, PrintError
+from ember.ir.backends import BackendProtocol
+from ember.ir.backends import Runner as IRRunner
 from ember.ir.effects import allow_effects
-from ember.ir.passes import run_pipeline
+from ember.ir.passes import expand_pipeline, run_pipeline
 from ember.ir.registry import default_registry
 from ember.prims.decomp.context import DecompositionError
 from ember.prims.decomp.table import active_table, using_decompositions
@@ -126,7 +130,7 @@ class _EagerEntry:
 class CompiledFunction:
     """A function (or bound method, or module call) compiled by ember."""
 
-    def __init__(self, target: Any, *, backend: str | Backend = "inductor",
+    def __init__(self, target: Any, *, backend: str | BackendProtocol | Backend = "inductor",
                  fullgraph: bool = False, mode: str | None = None, dynamic: bool | None = None,
                  options: dict[str, Any] | None = None):
         if mode not in MODES:
@@ -134,23 +138,43 @@ class CompiledFunction:
                              f"{', '.join(map(repr, MODES))}")
         rest = dict(options or {})
         part = rest.pop("partitioner", None)
-        if part is not None and backend not in TRAINING_BACKENDS:
+        # every backend is one of the protocol (ember.ir.backends); "inductor", "aot_eager"
+        # and "eager" are wired here, the rest run under the same policy (_custom)
+        spec, note = resolve(backend)
+        self.spec = spec
+        # a backend that is a pipeline runs under the inductor's policy (its options too)
+        spec_pipeline = getattr(spec, "pipeline", None)
+        self.pipelined = spec.name == "inductor" or bool(spec_pipeline)
+        trains = spec.name in TRAINING_BACKENDS or bool(getattr(spec, "supports_training",
+                                                                False))
+        if part is not None and not trains:
             raise ValueError(f"compile option partitioner applies to the backends that "
-                             f"compile training graphs ({', '.join(TRAINING_BACKENDS)})")
+                             f"compile training graphs ({', '.join(TRAINING_BACKENDS)} and "
+                             f"backends with supports_training)")
         self.partitioner = DEFAULT_PARTITIONER if part is None else check_partitioner(part)
-        self.opts = check_options(rest, inductor=backend == "inductor")
+        self.opts = check_options(rest, inductor=self.pipelined)
+        option_notes = self.opts.notes()
+        if spec.name != "inductor" and self.pipelined and "pipeline" not in rest:
+            pipeline = str(spec_pipeline)
+            self.opts = dataclasses.replace(self.opts, pipeline=pipeline)
+            option_notes.insert(0, f"backend {spec.name!r} runs the pipeline "
+                                   f"{expand_pipeline(pipeline)} under the inductor's policy")
+        # what a backend's prepare() is given as options: compile()'s, read-only
+        self._backend_options = MappingProxyType(dict(options or {}))
         self._no_grad_results: set[int] = set()  # of the graph being compiled (write-backs)
         self.partitions: list[PartitionReport] = []  # one per training graph compiled
         self._args = (backend, options)  # for the compiled functions spawned at graph breaks
         self.target = target
         self.backend: Backend
-        note: str | None = None
-        if backend == "inductor":
-            self.backend, self.backend_name = self._inductor, "inductor"
-        elif backend == "aot_eager":
-            self.backend, self.backend_name = self._aot_eager, "aot_eager"
+        self.backend_name = spec.name
+        if self.pipelined:
+            self.backend = self._inductor
+        elif spec.name == "aot_eager" and backend == "aot_eager":
+            self.backend = self._aot_eager
+        elif spec.name == "eager" and backend == "eager":
+            self.backend = eager_backend
         else:
-            self.backend, self.backend_name, note = resolve(backend)
+            self.backend = self._custom
         self.fullgraph = fullgraph
         self.mode = mode
         self.dynamic = dynamic
@@ -159,6 +183,7 @@ class CompiledFunction:
         self.entries: list[_GraphEntry | _EagerEntry | BreakEntry] = []
         self._last_compiled: Module | None = None  # set by _inductor, read by EMBER_DUMP
         self._last_stages: list[tuple[str, str]] = []  # (stage, module text): dump_each
+        self._last_producer = ""  # what made _last_compiled, named in its dump's header
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
@@ -184,7 +209,7 @@ class CompiledFunction:
                               f"backend and CUDA graphs): the pipeline "
                               f"{self.opts.pipeline} runs as in the default mode")
         self.dyn_policy = DynamicPolicy(dynamic)  # which dims captures make symbolic
-        for n in self.opts.notes():
+        for n in option_notes:
             self.history.note(n)
 
     def _fallback(self, kind: str, reason: str, *, ops: tuple[str, ...] = (),
@@ -201,7 +226,7 @@ class CompiledFunction:
             return ()
         o = self.opts
         default = o.decompositions if o.decompositions is not None else active_table()
-        pipeline = o.pipeline if self.backend_name == "inductor" else "decompose"
+        pipeline = o.pipeline if self.pipelined else "decompose"
         try:
             return tuple(missing_ops(module, decompose_tables(pipeline, default)))
         except Exception:  # the first op's name (in e) is still reported
@@ -276,7 +301,7 @@ class CompiledFunction:
         tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
         devices = sorted({x.device.type for x in tensors} - set(inductor_targets()))
         if devices:
-            return eager("device", f"the inductor backend has no {'/'.join(devices)} code "
+            return eager("device", f"{self._label} has no {'/'.join(devices)} code "
                          f"generation yet (Triton comes next); it compiles CPU graphs only")
         if needs_training(example_inputs):
             return self._training(module, example_inputs, self._inductor_graph)
@@ -285,17 +310,38 @@ class CompiledFunction:
         except Exception as e:
             ops = self._missing(module, e)
             if ops:
-                return eager("missing ops", f"the inductor backend cannot compile it: no "
+                return eager("missing ops", f"{self._label} cannot compile it: no "
                              f"decomposition for {', '.join(ops)}", ops)
-            return eager("backend", f"the inductor backend cannot compile it: "
+            return eager("backend", f"{self._label} cannot compile it: "
                          f"{type(e).__name__}: {e}")
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
         runner = compiled_runner(compiled, module)
-        graph = module.graph().name
-        graph_no = self._graph_no
-        slow = interpreter_reason(compiled, graph)
+        slow = interpreter_reason(compiled, module.graph().name)
         if slow:
             self._fallback("interpreter", slow)
+        compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \
+            else f"the compiled code of backend {self.backend_name!r}"
+        run = self._judged(module, example_inputs, runner, compiled_code)
+        self.history.note(f"{name}: {self._label} compiled it to {summary(compiled)}")
+        return run
+
+    @property
+    def _label(self) -> str:
+        return "the inductor backend" if self.backend_name == "inductor" \
+            else f"backend {self.backend_name!r}"
+
+    def _judged(self, module: Module, example_inputs: Sequence[Any], runner: IRRunner,
+                what: str) -> Runner:
+        """`runner` on the graph, under the run-time fallback policy every backend gets: where
+        it raises, the eager backend (the graph's aten ops) judges the error. Where eager
+        raises too, the inputs are at fault (say an integer division by zero): its exception
+        is eager PyTorch's, and the backend stays for the next call. Where it runs, the
+        backend is at fault: the eager backend runs the graph from now on, with a note and a
+        "runtime" fallback. Backends return input updates as results, so rerunning the graph
+        on the same inputs is safe."""
+        name = f"graph @{module.graph().name}"
+        graph = module.graph().name
+        graph_no = self._graph_no
         state: dict[str, Runner | None] = {"fallback": None, "reference": None}
 
         def run(inputs: Sequence[Any]) -> list[Any]:
@@ -305,24 +351,46 @@ class CompiledFunction:
             try:
                 return list(runner(graph, inputs).outputs)
             except Exception as e:
-                # The eager backend (the graph's aten ops) judges the error. Where it raises
-                # too, the inputs are at fault (say an integer division by zero): its exception
-                # is eager PyTorch's, and the compiled code stays for the next call. Where it
-                # runs, the compiled code is at fault: the eager backend runs the graph from now
-                # on, with a note. Backends return input updates as results, so rerunning the
-                # graph on the same inputs is safe.
                 ref = state["reference"]
                 if ref is None:
                     ref = state["reference"] = eager_backend(module, example_inputs)
                 outs = ref(inputs)
-                why = f"the inductor's compiled code failed: {type(e).__name__}: {e}"
+                why = f"{what} failed: {type(e).__name__}: {e}"
                 self.history.note(f"{name}: {why}; the eager backend ran it")
                 self._fallback("runtime", why, graph=graph_no)
                 state["fallback"] = ref
                 return outs
 
-        self.history.note(f"{name}: the inductor backend compiled it to {summary(compiled)}")
         return run
+
+    def _custom(self, module: Module, example_inputs: Sequence[Any]) -> Runner:
+        """A backend of the protocol other than ember's own: prepare() once per graph, under
+        the policy of the built-ins: a prepare() that raises is a "backend" (or "missing ops")
+        fallback to eager, a run that raises is judged by eager (_judged); a runner's
+        `compiled` module is dumped as NAME.kernels.ir; explain() notes what ran the graph."""
+        spec = self.spec
+        name = f"graph @{module.graph().name}"
+        options = self._backend_options
+        if getattr(spec, "supports_training", False) and needs_training(example_inputs):
+            def compile_graph(m: Module) -> tuple[GraphRunner, str]:
+                r, g = spec.prepare(m, None, options), m.graph().name
+                return (lambda inputs: list(r(g, inputs).outputs)), f"backend {spec.name!r}"
+
+            return self._training(module, example_inputs, compile_graph)
+        try:
+            runner = spec.prepare(module, example_inputs, options)
+        except Exception as e:
+            ops = self._missing(module, e)
+            why = f"no decomposition for {', '.join(ops)}" if ops else \
+                f"backend {spec.name!r} failed: {type(e).__name__}: {e}"
+            return self._eager_instead(module, example_inputs)(
+                "missing ops" if ops else "backend", why, ops)
+        compiled = getattr(runner, "compiled", None)
+        if isinstance(compiled, Module):
+            self._last_compiled = compiled
+            self._last_producer = f"backend {spec.name}"
+        self.history.note(f"{name}: backend {spec.name!r} ran it ({spec.summary})")
+        return self._judged(module, example_inputs, runner, f"backend {spec.name!r}")
 
     def _inductor_graph(self, module: Module) -> tuple[GraphRunner, str]:
         """One graph of a training pair (prims) through the inductor's pipeline."""
@@ -360,8 +428,10 @@ class CompiledFunction:
         table = using_decompositions(o.decompositions) if o.decompositions is not None \
             else contextlib.nullcontext()
         start = time.perf_counter()
+        pipeline = pipeline_for(module, o.pipeline)
+        self._last_producer = f"pipeline {expand_pipeline(pipeline)}"
         with table:
-            out = run_pipeline(module, pipeline_for(module, o.pipeline),
+            out = run_pipeline(module, pipeline,
                                verify_each=o.verify_each,
                                print_after=after if o.dump_each or timed else None)
         if timed:
@@ -451,7 +521,7 @@ class CompiledFunction:
         # nothing captured before a break, or in a resume function: no graph to speak of
         empty = (brk is not None or self._child) and not res.graph.nodes
         backend = eager_backend if empty else self.backend
-        self._last_compiled, self._last_stages = None, []
+        self._last_compiled, self._last_stages, self._last_producer = None, [], ""
         self._graph_no = None if empty else len(self.history.graphs)
         self._no_grad_results = {u.result for u in res.updates if not u.grad}
         runner = self._compile_graph(backend, backend_module(res), res.input_examples)
@@ -465,9 +535,9 @@ class CompiledFunction:
                                f"{graph_entry.code.failure(S, args, kwargs)}")
         dumped = None if empty else dump_capture(res, inputs, self.opts.dump_dir)
         if dumped is not None and self._last_compiled is not None:
-            dump_compiled(dumped, self._last_compiled, res.graph)
+            dump_compiled(dumped, self._last_compiled, res.graph, self._last_producer)
         if dumped is not None and self._last_stages:
-            dump_stages(dumped, self._last_stages)
+            dump_stages(dumped, self._last_stages, self._last_producer)
         if not empty:
             self.history.graphs.append(GraphRecord(
                 res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
@@ -503,7 +573,7 @@ class CompiledFunction:
                        ) -> Runner:
         """The backend's runner for a captured graph; where a backend other than ember's
         inductor (which handles its own) raises, the eager backend's, as a fallback."""
-        if backend is self.backend and self.backend_name != "inductor":
+        if backend is self.backend and not self.pipelined:
             try:
                 return backend(module, examples)
             except Exception as e:
@@ -568,7 +638,7 @@ class CompiledModule(nn.Module):
 
 
 def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool | None = None,
-            fullgraph: bool = False, backend: str | Backend = "inductor",
+            fullgraph: bool = False, backend: str | BackendProtocol | Backend = "inductor",
             options: dict[str, Any] | None = None) -> Any:
     """Compile a function or an nn.Module with ember (the torch.compile contract).
 

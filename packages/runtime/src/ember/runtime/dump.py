@@ -18,6 +18,11 @@ Several processes may share one directory: a dump's stem `NAME_N` is claimed by 
 written to a temporary name and renamed into place, so a file is complete or absent and a
 dump's inputs and outputs are those of one call. The `.ir` file gets its text last.
 
+Every dumped module names its producer in `#` comment lines right after the `ember.ir 1.0`
+line (`header`): the pipeline that made it (expanded) or the capture, the stage, ember's and
+torch's versions and the date. Comments are not part of the module: the file parses and
+replays as the module alone, and `ember opt` of it prints the module without them.
+
 Dumping never breaks the user's call: a directory that cannot be used (a file, a read-only or
 missing-permission path) gives a one-line `DumpWarning`, once per distinct problem, and the
 call's result is unaffected; later captures try again and behave the same way.
@@ -25,12 +30,14 @@ call's result is unaffected; later captures try again and behave the same way.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import functools
 import os
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +58,33 @@ class DumpWarning(UserWarning):
 
 _WARNED: set[str] = set()
 _NEXT: dict[tuple[str, str], int] = {}  # (directory, graph name) -> first index worth trying
+
+
+def versions() -> str:
+    try:
+        ember = metadata.version("ember-runtime")
+    except metadata.PackageNotFoundError:  # run from a source tree without an install
+        ember = "unknown"
+    return f"ember {ember}, torch {torch.__version__}"
+
+
+def header(producer: str, stage: str | None = None) -> str:
+    """The `#` lines a dump starts with (after the version line): what produced it."""
+    lines = [f"produced by: {producer}"]
+    if stage is not None:
+        lines.append(f"stage: {stage}")
+    lines.append(versions())
+    lines.append(f"date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}")
+    # a newline in a pipeline's text would end the comment: each line is its own comment
+    return "".join(f"# {part}\n" for ln in lines for part in ln.splitlines())
+
+
+def with_header(text: str, producer: str, stage: str | None = None) -> str:
+    """`text` (a printed module) with `header` after its first line, the `ember.ir` line."""
+    first, nl, rest = text.partition("\n")
+    if not first.startswith("ember.ir "):  # not a printed module (a note): header first
+        return header(producer, stage) + text
+    return f"{first}\n{header(producer, stage)}{rest}"
 
 
 def dump_dir() -> Path | None:
@@ -128,7 +162,8 @@ def dump_capture(cap: Captured, inputs: Sequence[Any], directory: Path | None = 
         tensors.update(philox_inputs(cap.module, cap.graph))
         _atomic(d / f"{stem}.inputs.safetensors", lambda tmp: save_tensors(tmp, tensors))
         _write_text(d / f"{stem}.guards.txt", "".join(g.text() + "\n" for g in cap.guards))
-        _write_text(ir_path, str(cap.module))
+        _write_text(ir_path, with_header(str(cap.module), "ember.capture (the captured aten "
+                                         "graph, functionalized)"))
         return ir_path
 
     return _guarded(d, write)
@@ -148,7 +183,8 @@ def philox_inputs(module: Module, graph: Graph) -> dict[str, int]:
     return {PHILOX_SEED: seed - (1 << 64) if seed >= 1 << 63 else seed, PHILOX_OFFSET: 0}
 
 
-def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path | None:
+def dump_compiled(ir_path: Path, compiled: Module, captured: Graph, producer: str = ""
+                  ) -> Path | None:
     """Write the compiled (kernels.*) module beside the captured graph's .ir file. Backends run
     the graph with its input updates as plain results (same order, same parameters); the dump
     states them again, so a replay writes the updated inputs as the captured graph's does."""
@@ -159,13 +195,13 @@ def dump_compiled(ir_path: Path, compiled: Module, captured: Graph) -> Path | No
         compiled.graph(captured.name).attrs["input_updates"] = updates
 
     def write() -> Path:
-        _write_text(path, str(compiled))
+        _write_text(path, with_header(str(compiled), producer or "a compiling backend"))
         return path
 
     return _guarded(ir_path.parent, write)
 
 
-def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]]) -> None:
+def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]], producer: str = "") -> None:
     """compile's option dump_each: the module after each pipeline stage (stage text, module
     text), as STEM.stageNN.PASS.ir beside STEM.ir (`ember opt -p` of the stages from STEM.ir
     gives the same files)."""
@@ -173,7 +209,7 @@ def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]]) -> None:
     for i, (stage, text) in enumerate(stages):
         name = stage.split("{", 1)[0]  # the pass name: the options' text stays in the file
         path = ir_path.parent / f"{stem}.stage{i:02d}.{name}.ir"
-        body = f"# after {stage}\n{text}"
+        body = with_header(text, producer or "a pipeline", f"after {stage}")
         _guarded(ir_path.parent, functools.partial(_write_text, path, body))
 
 

@@ -5,7 +5,7 @@
 - `fx_export`: an ember aten graph as a torch.fx GraphModule.
 - `inductor`: the IR backend `torch-inductor` (`ember.runtime.compile(m,
   backend="torch-inductor")`, `ember run --backend torch-inductor`): ember's capture, torch's
-  inductor (entry point group `ember.ir_backends`).
+  inductor (entry point group `ember.backends`).
 
 Nothing is imported here: each piece is loaded by its entry point when asked for.
 See docs/interop.md.

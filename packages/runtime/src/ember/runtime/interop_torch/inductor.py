@@ -7,7 +7,7 @@ backend exports the graph to FX (`fx_export.to_fx`, one FX node per IR node) and
 TorchDynamo). Same capture, other code generator: one layer A/B-tested against torch's.
 `ember run --backend torch-inductor` replays a dumped graph the same way.
 
-The backend registers through the `ember.ir_backends` entry point group, so importing this
+The backend registers through the `ember.backends` entry point group, so importing this
 module stays cheap: torch._inductor is imported at the first compilation, which happens at the
 first call (inductor needs example inputs; the IR backend API gives only the module). Compiled
 code is specialized to its inputs' shapes, strides, dtypes and devices and to the grad mode, so
