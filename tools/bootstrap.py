@@ -2,8 +2,9 @@
 
 Used by `dev.py` (the README's entry point) and by the nox session `dev`. Needs only python3 (with
 its venv module), pip and network access to the package index. Every ember package is installed
-editable, together with the umbrella's `dev` extra, in ONE pip command under constraints.txt, so the
-local dists satisfy each other and torch stays on the pinned CPU build.
+editable (and the worked plugin under examples/), with the umbrella's `dev` extra, in ONE pip command
+under constraints.txt, so the local dists satisfy each other and torch stays on the pinned CPU
+build.
 
 `.venv/.ember-stamp` holds a hash of everything that decides what gets installed (the pyproject
 files, constraints.txt, this file, the venv's Python version); when it matches, nothing is run.
@@ -23,6 +24,8 @@ STAMP = VENV / ".ember-stamp"
 CONSTRAINTS = ROOT / "constraints.txt"
 # Install order is irrelevant to pip; listed bottom-up along the package DAG for the reader.
 PACKAGES = ("ir", "capture", "prims", "autograd", "inductor", "runtime")
+# worked third-party plugin packages, installed so their entry points are tested as a user's
+EXAMPLES = ("ember-plugin-example",)
 MIN_PYTHON = (3, 11)
 
 Log = Callable[[str], object]
@@ -41,6 +44,7 @@ def stamp_inputs() -> list[Path]:
     """The files whose content decides what the environment holds."""
     files = [ROOT / "pyproject.toml", CONSTRAINTS, Path(__file__).resolve()]
     files += [ROOT / "packages" / name / "pyproject.toml" for name in PACKAGES]
+    files += [ROOT / "examples" / name / "pyproject.toml" for name in EXAMPLES]
     return files
 
 
@@ -68,6 +72,8 @@ def install_command() -> list[str]:
     cmd += ["-c", str(CONSTRAINTS)]
     for name in PACKAGES:
         cmd += ["-e", str(ROOT / "packages" / name)]
+    for name in EXAMPLES:
+        cmd += ["-e", str(ROOT / "examples" / name)]
     cmd += ["-e", f"{ROOT}[dev]"]
     return cmd
 
