@@ -92,8 +92,8 @@ class Recorder:
                 fake = self.fake_mode.from_tensor(real, static_shapes=True)
             else:  # dynamic dims at their probe sizes (symbolic.py)
                 with self.fake_mode:
-                    fake = torch.empty_strided(layout[2], layout[3], dtype=real.dtype,
-                                               device=real.device)
+                    fake = torch.empty_strided(  # type: ignore[assignment]
+                        layout[2], layout[3], dtype=real.dtype, device=real.device)
                 fake.requires_grad_(real.requires_grad)
                 self.sym_layouts[source] = (layout[0], layout[1])
         name = param_name(source)

@@ -197,7 +197,8 @@ def index_copy(ctx: DecompContext, self: Value, dim: int, index: Value, source: 
         return _reshape(ctx, ctx.convert(source, ctx.dtype(self)), [])
     d = ctx.norm_dim(dim, ctx.rank(self))
     idx = _reshape(ctx, index, [ctx.numel(index)])
-    return index_put(ctx, self, [None] * d + [idx], source)
+    out: Value = index_put(ctx, self, [None] * d + [idx], source)
+    return out
 
 
 @register_decomposition("aten.index_select.default")
