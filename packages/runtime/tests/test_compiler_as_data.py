@@ -150,6 +150,7 @@ def test_named_pipelines_expand() -> None:
 
 def test_pipeline_errors() -> None:
     reg = PassRegistry()
+    reg._plugins_loaded = True  # this registry only: not the installed plugins' entry points
     register_pass("noop", "nothing", registry=reg)(lambda module: module.clone())
     register_pipeline("a", "noop,b", "a", registry=reg)
     register_pipeline("b", "noop,c", "b", registry=reg)
