@@ -150,17 +150,24 @@ def test_ember_backend_falls_back_with_a_warning() -> None:
     assert "_set_grad_enabled" in g.fallback
 
 
-def test_ember_backend_training_warns() -> None:
-    """Gradients needed: ember's eager backend runs the captured graph (autograd flows through
-    its aten ops), with a warning that it is not ember's compiled code."""
+def test_ember_backend_trains_compiled() -> None:
+    """Gradients needed: ember compiles the forward and the backward (ember.autograd); the
+    gradients are eager's and no fallback warning is given."""
     m = _mlp()
     x = torch.randn(3, 8)
-    with pytest.warns(UserWarning, match="training is not supported"):
+    want_m = _mlp()
+    want_m.load_state_dict(m.state_dict())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
         want, got, g = _through_dynamo(m, (x,))
     torch.testing.assert_close(got, want)
+    assert _ember_warnings(w) == []
     got.sum().backward()
-    assert all(p.grad is not None for p in m.parameters())
-    assert not g.ran_compiled and g.compiled.history.graphs
+    want_m(x).sum().backward()
+    for p, q in zip(m.parameters(), want_m.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        torch.testing.assert_close(p.grad, q.grad)
+    assert g.ran_compiled, g.eager_reasons
 
 
 def test_ember_backend_options() -> None:
