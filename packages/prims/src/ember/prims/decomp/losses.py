@@ -27,7 +27,7 @@ from ember.prims.decomp.context import DecompContext, DecompositionError, EagerR
 from ember.prims.decomp.pointwise import opmath
 from ember.prims.decomp.table import register_decomposition
 
-_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+_REDUCTIONS = (0, 1, 2)  # none, mean, sum (torch's Reduction enum)
 
 
 class _Layout:
@@ -49,12 +49,10 @@ class _Layout:
         self.cd = 1 if rank >= 2 else 0  # the class dim
         self.shape = list(ctx.shape(self_))
         self.tshape = list(ctx.shape(target))
-        self.reduction = reduction
-        t = target
-        self.valid = ctx.prim("ne", t, ignore_index)
+        self.target = target
+        self.valid = ctx.prim("ne", target, ignore_index)
         # ignored targets read class 0 (any in-range index); their losses are masked out
-        self.safe = ctx.prim("where", self.valid, t, 0)
-        self.target = t
+        self.safe = ctx.prim("where", self.valid, target, 0)
 
     def index(self, ctx: DecompContext) -> Value:
         """The safe target as a gather index into the input: the class dim of size 1."""

@@ -39,6 +39,8 @@ def _parts(draw: st.DrawFn, spatial: bool) -> dict[str, Any]:
     """input [C] with a 0-d target, [N, C] with [N], or (spatial) [N, C, H, W] with [N, H, W]."""
     dt = draw(S.dtypes(S.FLOATS))
     c = draw(st.integers(1, 5))
+    shape: tuple[int, ...]
+    tshape: tuple[int, ...]
     if spatial:
         n, h, w = (draw(S.dims(3)) for _ in range(3))
         shape, tshape = (n, c, h, w), (n, h, w)
