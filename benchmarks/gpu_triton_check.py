@@ -71,18 +71,22 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
 def timed(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of RUNS calls after WARMUP, each between synchronizes."""
+    """Median milliseconds of RUNS calls after WARMUP, each between synchronizes, timed by
+    CUDA events around the call (the host's launch cost counts where the GPU waits for it;
+    the synchronize itself does not)."""
     for _ in range(WARMUP):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(RUNS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        start.record()
         fn()
+        end.record()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        times.append(float(start.elapsed_time(end)))
+    return float(statistics.median(times))
 
 
 def kernel_sources(cf: Any) -> dict[str, str]:
@@ -137,7 +141,9 @@ def run_case(name: str, dtype: torch.dtype, out: Path | None) -> dict[str, Any]:
             row["torch_compile_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     if name == "softmax":
         moved = 2 * args[0].numel() * args[0].element_size()  # read once, write once
-        for who in ("eager", "ember", "torch_compile"):
+        x = args[0]
+        row["copy_ms"] = round(timed(lambda: x.clone()), 4)  # the same bytes, measured here
+        for who in ("copy", "eager", "ember", "torch_compile"):
             ms = row.get(f"{who}_ms")
             if ms:
                 tbs = moved / (ms * 1e-3) / 1e12
@@ -149,15 +155,17 @@ def run_case(name: str, dtype: torch.dtype, out: Path | None) -> dict[str, Any]:
 def markdown(rows: list[dict[str, Any]], env: dict[str, str]) -> str:
     lines = ["# ember CUDA target (Triton) on GPU", "",
              ", ".join(f"{k} {v}" for k, v in env.items()), "",
-             f"median of {RUNS} runs after {WARMUP} warmup, each between synchronizes; "
+             f"median of {RUNS} runs after {WARMUP} warmup, each between synchronizes "
+             f"(CUDA events); "
              f"{N}x{N}; softmax bandwidth vs {COPY_TBS} TB/s copy", "",
              "| case | dtype | ok | triton kernels | eager ms | torch.compile ms | ember ms | "
-             "ember/eager | softmax TB/s (eager / tc / ember) |",
+             "ember/eager | softmax TB/s (copy / eager / tc / ember) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         e, t, m = r.get("eager_ms"), r.get("torch_compile_ms"), r.get("ember_ms")
         ratio = f"{m / e:.2f}x" if e and m else ""
-        bw = " / ".join(str(r.get(f"{w}_TBps", "")) for w in ("eager", "torch_compile", "ember")) \
+        bw = " / ".join(str(r.get(f"{w}_TBps", "")) for w in ("copy", "eager", "torch_compile",
+                                                               "ember")) \
             if r["case"] == "softmax" else ""
         lines.append(f"| {r['case']} | {r['dtype']} | {r.get('ok')} | "
                      f"{r.get('triton_kernels', '')} | {e} | {t} | {m} | {ratio} | {bw} |")

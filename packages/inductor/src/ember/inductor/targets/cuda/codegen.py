@@ -78,7 +78,8 @@ def codegen_triton(module: Module, *, interpret: bool = False) -> Module:
     out = Module(src.symbols, {}, src.version)
     for k in kernels:
         out.add(k)
-    for item in [*src.kernels.values(), *graphs, *fallback]:
+    items: list[Graph | Kernel] = [*src.kernels.values(), *graphs, *fallback]
+    for item in items:
         if item.name not in out.items:
             out.add(item)
     return out

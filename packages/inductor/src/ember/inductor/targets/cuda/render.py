@@ -334,7 +334,7 @@ def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
             continue
         ref = n.args[0]
         sub = w.items.get(ref.name) if isinstance(ref, Ref) else None
-        if not isinstance(sub, Graph) or len(sub.outputs) != 1:
+        if not isinstance(ref, Ref) or not isinstance(sub, Graph) or len(sub.outputs) != 1:
             raise CodegenError("a loop.reduce without a one-value body")
         if _static(n.kwargs["ranges"], "reduce range") != outer:  # type: ignore[arg-type]
             raise CodegenError("fused reductions over different outer ranges")
