@@ -138,7 +138,8 @@ REDUCTIONS: list[Callable[[torch.Tensor], Any]] = [
     lambda x: x.sum(-1), lambda x: x.sum(0), lambda x: x.amax(-1), lambda x: x.amin(0),
     lambda x: x.argmax(-1), lambda x: x.argmin(-1), lambda x: x.mean(-1),
     lambda x: x.var(-1), lambda x: torch.softmax(x, -1), lambda x: torch.log_softmax(x, -1),
-    lambda x: x.sum(), lambda x: x - x.mean(-1, keepdim=True)]
+    lambda x: x.sum(), lambda x: x - x.mean(-1, keepdim=True),
+    lambda x: x - x.amax(0, keepdim=True), lambda x: (x * x).sum(-1).sqrt()]
 
 
 @pytest.fixture(params=["persistent", "looped"])

@@ -302,7 +302,9 @@ class CompiledFunction:
         devices = sorted({x.device.type for x in tensors} - set(inductor_targets()))
         if devices:
             return eager("device", f"{self._label} has no {'/'.join(devices)} code "
-                         f"generation yet (Triton comes next); it compiles CPU graphs only")
+                         f"generation target registered (targets: "
+                         f"{', '.join(sorted(inductor_targets()))}; cuda's needs a CUDA "
+                         f"device and the triton package)")
         if needs_training(example_inputs):
             return self._training(module, example_inputs, self._inductor_graph)
         try:
