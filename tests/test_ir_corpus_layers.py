@@ -23,14 +23,7 @@ LAYERS = make_layers.LAYERS
 FILES = sorted(LAYERS.glob("*.ir"))
 PROGRAMS = {p.name: p for p in make_layers.programs()}
 # Bugs the corpus found, in code this corpus does not own; strict, so a fix says "remove me".
-KNOWN_BUGS = {
-    ("norm_rows.loops.ir", 1): "reference interpreter: loop.pointwise over a symbolic size "
-                               "fails (Cannot convert expression to float)",
-    ("norm_rows.fused.ir", 1): "reference interpreter: loop.pointwise over a symbolic size",
-    ("norm_rows.fused.ir", 3): "ember check runs the reference of the loop IR (as above)",
-    ("attention_block.kernels.ir", 2): "inductor backend over a kernels.* module: wrong "
-                                       "logsumexp and output (reference backend is right)",
-}
+KNOWN_BUGS: dict[tuple[str, int], str] = {}
 
 
 def _body(path: Path) -> str:

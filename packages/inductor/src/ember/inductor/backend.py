@@ -40,11 +40,23 @@ def pipeline_for(module: Module, pipeline: str = INDUCTOR) -> str:
 
 def compile_module(module: Module, pipeline: str = INDUCTOR) -> Module:
     """The compiled (kernels.*) module for its device's target, its kernels already built (or
-    found in the cache)."""
-    out = run_pipeline(module, pipeline_for(module, pipeline))
+    found in the cache). A module that is already compiled (an `ember run` of a kernels.* dump)
+    runs as it is, as the reference backend runs it: its kernels were built for its own buffer
+    plan and sizes= arguments, which compiling it again need not keep."""
+    full = pipeline_for(module, pipeline)
+    if pipeline == INDUCTOR and is_compiled(module):
+        if module.kernels:
+            load_module(module)
+        return module
+    out = run_pipeline(module, full)
     if out.kernels:
         load_module(out)
     return out
+
+
+def is_compiled(module: Module) -> bool:
+    """Whether a graph of `module` runs kernels.* ops (the output of a target's pipeline)."""
+    return any(n.op.startswith("kernels.") for g in module.graphs.values() for n in g.nodes)
 
 
 # aten ops (overload packets) that eager refuses on an empty reduced dim (no identity): the

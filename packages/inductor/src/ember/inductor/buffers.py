@@ -98,6 +98,10 @@ def plan_graph(g: Graph) -> int:
     for v, bufs in al.items():
         for b in bufs:
             dies[b] = max(dies.get(b, -1), last.get(v, -1))
+    # Buffers an earlier plan already handed to a kernel (its reuse=): that kernel's output
+    # lives there now, so they are never free again (planning twice must not share storage).
+    claimed = {v for n in g.nodes if n.op == "kernels.call"
+               for v in n.kwargs.get("reuse") or [] if isinstance(v, Value)}  # type: ignore[union-attr]
     free: dict[tuple[str, object], list[Value]] = {}
     released: list[tuple[float, Value]] = sorted(
         ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
@@ -107,7 +111,7 @@ def plan_graph(g: Graph) -> int:
         while k < len(released) and released[k][0] < i:  # dead before this node runs
             b = released[k][1]
             key = _buffer_key(b)
-            if key is not None:
+            if key is not None and b not in claimed:
                 free.setdefault(key, []).append(b)
             k += 1
         if n.op != "kernels.call" or "reuse" in n.kwargs:

@@ -35,6 +35,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import sympy
 import torch
 
 from ember.inductor.bounds import check_kernel, index_violation, symbol_ranges
@@ -311,7 +312,10 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
     buffers' shapes (and `sizes`, the enclosing body's bindings): fused reductions' symbolic
     `reduce_ranges` are evaluated with them."""
     domain = list(ranges) + list(reduce_ranges)
-    syms: dict[str, int] = dict(sizes or {})
+    # The running graph's bindings first: a body may use a symbol its buffers do not carry
+    # (a mean's `prims.div(%sum, s1)` over a buffer of shape [s0]).
+    syms: dict[str, int] = dict(getattr(interp, "env", None) or {})
+    syms.update(sizes or {})
     if bufs:
         syms.update(bind_symbols(g, bufs))
     env: dict[str, Any] = dict(syms)
@@ -349,9 +353,19 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
                 raise OpTypeError(f"loop body @{g.name}: unknown op {node.op}")
 
             def bind(a: Any) -> Any:
-                return values[a] if isinstance(a, Value) else a
-            out = op.reference(interp, [bind(a) for a in node.args],
-                               {k: bind(v) for k, v in node.kwargs.items()})
+                if isinstance(a, Value):
+                    return values[a]
+                if isinstance(a, list):
+                    return [bind(x) for x in a]
+                if isinstance(a, sympy.Expr):  # a size used as a value: its int, as the C++ has
+                    return evaluate(a, syms)
+                return a
+            try:
+                args = [bind(a) for a in node.args]
+                kwargs = {k: bind(v) for k, v in node.kwargs.items()}
+            except ExprEvalError as e:
+                raise OpTypeError(f"{node.op} in @{g.name}: {e}") from None
+            out = op.reference(interp, args, kwargs)
             if isinstance(out, torch.Tensor) and list(out.shape) != domain:
                 out = out.expand(domain)
         values[node.results[0]] = out

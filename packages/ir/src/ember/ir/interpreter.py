@@ -153,6 +153,9 @@ class Interpreter:
         self.module = module
         self.registry = registry or default_registry()
         self.check_types = check_types
+        # The size symbols' bindings of the graph running now: an op whose operands do not
+        # carry every symbol it uses (a loop body's `prims.div(%x, s1)`) reads them here.
+        self.env: Mapping[str, int] = {}
 
     def run(self, inputs: Sequence[Any], graph: str | None = None, *,
             apply_updates: bool = False) -> RunResult:
@@ -182,8 +185,12 @@ class Interpreter:
     def _execute(self, g: Graph, inputs: Sequence[Any]) -> tuple[list[Any], dict[str, int]]:
         env = bind_symbols(g, inputs, self.module.symbols)
         values: dict[Value, Any] = dict(zip(g.params, inputs, strict=True))
-        for node in g.nodes:
-            self._run_node(node, values, env)
+        outer, self.env = self.env, env
+        try:
+            for node in g.nodes:
+                self._run_node(node, values, env)
+        finally:
+            self.env = outer  # a graph.call returns to its caller's bindings
         return [values[o] for o in g.outputs], env
 
     def _run_node(self, node: Node, values: dict[Value, Any], env: Mapping[str, int]) -> None:
