@@ -133,7 +133,7 @@ def test_compiled_code_failing_where_eager_runs_falls_back_with_a_note(
     data's: the eager backend gives this call's result and runs the graph from then on."""
     calls = []
 
-    def broken(compiled: Any) -> Any:
+    def broken(compiled: Any, source: Any = None) -> Any:
         def run(graph: Any, inputs: Any) -> Any:
             calls.append(1)
             raise ValueError("a bug in the generated code")

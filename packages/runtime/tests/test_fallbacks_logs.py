@@ -55,7 +55,7 @@ def broken_backend(module: Any, example_inputs: Any) -> Any:
     raise RuntimeError("boom")
 
 
-def failing_runner(compiled: Any) -> Any:
+def failing_runner(compiled: Any, source: Any = None) -> Any:
     def run(graph: Any, inputs: Any) -> Any:
         raise RuntimeError("kernel exploded")
     return run
