@@ -226,7 +226,9 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
                               torch.utils._pytree.tree_leaves(_out(want))
                               if isinstance(t, torch.Tensor) and t.is_floating_point()))
         runs: dict[str, Callable[..., Any]] = {"eager": fn}
-        for who in compilers:
+        # ember first: a model that times out in torch.compile's long cold compile still
+        # reports what ember did
+        for who in sorted(compilers, key=lambda w: w != "ember"):
             c: TorchCompile | Ember = TorchCompile() if who == "torch.compile" else Ember()
             tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
             try:
@@ -502,6 +504,9 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
                              if meta.get("jobs", 1) > 1 else "") + f"; {m['os']}.  ",
            "Versions: " + ", ".join(f"{k}: {x}" for k, x in v.items()) + ".  ",
            *([f"**Smoke sizes** (`--tiny`): HF models at {TINY}."] if meta.get("tiny") else []),
+           *([f"Merged from {len(meta['merged'])} runs: " + "; ".join(
+               f"{x['file']} ({x['date']}, ember {x['ember']}, {x['reps']} reps)" for x in meta["merged"]) + "."]
+             if meta.get("merged") else []),
            f"Method: {meta['method']}", "", "## Summary", "",
            f"{s['models']} models: {s['ran']} run, {s['skipped']} skipped, {s['not_run']} not "
            f"run or cut short by the time budget. Both compilers correct and timed: {s['both_correct_and_timed']}.", ""]
@@ -558,7 +563,7 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
 
     from ember.runtime.bench import machine_info, versions
     v = versions(ROOT)
-    if v["ember"].startswith("unknown") and a.commit:
+    if a.commit:  # (the device's copy of the tree has a .git of another commit)
         v["ember"] = a.commit
     for lib in ("torchvision", "timm", "transformers"):
         try:
@@ -606,17 +611,22 @@ def select(a: argparse.Namespace) -> list[Model]:
 
 
 def merge(paths: list[Path], outdir: Path) -> list[Path]:
-    """One report from several runs' JSON (shards): models in zoo order, the later file's
-    result for a model run twice."""
+    """One report from several runs' JSON (shards): models in zoo order; for a model in several
+    runs, the one that got furthest (finished > cut by the budget > not run), else the later."""
     datas = [json.loads(p.read_text()) for p in paths]
+    rank = {"not run": 0, "budget": 1}
     by: dict[str, dict[str, Any]] = {}
     for d in datas:
         for r in d["models"]:
-            if r["name"] not in by or r["status"] != "not run":
+            old = by.get(r["name"])
+            if old is None or rank.get(r["status"], 2) >= rank.get(old["status"], 2):
                 by[r["name"]] = r
     order = {m.name: i for i, m in enumerate(ZOO)}
     records = sorted(by.values(), key=lambda r: order.get(r["name"], len(order)))
-    meta = dict(datas[0]["meta"], merged=[str(p) for p in paths], shard=None)
+    meta = dict(datas[0]["meta"], shard=None, merged=[
+        {"file": p.name, "date": d["meta"].get("date"), "reps": d["meta"].get("reps"),
+         "ember": d["meta"].get("versions", {}).get("ember")}
+        for p, d in zip(paths, datas)])
     stem = paths[0].stem.split("-shard")[0] + "-merged"
     return write(records, meta, list(meta["compilers"]), outdir, stem)
 

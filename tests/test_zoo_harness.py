@@ -118,10 +118,13 @@ def test_breaks_fallbacks_mismatches_and_failures_are_shown(tmp_path: Path) -> N
     a, b = tmp_path / "a", tmp_path / "b"
     pa = zoo.write(records[1:2], meta, ["torch.compile", "ember"], a, "zoo-x-shard1of2")[0]
     pb = zoo.write(records[0:1], meta, ["torch.compile", "ember"], b, "zoo-x-shard2of2")[0]
-    js, _ = zoo.merge([pa, pb], tmp_path / "m")
+    late = records[0] | {"status": "not run", "contenders": {}}  # a later shard's leftover
+    pc = zoo.write([late], meta, ["torch.compile", "ember"], tmp_path / "c", "zoo-y")[0]
+    js, _ = zoo.merge([pa, pb, pc], tmp_path / "m")
     merged = json.loads(js.read_text())
     assert [r["name"] for r in merged["models"]] == ["hf/bert", "hf/gpt2"]
     assert merged["summary"]["ran"] == 2 and js.name == "zoo-x-merged.json"
+    assert merged["models"][0]["status"] == "done"
 
 
 def test_select_and_list(capsys: pytest.CaptureFixture[str]) -> None:
