@@ -105,8 +105,13 @@ def _lambd(s: Sample) -> float:
 
 KINKS["aten.softshrink.default"] = (
     "eager's softshrink passes the gradient at |x| == lambd (its kernel's comparison order); "
-    "the decomposition's where() gives 0 there",
-    lambda s: _t(s, 0).abs() == _lambd(s))
+    "the decomposition's where() gives 0 there; at NaN eager's comparisons are false and give "
+    "0 where the decomposition's select passes the gradient",
+    lambda s: (_t(s, 0).abs() == _lambd(s)) | _t(s, 0).isnan())
+KINKS["aten.hardswish.default"] = (
+    "eager's hardswish_backward puts x == 3 in the middle piece ((2x + 3) / 6 = 1.5) and "
+    "x == -3 in it too; the decomposition's clamp gives the outer pieces' slopes there",
+    lambda s: _t(s, 0).abs() == 3.0)
 KINKS["aten.atan2.default"] = (
     "eager's atan2 backward squares an integer operand in its own dtype (uint8 wraps); the "
     "decomposition converts it to the float type first",

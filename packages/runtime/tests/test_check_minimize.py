@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
@@ -387,6 +387,9 @@ def test_minimized_graph_still_fails_and_holds_the_faulty_op(seed: int, n: int,
 
     backend = _faulty_backend(planted, off)
     inputs = _inputs(m, seed)
+    # downstream ops can hide the fault (a relu of negative values, a saturated tanh): such a
+    # graph does not fail, and minimize rightly refuses it (test_minimize_refuses_...)
+    assume(failure_of(m, "g", inputs, backend) is not None)
     rep = minimize(m, inputs, backend)
     assert planted in _ops(rep.module)
     assert failure_of(rep.module, "g", rep.inputs, backend) is not None

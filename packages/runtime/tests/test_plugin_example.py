@@ -144,3 +144,24 @@ def test_plugin_seen_by_a_fresh_process(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "ember.runtime.cli", "backends"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "example-interp" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("first", ["ember_plugin_example", "ember.runtime"])
+def test_every_entry_point_loads_whatever_is_imported_first(first: str) -> None:
+    """The plugin imports ember, whose registries read the entry points while the plugin's own
+    module is still importing: the registries must look again later, not give up on it."""
+    code = (f"import warnings; warnings.simplefilter('error')\n"
+            f"import {first}\n"
+            "from ember.ir.passes import default_pass_registry\n"
+            "from ember.ir.backends import default_backends\n"
+            "from ember.prims.decomp.table import decomposition_tables\n"
+            "r = default_pass_registry()\n"
+            "names = set(r.all()) | set(r.pipelines())\n"
+            "print(sorted(n for n in ('example', 'example-fuse') if n in names),\n"
+            "      sorted(n for n in default_backends().all() if n.startswith('example')),\n"
+            "      'example-erfc' in decomposition_tables().all())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["['example',", "'example-fuse']", "['example',",
+                                   "'example-interp']", "True"], proc.stdout

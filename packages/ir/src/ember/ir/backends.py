@@ -44,6 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ember.ir.graph import Module
 from ember.ir.interpreter import Interpreter, RunResult
+from ember.ir.plugins import still_importing
 
 Runner = Callable[[str | None, Sequence[Any]], RunResult]
 GROUPS = ("ember.backends", "ember.ir_backends")  # the second: its name before issue 13
@@ -147,6 +148,9 @@ class BackendRegistry:
             for ep in entry_points(group=group):
                 key = (ep.name, str(getattr(ep, "value", "")))
                 if key in self._loaded_eps:
+                    continue
+                if still_importing(ep):  # its module is importing ember: look again next time
+                    self._plugins_loaded = False
                     continue
                 self._loaded_eps.add(key)
                 try:

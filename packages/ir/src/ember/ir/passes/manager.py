@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ember.ir.graph import Module
+from ember.ir.plugins import still_importing
 from ember.ir.registry import OpRegistry, default_registry
 
 PassFn = Callable[..., Module]
@@ -153,6 +154,9 @@ class PassRegistry:
         for ep in entry_points(group="ember.passes"):
             key = (ep.name, str(getattr(ep, "value", "")))
             if key in self._loaded_eps:
+                continue
+            if still_importing(ep):  # its module is importing ember: look again next time
+                self._plugins_loaded = False
                 continue
             self._loaded_eps.add(key)
             try:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ember.ir import DType, Value
+from ember.ir.plugins import still_importing
 from ember.ir.torch_ops import resolve
 from ember.prims.decomp.context import DecompContext, DecompositionError
 
@@ -197,6 +198,9 @@ class DecompositionTables:
         for ep in entry_points(group="ember.decompositions"):
             key = (ep.name, str(getattr(ep, "value", "")))
             if key in self._loaded_eps:
+                continue
+            if still_importing(ep):  # its module is importing ember: look again next time
+                self._plugins_loaded = False
                 continue
             self._loaded_eps.add(key)
             try:
