@@ -73,9 +73,13 @@ KINKS: dict[str, tuple[str, Callable[[Sample], torch.Tensor | None]]] = {
                         (_t(s, 0), s.args[2] if len(s.args) > 2 else 1.0))),
     "aten.clamp.Tensor": (
         "eager's clamp with tensor bounds gives x the whole gradient at a tie and the bound "
-        "none; maximum/minimum of two tensors split it in half (torch's maximum convention)",
+        "none; maximum/minimum of two tensors split it in half (torch's maximum convention); "
+        "where min == max eager gives max the gradient, the decomposition's max(x, min) first "
+        "then min(., max) splits it between them",
         lambda s: _ties((_t(s, 0), s.args[1] if len(s.args) > 1 else None),
-                        (_t(s, 0), s.args[2] if len(s.args) > 2 else None))),
+                        (_t(s, 0), s.args[2] if len(s.args) > 2 else None),
+                        (s.args[1] if len(s.args) > 2 and isinstance(s.args[1], torch.Tensor)
+                         else None, s.args[2] if len(s.args) > 2 else None))),
     "aten.clamp_min.Tensor": (
         "as clamp.Tensor: eager gives x the whole gradient at a tie",
         lambda s: _ties((_t(s, 0), _t(s, 1)))),

@@ -82,8 +82,15 @@ def _backward(spatial: bool) -> Any:
     return lambda: gen()
 
 
+# eager's CPU nll_loss2d sums the per-pixel losses in the half type itself: measured against its
+# own f32 result, up to 1.2% (f16) and 11% (bf16) off with reduction="sum", 3.7% on a small
+# f16 mean; ember accumulates in f32 (closer to the f32 result than eager is)
+_TOL_2D = {torch.float16: (5e-2, 5e-2), torch.bfloat16: (1.5e-1, 1.5e-1)}
+_REASON_2D = ("eager's CPU nll_loss2d accumulates its sum and mean in the half type (up to 11% "
+              "off its own f32 result in bf16); ember accumulates in f32")
+
 for _spatial, _name in ((False, "nll_loss"), (True, "nll_loss2d")):
-    entry(f"aten.{_name}_forward.default", _forward(_spatial), "loss", tol=_TOL,
-          tol_reason=_REASON)
+    entry(f"aten.{_name}_forward.default", _forward(_spatial), "loss",
+          tol=_TOL_2D if _spatial else _TOL, tol_reason=_REASON_2D if _spatial else _REASON)
     entry(f"aten.{_name}_backward.default", _backward(_spatial), "loss", tol=_TOL,
           tol_reason=_REASON)
