@@ -112,6 +112,10 @@ KINKS["aten.softshrink.default"] = (
     "the decomposition's where() gives 0 there; at NaN eager's comparisons are false and give "
     "0 where the decomposition's select passes the gradient",
     lambda s: (_t(s, 0).abs() == _lambd(s)) | _t(s, 0).isnan())
+KINKS["aten.hardshrink.default"] = (
+    "at NaN eager's hardshrink_backward (a closed-interval test, false for NaN) passes the "
+    "gradient where the decomposition's select gives 0",
+    lambda s: _t(s, 0).isnan())
 KINKS["aten.hardswish.default"] = (
     "eager's hardswish_backward puts x == 3 in the middle piece ((2x + 3) / 6 = 1.5) and "
     "x == -3 in it too; the decomposition's clamp gives the outer pieces' slopes there",
