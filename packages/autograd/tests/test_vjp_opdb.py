@@ -112,6 +112,10 @@ KINKS["aten.softshrink.default"] = (
     "the decomposition's where() gives 0 there; at NaN eager's comparisons are false and give "
     "0 where the decomposition's select passes the gradient",
     lambda s: (_t(s, 0).abs() == _lambd(s)) | _t(s, 0).isnan())
+KINKS["aten.remainder.Tensor"] = (
+    "with an infinite divisor eager's backward gives the divisor -floor(a / b) * grad (floor "
+    "of -0.0 is -1 there); the decomposition's floor-division rule gives 0",
+    lambda s: _t(s, 1).isinf() if isinstance(s.args[1], torch.Tensor) else None)
 KINKS["aten.hardshrink.default"] = (
     "at NaN eager's hardshrink_backward (a closed-interval test, false for NaN) passes the "
     "gradient where the decomposition's select gives 0",
