@@ -3,14 +3,22 @@
 Shapes, strides and integer arguments may be expressions over a module's declared symbols
 (`s0 * 2 + 1`). They are held as sympy expressions so passes can simplify and compare them, but
 they are printed by this module (never sympy's printer) and read by ember's own parser (never
-`sympify`). ir-v1 has `+ - * // mod max min`; `//` and `mod` are Python's floor division and
-modulo, defined here as sympy functions that fold only what is exact.
+`sympify`; `parse_expr` here is that parser's public door). ir-v1 has `+ - * // mod max min`;
+`//` and `mod` are Python's floor division and modulo, defined here as sympy functions that fold
+only what is exact. Since ir-v1.1 an expression in a node's arguments may also name loop
+variables (`i0`, `r1`: the loops of a kernel body's declared domain).
+
+`print_expr` writes an expression in a target language (C++, Python, Triton) from one table of
+operator spellings per language (`ExprLanguage`), so every code generator prints sizes and
+indices the same way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import sympy
@@ -57,10 +65,33 @@ class PyMod(sympy.Function):
 
 
 _SYMBOLS: dict[str, sympy.Symbol] = {}
+# ir-v1.1 loop variables: i<k> ranges over a kernel's k-th output dim, r<k> over its k-th reduced
+# dim. Like size symbols they are integers, never negative.
+LOOP_VAR = re.compile(r"[ir][0-9]+")
+
+
+def is_loop_var(name: str) -> bool:
+    return LOOP_VAR.fullmatch(name) is not None
+
+
+def loop_var_names(e: Dim) -> set[str]:
+    """The loop variables an expression mentions."""
+    return {n for n in free_symbol_names(e) if is_loop_var(n)}
+
+
+def parse_expr(text: str, *, loop_vars: bool = True) -> Dim:
+    """Read one ir-v1 expression (`i0 * 8 + mod(r0, 4)`) with ember's IR parser: the same grammar
+    and checks as inside a module (int64 literals, nesting depth). Size symbols need no
+    declaration here; loop variables are allowed unless `loop_vars` is False. Raises
+    `ember.ir.IRParseError` (line and column inside `text`), nothing else."""
+    from ember.ir.parser import parse_expression  # the parser imports this module
+
+    return parse_expression(text, loop_vars=loop_vars)
 
 
 def symbol(name: str) -> sympy.Symbol:
-    """The sympy symbol for an ir-v1 size symbol (`s0`): an integer, never negative."""
+    """The sympy symbol for an ir-v1 size symbol (`s0`) or loop variable (`i0`): an integer,
+    never negative."""
     s = _SYMBOLS.get(name)
     if s is None:
         s = sympy.Symbol(name, integer=True, nonnegative=True)
@@ -254,6 +285,79 @@ def _print_mul(e: sympy.Expr, need: int) -> str:
     if c != 1:
         text = f"{text} * {c}"
     return _wrap(text, _TERM, need)
+
+
+# ---- target languages ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExprLanguage:
+    """How a target language spells ir-v1's integer operators. `floordiv`/`mod` are templates
+    over the operands `{0}`, `{1}` (Python semantics: the language's own operator where it
+    has them, a helper function where not); `max`/`min` name a function, applied to all
+    operands at once (`nary`) or folded left two at a time; `big_int` writes an integer that
+    needs more than 32 bits; `negate` writes `not x` for a guard's relations (None: none)."""
+
+    name: str
+    floordiv: str
+    mod: str
+    max: str
+    min: str
+    nary: bool = False
+    big_int: str = "{0}"
+    negate: str | None = None
+
+
+CPP = ExprLanguage("C++", floordiv="ember_floordiv({0}, {1})", mod="ember_mod({0}, {1})",
+                   max="std::max<int64_t>", min="std::min<int64_t>", big_int="{0}LL")
+PYTHON = ExprLanguage("Python", floordiv="({0} // {1})", mod="({0} % {1})", max="max",
+                      min="min", nary=True, negate="not ({0})")
+TRITON = ExprLanguage("Triton", floordiv="_floordiv({0}, {1})", mod="_mod({0}, {1})",
+                      max="tl.maximum", min="tl.minimum")
+
+
+def print_expr(e: Dim | sympy.Basic, lang: ExprLanguage, name: Callable[[str], str] = str,
+               error: Callable[[str], Exception] = ValueError) -> str:
+    """`e` as source in `lang`: every sum and product parenthesised, so the text needs no
+    precedence table. `name(symbol)` spells (or refuses, raising) each symbol; an operator the
+    language cannot write raises `error(message)`."""
+    if isinstance(e, bool):
+        raise error(f"{e!r} is not an integer expression")
+    if isinstance(e, int):
+        return lang.big_int.format(e) if abs(e) >= 2**31 else str(e)
+    if not isinstance(e, sympy.Basic):
+        raise error(f"{e!r} is not an integer expression")
+    if e.is_Integer:
+        return print_expr(int(e), lang, name, error)
+    if e.is_Symbol:
+        return name(str(e.name))
+    if isinstance(e, sympy.Not) and lang.negate is not None:
+        return lang.negate.format(print_expr(e.args[0], lang, name, error))
+    if isinstance(e, sympy.core.relational.Relational) and lang.negate is not None:
+        return (f"{print_expr(e.lhs, lang, name, error)} {e.rel_op} "
+                f"{print_expr(e.rhs, lang, name, error)}")
+    args = [print_expr(a, lang, name, error) for a in e.args]
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(args) + ")"
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
+    if isinstance(e, FloorDiv):
+        return lang.floordiv.format(*args)
+    if isinstance(e, PyMod):
+        return lang.mod.format(*args)
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        fn = lang.max if isinstance(e, sympy.Max) else lang.min
+        if lang.nary:
+            return f"{fn}({', '.join(args)})"
+        out = args[0]
+        for a in args[1:]:
+            out = f"{fn}({out}, {a})"
+        return out
+    raise error(f"expression {_short(str(e))} has no {lang.name} form")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:56] + "..."
 
 
 # ---- value ranges --------------------------------------------------------------------------

@@ -15,9 +15,14 @@ from typing import TypeAlias
 import sympy
 
 from ember.ir.dtypes import DType
+from ember.ir.expr import Dim
 from ember.ir.types import Type
 
-IR_VERSION: tuple[int, int] = (1, 0)
+IR_VERSION: tuple[int, int] = (1, 0)  # what a new module prints, unless it needs more
+# 1.1 added loop variables in expressions (`index=[i0, r0 * 4]`) and body domains
+# (`domain(i0 < 4, r0 < 8)`); the printer writes 1.1 exactly when a module uses them.
+LOOP_VARS_VERSION: tuple[int, int] = (1, 1)
+IR_LATEST: tuple[int, int] = LOOP_VARS_VERSION  # the newest minor this reader knows
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,9 @@ class Node:
     results: list[Value]
     loc: Loc | None = None
     pos: Pos | None = None
+    # Where argument expressions and strings were read from: keyed by the path to them, e.g.
+    # ("index", 1) for the second entry of `index=[...]`, (0,) for the first positional one.
+    arg_pos: dict[tuple[str | int, ...], Pos] | None = None
 
     @property
     def result_types(self) -> list[Type]:
@@ -118,6 +126,9 @@ class Graph:
     outputs: list[Value]
     attrs: dict[str, Arg] = field(default_factory=dict)
     pos: Pos | None = None
+    # ir-v1.1: a kernel body's loops, `{"i0": 4, "i1": s0, "r0": 8}` (each variable ranges over
+    # [0, extent)); None where the graph declares none (every graph of a 1.0 text).
+    domain: dict[str, Dim] | None = None
 
     @property
     def input_updates(self) -> list[tuple[int, int]]:
@@ -143,14 +154,16 @@ class Graph:
         nodes = []
         for n in self.nodes:
             m = Node(n.op, [map_args(a, sub) for a in n.args],
-                     {k: map_args(a, sub) for k, a in n.kwargs.items()}, [], n.loc, n.pos)
+                     {k: map_args(a, sub) for k, a in n.kwargs.items()}, [], n.loc, n.pos,
+                     n.arg_pos)
             for i, r in enumerate(n.results):
                 q = Value(r.name, r.type, m, i)
                 vmap[r] = q
                 m.results.append(q)
             nodes.append(m)
         return Graph(self.name, params, list(self.result_types), nodes,
-                     [sub(o) for o in self.outputs], _copy_arg_dict(self.attrs), self.pos)
+                     [sub(o) for o in self.outputs], _copy_arg_dict(self.attrs), self.pos,
+                     None if self.domain is None else dict(self.domain))
 
     def values(self) -> Iterator[Value]:
         yield from self.params

@@ -40,7 +40,8 @@ _NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _VALUE = re.compile(r"%[A-Za-z0-9_.]+")
 _STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
-_PUNCT = ("->", "//", "(", ")", "[", "]", "{", "}", ",", ":", "=", "@", "+", "-", "*")
+_PUNCT = ("->", "//", "(", ")", "[", "]", "{", "}", ",", ":", "=", "@", "+", "-", "*",
+          "<")  # '<': ir-v1.1 domains, `domain(i0 < 4)`
 _INT_LIMIT = 2**63  # an INT may be 2**63 only when a minus precedes it; the parser checks
 
 

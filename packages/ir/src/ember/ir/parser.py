@@ -14,9 +14,21 @@ from collections.abc import Callable
 import sympy
 
 from ember.ir.dtypes import DTYPE_NAMES, DType
-from ember.ir.expr import INT64_MAX, INT64_MIN, Dim, FloorDiv, PyMod, as_sympy, simplify_dim, symbol
+from ember.ir.expr import (
+    INT64_MAX,
+    INT64_MIN,
+    Dim,
+    FloorDiv,
+    PyMod,
+    as_sympy,
+    is_loop_var,
+    simplify_dim,
+    symbol,
+)
 from ember.ir.graph import (
+    IR_LATEST,
     IR_VERSION,
+    LOOP_VARS_VERSION,
     Arg,
     Graph,
     Kernel,
@@ -37,6 +49,37 @@ RESERVED = frozenset(
 MAX_DEPTH = 64
 _SYM = re.compile(r"s[0-9]+")
 _RESERVED_SYM = re.compile(r"u[0-9]+")
+_BINARY = ("+", "-", "*", "//")
+MAX_EXPR_TOKENS = 4096  # a standalone expression (compiled indices have a few dozen tokens)
+
+
+def parse_expression(text: str, *, loop_vars: bool = True) -> Dim:
+    """One expression, read by the module parser's own expression grammar (`expr.parse_expr`
+    is the public name). Size symbols need no declaration; loop variables are allowed unless
+    `loop_vars` is False. Raises only `IRParseError` (line and column inside `text`)."""
+    if not isinstance(text, str):
+        raise IRParseError(f"expected text (str), got {type(text).__name__}", 1, 1, "str")
+    toks = tokenize(text)
+    if len(toks) > MAX_EXPR_TOKENS:  # sympy sums grow quadratically: bound the work
+        t = toks[MAX_EXPR_TOKENS]
+        raise IRParseError(f"expression longer than {MAX_EXPR_TOKENS} tokens", t.line, t.col)
+    p = _Parser(toks, free_symbols=True)
+    p.module_.version = IR_LATEST
+    p.loop_ok = loop_vars
+    try:
+        e = p.expr()
+        if p.peek().kind != "EOF":
+            raise p.error("an operator or the end of the expression")
+        return e
+    except IRParseError:
+        raise
+    except RecursionError:
+        t = p.peek()
+        raise IRParseError("input nested too deeply", t.line, t.col) from None
+    except Exception as e:  # as in parse(): never anything but a parse error
+        t = p.peek()
+        raise IRParseError(f"internal error while parsing: {type(e).__name__}: {e}",
+                           t.line, t.col) from None
 
 
 def parse(text: str) -> Module:
@@ -65,12 +108,18 @@ def parse(text: str) -> Module:
 
 
 class _Parser:
-    def __init__(self, toks: list[Token]):
+    def __init__(self, toks: list[Token], free_symbols: bool = False):
         self.toks = toks
         self.i = 0
         self.module_: Module = Module()
         self.scope: dict[str, Value] | None = None
         self.depth = 0
+        self.free_symbols = free_symbols  # size symbols need no declaration (parse_expression)
+        self.loop_ok = False  # loop variables are read only in a node's arguments
+        # while reading a node's arguments: the path to the current one, and where each
+        # expression or string argument starts (Node.arg_pos)
+        self.path: list[str | int] = []
+        self.arg_pos: dict[tuple[str | int, ...], Pos] | None = None
 
     # ---- token helpers ----
     def peek(self, k: int = 0) -> Token:
@@ -218,6 +267,7 @@ class _Parser:
             while self.accept(","):
                 results.append(self.type_())
         self.expect(")")
+        domain = self.domain() if self.at("domain") and self.at("(", 1) else None
         attrs: dict[str, Arg] = {}
         if self.accept("attrs"):
             self.expect("(")
@@ -246,8 +296,39 @@ class _Parser:
         self.expect(")")
         self.expect("}")
         self.scope = None
-        g = Graph(name, params, results, nodes, outputs, attrs, Pos(start.line, start.col))
+        g = Graph(name, params, results, nodes, outputs, attrs, Pos(start.line, start.col),
+                  domain)
         self.module_.items[name] = g
+
+    def domain(self) -> dict[str, Dim]:
+        """`domain(i0 < 4, i1 < s0, r0 < 8)` (ir-v1.1): i-variables first, then r-variables,
+        each numbered from 0 in order; an extent is an expression over size symbols."""
+        t = self.peek()
+        self.need_loop_version("a domain(...)", t)
+        self.skip(2)
+        out: dict[str, Dim] = {}
+        while not self.at(")"):
+            if out:
+                self.expect(",")
+            v = self.peek()
+            nr = sum(1 for k in out if k[0] == "r")
+            ok = [f"r{nr}"] if nr else [f"i{len(out)}", "r0"]  # i0, i1, ..., then r0, r1, ...
+            if v.kind != "NAME" or v.text not in ok:
+                raise self.error(f"the loop variable {' or '.join(ok)} (a domain lists i0, i1, "
+                                 f"... then r0, r1, ...)")
+            self.next()
+            self.expect("<")
+            e = self.expr()
+            out[v.text] = e
+        self.expect(")")
+        return out
+
+    def need_loop_version(self, what: str, t: Token) -> None:
+        if self.module_.version < LOOP_VARS_VERSION:
+            have = ".".join(map(str, self.module_.version))
+            raise IRParseError(f"{what} needs ember.ir {LOOP_VARS_VERSION[0]}."
+                               f"{LOOP_VARS_VERSION[1]} (this text says {have})", t.line, t.col,
+                               "the header 'ember.ir 1.1'")
 
     def param(self) -> Value:
         t = self.peek()
@@ -289,10 +370,12 @@ class _Parser:
         self.expect("(")
         args: list[Arg] = []
         kwargs: dict[str, Arg] = {}
+        self.loop_ok, self.arg_pos = True, {}
         if not self.at(")"):
             while True:
                 if self.peek().kind == "NAME" and self.at("=", 1):
                     kt = self.peek()
+                    self.path = [kt.text]
                     k, v = self.kwarg(allow_values=True)
                     if k in kwargs:
                         raise IRParseError(f"keyword argument '{k}' is repeated", kt.line, kt.col)
@@ -300,17 +383,19 @@ class _Parser:
                 else:
                     if kwargs:
                         raise self.error("a keyword argument (positional ones come first)")
+                    self.path = [len(args)]
                     args.append(self.value(allow_values=True))
                 if not self.accept(","):
                     break
         self.expect(")")
+        arg_pos, self.loop_ok, self.arg_pos = self.arg_pos or None, False, None
         self.expect(":")
         types = self.rtype()
         if len(types) != len(names):
             raise IRParseError(f"{len(names)} result name(s) but {len(types)} result type(s)",
                                first.line, first.col, f"{len(names)} result type(s)")
         loc = self.loc() if self.at("loc") else None
-        node = Node(op_t.text, args, kwargs, [], loc, Pos(first.line, first.col))
+        node = Node(op_t.text, args, kwargs, [], loc, Pos(first.line, first.col), arg_pos)
         assert self.scope is not None
         for i, (nt, ty) in enumerate(zip(names, types, strict=True)):
             assert isinstance(nt.value, str)
@@ -401,15 +486,19 @@ class _Parser:
             self.enter()
             self.next()
             items: list[Arg] = []
+            self.path.append(0)
             if not self.at("]"):
                 items.append(self.value(allow_values))
                 while self.accept(","):
+                    self.path[-1] += 1  # type: ignore[operator]
                     items.append(self.value(allow_values))
+            self.path.pop()
             self.expect("]")
             self.leave()
             return items
         if t.kind == "STRING":
             self.next()
+            self.mark(t)
             return t.value
         if t.kind == "FLOAT":
             self.next()
@@ -421,7 +510,10 @@ class _Parser:
             if t.text in ("inf", "nan"):
                 self.next()
                 return float(t.text)
-            if t.text in DTYPE_NAMES:
+            # i8 ... i64 are dtypes, unless an operator follows (`i8 + 1`: loop variable i8)
+            if t.text in DTYPE_NAMES and not (self.loop_ok and is_loop_var(t.text)
+                                              and self.peek(1).text in _BINARY
+                                              and self.peek(1).kind == "PUNCT"):
                 self.next()
                 return DType[t.text]
         if self.at("-"):
@@ -431,11 +523,17 @@ class _Parser:
                 f = n.value if n.kind == "FLOAT" else float(n.text)
                 assert isinstance(f, float)
                 return -f
-        if t.kind in ("INT",) or (t.kind == "NAME" and _is_expr_start(t.text)) or \
+        if t.kind in ("INT",) or (t.kind == "NAME" and (_is_expr_start(t.text)
+                                                        or is_loop_var(t.text))) or \
                 self.at("-") or self.at("("):
             e = self.expr()
+            self.mark(t)
             return e
         raise self.error("a value (%name, @name, literal, expression or [list])")
+
+    def mark(self, t: Token) -> None:
+        if self.arg_pos is not None:
+            self.arg_pos[tuple(self.path)] = Pos(t.line, t.col)
 
     # ---- expressions ----
     def expr(self) -> Dim:
@@ -485,8 +583,16 @@ class _Parser:
             b = self.expr()
             self.expect(")")
             return self.fold(a, b, t.text, t)
+        if t.kind == "NAME" and is_loop_var(t.text):
+            if not self.loop_ok:
+                raise IRParseError(f"loop variable {t.text} outside a node's arguments (loop "
+                                   f"variables index loads; sizes use symbols)", t.line, t.col,
+                                   "a size expression")
+            self.need_loop_version(f"loop variable {t.text}", t)
+            self.next()
+            return symbol(t.text)
         if t.kind == "NAME" and _SYM.fullmatch(t.text):
-            if t.text not in self.module_.symbols:
+            if t.text not in self.module_.symbols and not self.free_symbols:
                 raise IRParseError(f"undeclared symbol {t.text}", t.line, t.col,
                                    "a symbol declared with 'symbol' before its use")
             self.next()

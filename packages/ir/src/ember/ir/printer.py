@@ -8,9 +8,20 @@ import re
 
 import sympy
 
-from ember.ir.dtypes import DType
-from ember.ir.expr import INT64_MAX, INT64_MIN, to_text
-from ember.ir.graph import Arg, Graph, Kernel, Loc, Module, Node, Ref, Symbol, Value
+from ember.ir.dtypes import DTYPE_NAMES, DType
+from ember.ir.expr import INT64_MAX, INT64_MIN, Dim, is_loop_var, loop_var_names, to_text
+from ember.ir.graph import (
+    LOOP_VARS_VERSION,
+    Arg,
+    Graph,
+    Kernel,
+    Loc,
+    Module,
+    Node,
+    Ref,
+    Symbol,
+    Value,
+)
 from ember.ir.types import TensorType, Type
 
 
@@ -34,12 +45,43 @@ def _check(pattern: re.Pattern[str], name: str, what: str) -> str:
 
 
 def print_module(m: Module) -> str:
-    parts = [f"ember.ir {m.version[0]}.{m.version[1]}\n"]
+    v = max(m.version, required_version(m))
+    parts = [f"ember.ir {v[0]}.{v[1]}\n"]
     if m.symbols:
         parts.append("".join(print_symbol(s) + "\n" for s in m.symbols.values()))
     for item in m.items.values():
         parts.append(print_graph(item) if isinstance(item, Graph) else print_kernel(item))
     return "\n".join(parts)
+
+
+def required_version(m: Module) -> tuple[int, int]:
+    """The oldest ir-v1 minor whose grammar holds the module: 1.1 where a graph declares a
+    domain or an argument names a loop variable, else 1.0."""
+    for g in m.graphs.values():
+        if g.domain is not None or any(_uses_loop_vars(a) for n in g.nodes
+                                       for a in [*n.args, *n.kwargs.values()]):
+            return LOOP_VARS_VERSION
+    return (1, 0)
+
+
+def _uses_loop_vars(a: Arg) -> bool:
+    if isinstance(a, list):
+        return any(_uses_loop_vars(x) for x in a)
+    return isinstance(a, sympy.Expr) and bool(loop_var_names(a))
+
+
+def print_domain(domain: dict[str, Dim]) -> str:
+    """` domain(i0 < 4, r0 < s0)`: a body's loops, in the order the parser requires."""
+    names = list(domain)
+    want = [f"i{k}" for k in range(sum(1 for v in names if v[:1] == "i"))]
+    want += [f"r{k}" for k in range(len(names) - len(want))]
+    if names != want:
+        raise PrintError(f"domain {names}: ir-v1.1 lists i0, i1, ... then r0, r1, ...")
+    for e in domain.values():
+        _check_dim(e)
+        if loop_var_names(e):
+            raise PrintError(f"domain extent {to_text(e)} names a loop variable")
+    return " domain(" + ", ".join(f"{v} < {to_text(e)}" for v, e in domain.items()) + ")"
 
 
 def print_symbol(s: Symbol) -> str:
@@ -86,6 +128,8 @@ def print_graph(g: Graph) -> str:
                        for p in g.params)
     results = ", ".join(print_type(t) for t in g.result_types)
     head = f"graph @{_check(_NAME, g.name, 'graph name')}({params}) -> ({results})"
+    if g.domain is not None:
+        head += print_domain(g.domain)
     if g.attrs:
         head += " attrs(" + ", ".join(f"{_check(_NAME, k, 'attribute name')}={print_arg(v)}"
                                       for k, v in g.attrs.items()) + ")"
@@ -170,7 +214,10 @@ def print_arg(a: Arg) -> str:
     if isinstance(a, sympy.Expr):
         _check_dim(a)
         try:
-            return to_text(a)
+            text = to_text(a)
         except ValueError as e:
             raise PrintError(str(e)) from None
+        # a lone loop variable spelled like a dtype (i8, i16, i32, i64) would read back as the
+        # dtype: parenthesised, it is an expression
+        return f"({text})" if text in DTYPE_NAMES and is_loop_var(text) else text
     raise PrintError(f"{type(a).__name__} is not an ir-v1 argument: {a!r}")
