@@ -52,6 +52,7 @@ from ember.runtime.dynamic import DynamicPolicy
 from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
+from ember.runtime.modview import compiled_module
 from ember.runtime.options import check_options
 from ember.runtime.training import (
     DEFAULT_PARTITIONER,
@@ -621,7 +622,7 @@ class CompiledModule(nn.Module):
     and state are shared) and runs its calls through the compiled function."""
 
     def __init__(self, mod: nn.Module, compiled: CompiledFunction):
-        super().__init__()
+        nn.Module.__init__(self)  # (not super(): modview's subclass has the model class next)
         self._orig_mod = mod
         object.__setattr__(self, "_ember_compiled", compiled)
 
@@ -651,7 +652,7 @@ def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool |
         cf = CompiledFunction(target, backend=backend, fullgraph=fullgraph, mode=mode,
                               dynamic=dynamic, options=options)
         if isinstance(target, nn.Module):
-            return CompiledModule(target, cf)
+            return compiled_module(CompiledModule, target, cf)  # the model's class too
         try:
             functools.update_wrapper(cf, target)
         except AttributeError:

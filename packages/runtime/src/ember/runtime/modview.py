@@ -1,0 +1,77 @@
+"""`compile(model)`'s module: a CompiledModule that is also an instance of the model's own class.
+
+The article's example is `model = compile(model)` followed by `model.generate(...)` or
+`pipeline("text-generation", model=model)`. A plain wrapper hands `generate` over as the
+original's bound method, which calls the original (eager) forward, and Hugging Face rejects a
+model whose class it does not know. So the compiled module's class is made per call: a subclass
+of CompiledModule *and* of the model's class, with the model's class name. Every method of the
+model class (`generate`, `_sample`, HF's `getattr(type(self), ...)` lookups) then runs with the
+compiled module as `self`, so `self(...)` reaches the compiled forward; attribute reads that the
+class does not answer fall through to the original (CompiledModule.__getattr__), and attribute
+writes go to the original too, so the two never disagree. The model's own `__init__` never runs
+on the compiled module: its state is the original's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from torch import nn
+
+# Attributes a compiled module keeps for itself (everything else is the original's)
+_OWN = frozenset({"_orig_mod", "_ember_compiled"})
+
+
+def _forwarded(name: str) -> property:
+    """A class attribute of the model class that the original instance overrides: read and
+    written on the original (the class default would shadow the instance's value)."""
+    def get(self: Any) -> Any:
+        return getattr(self._modules["_orig_mod"], name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(self._modules["_orig_mod"], name, value)
+
+    return property(get, put)
+
+
+def _setattr(self: nn.Module, name: str, value: Any) -> None:
+    mods = self.__dict__.get("_modules")
+    if mods is None or "_orig_mod" not in mods or name in _OWN or name in self.__dict__:
+        nn.Module.__setattr__(self, name, value)  # (nn.Module's own state: training, hooks)
+    else:
+        setattr(mods["_orig_mod"], name, value)
+
+
+def compiled_module(base: type, mod: nn.Module, compiled: Any) -> nn.Module:
+    """An instance of a fresh subclass of (`base`, type(mod)) holding `mod` and `compiled`;
+    `base` is CompiledModule, whose `__init__` only initializes nn.Module state."""
+    cls = type(mod)
+    if "__slots__" in cls.__dict__ or cls.__getattribute__ is not nn.Module.__getattribute__:
+        return base(mod, compiled)  # (a class that customizes these: a plain wrapper)
+    ns: dict[str, Any] = {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__setattr__": _setattr, "__doc__": cls.__doc__,
+    }
+    shadowed = [k for k in vars(mod) if not k.startswith("_") and any(
+        k in vars(c) for c in cls.__mro__ if c is not nn.Module and c is not object)]
+    for k in shadowed:
+        if not callable(getattr(cls, k, None)) or isinstance(getattr(cls, k), type):
+            ns[k] = _forwarded(k)
+    fwd = base.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fwd(self, *args, **kwargs)
+
+    try:  # callers that read forward's signature (HF's generate does) see the model's
+        forward.__signature__ = inspect.signature(cls.forward)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        pass
+    ns["forward"] = forward
+    try:
+        view = type(cls.__name__, (base, cls), ns)
+    except TypeError:  # (a layout or metaclass conflict: a plain wrapper)
+        return base(mod, compiled)
+    obj: nn.Module = view.__new__(view)
+    base.__init__(obj, mod, compiled)
+    return obj
