@@ -11,19 +11,28 @@ The backend registers through the `ember.backends` entry point group, so importi
 module stays cheap: torch._inductor is imported at the first compilation, which happens at the
 first call (inductor needs example inputs; the IR backend API gives only the module). Compiled
 code is specialized to its inputs' shapes, strides, dtypes and devices and to the grad mode, so
-it is cached per such signature. A graph that cannot be exported or compiled runs on the
-reference interpreter instead, with a warning naming the reason.
+it is cached per such signature.
+
+Never silent: a main graph that cannot be exported to FX fails `prepare` (ExportError), and a
+graph torch's inductor cannot compile fails its run (TorchInductorError), each naming the
+reason. Under `compile()` these are the "backend" and "runtime" fallbacks every backend gets:
+eager PyTorch runs the graph, a FallbackWarning says why once and explain() counts it. Under
+`ember run`/`ember check` they are one-line errors: a check of "torch-inductor" never compares
+the reference interpreter with itself.
+
+Training: the backend does not declare `supports_training`: compile() hands it a graph that
+records gradients as it is, and torch's inductor (AOTAutograd inside `torch._inductor.compile`)
+returns a differentiable function, so gradients are eager's (test_interop_suites.py).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
 
-from ember.ir import Interpreter, Module, RunResult
+from ember.ir import Module, RunResult
 from ember.ir.backends import Backend, Runner
 from ember.runtime.interop_torch.fx_export import to_fx
 
@@ -41,6 +50,10 @@ def signature(inputs: Sequence[Any]) -> tuple[Hashable, ...]:
     return tuple(sig)
 
 
+class TorchInductorError(RuntimeError):
+    """torch's inductor could not compile a graph (the reason is in the message)."""
+
+
 def compile_graph(module: Module, graph: str | None, inputs: Sequence[Any]) -> Compiled:
     """torch inductor's compiled function for one graph, called with a list of inputs."""
     from torch._inductor import compile as inductor_compile  # heavy: only when first needed
@@ -53,24 +66,23 @@ def compile_graph(module: Module, graph: str | None, inputs: Sequence[Any]) -> C
 
 
 def prepare(module: Module) -> Runner:
+    to_fx(module)  # the main graph exports, or prepare fails now with the reason (ExportError)
     cache: dict[tuple[str, tuple[Hashable, ...]], Compiled] = {}
-    interp = Interpreter(module, check_types=False)
     failed: dict[str, str] = {}  # graph -> why torch's inductor could not take it
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
         g = module.graph(graph)
         if g.name in failed:
-            return interp.run(inputs, g.name)
+            raise TorchInductorError(failed[g.name])
         key = (g.name, signature(inputs))
         fn = cache.get(key)
         if fn is None:
             try:
                 fn = cache[key] = compile_graph(module, g.name, inputs)
             except Exception as e:
-                reason = failed[g.name] = f"{type(e).__name__}: {str(e).strip()[:500]}"
-                warnings.warn(f"ember: torch-inductor cannot compile graph @{g.name}: {reason}; "
-                              f"the reference interpreter runs it", stacklevel=2)
-                return interp.run(inputs, g.name)
+                failed[g.name] = (f"torch's inductor cannot compile graph @{g.name}: "
+                                  f"{type(e).__name__}: {' '.join(str(e).split())[:500]}")
+                raise TorchInductorError(failed[g.name]) from e
         results = list(fn(list(inputs)))
         updated = dict(g.input_updates)
         outputs = [x for i, x in enumerate(results) if i not in updated.values()]
