@@ -30,15 +30,15 @@ graph @softmax(%x: f32[3, 5]) -> (f32[3, 5]) {
 }
 """
 
-SOFTMAX_FUSED = """ember.ir 1.0
+SOFTMAX_FUSED = """ember.ir 1.1
 
 graph @softmax(%x: f32[3, 5]) -> (f32[3, 5]) {
   %8 = loop.pointwise(@softmax_k4, %x, ranges=[3, 5]) : f32[3, 5]
   return (%8)
 }
 
-graph @softmax_k4(%x: f32[3, 5]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "i1"]) : f32[]
+graph @softmax_k4(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, i1 < 5) {
+  %x.load = loop.load(%x, index=[i0, i1]) : f32[]
   %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
   %3 = prims.sub(%x.load, %0) : f32[]
   %4 = prims.exp(%3) : f32[]
@@ -47,13 +47,13 @@ graph @softmax_k4(%x: f32[3, 5]) -> (f32[]) {
   return (%8)
 }
 
-graph @softmax_k6(%x: f32[3, 5]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "r0"]) : f32[]
+graph @softmax_k6(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, r0 < 5) {
+  %x.load = loop.load(%x, index=[i0, r0]) : f32[]
   return (%x.load)
 }
 
-graph @softmax_k7(%x: f32[3, 5]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "r0"]) : f32[]
+graph @softmax_k7(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, r0 < 5) {
+  %x.load = loop.load(%x, index=[i0, r0]) : f32[]
   %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
   %3 = prims.sub(%x.load, %0) : f32[]
   %4 = prims.exp(%3) : f32[]

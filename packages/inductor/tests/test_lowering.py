@@ -21,7 +21,7 @@ graph @f(%x: f32[4, 8], %b: f32[8]) -> (f32[4]) {
 }
 """
 
-LOWERED = """ember.ir 1.0
+LOWERED = """ember.ir 1.1
 
 graph @f(%x: f32[4, 8], %b: f32[8]) -> (f32[4]) {
   %y = loop.pointwise(@f_k0, %x, %b, ranges=[4, 8]) : f32[4, 8]
@@ -30,35 +30,35 @@ graph @f(%x: f32[4, 8], %b: f32[8]) -> (f32[4]) {
   return (%s)
 }
 
-graph @f_k0(%x: f32[4, 8], %b: f32[8]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "i1"]) : f32[]
-  %b.load = loop.load(%b, index=["i1"]) : f32[]
+graph @f_k0(%x: f32[4, 8], %b: f32[8]) -> (f32[]) domain(i0 < 4, i1 < 8) {
+  %x.load = loop.load(%x, index=[i0, i1]) : f32[]
+  %b.load = loop.load(%b, index=[i1]) : f32[]
   %y = prims.add(%x.load, %b.load) : f32[]
   return (%y)
 }
 
-graph @f_k1(%y: f32[4, 8]) -> (f32[]) {
-  %y.load = loop.load(%y, index=["i0", "i1"]) : f32[]
+graph @f_k1(%y: f32[4, 8]) -> (f32[]) domain(i0 < 4, i1 < 8) {
+  %y.load = loop.load(%y, index=[i0, i1]) : f32[]
   %z = prims.maximum(%y.load, 0.0) : f32[]
   return (%z)
 }
 
-graph @f_k2(%z: f32[4, 8]) -> (f32[]) {
-  %z.load = loop.load(%z, index=["i0", "r0"]) : f32[]
+graph @f_k2(%z: f32[4, 8]) -> (f32[]) domain(i0 < 4, r0 < 8) {
+  %z.load = loop.load(%z, index=[i0, r0]) : f32[]
   return (%z.load)
 }
 """
 
-FUSED = """ember.ir 1.0
+FUSED = """ember.ir 1.1
 
 graph @f(%x: f32[4, 8], %b: f32[8]) -> (f32[4]) {
   %s = loop.reduction(@f_k2, %x, %b, ranges=[4], reduce_ranges=[8], reduction="sum") : f32[4]
   return (%s)
 }
 
-graph @f_k2(%x: f32[4, 8], %b: f32[8]) -> (f32[]) {
-  %x.load = loop.load(%x, index=["i0", "r0"]) : f32[]
-  %b.load = loop.load(%b, index=["r0"]) : f32[]
+graph @f_k2(%x: f32[4, 8], %b: f32[8]) -> (f32[]) domain(i0 < 4, r0 < 8) {
+  %x.load = loop.load(%x, index=[i0, r0]) : f32[]
+  %b.load = loop.load(%b, index=[r0]) : f32[]
   %y = prims.add(%x.load, %b.load) : f32[]
   %z = prims.maximum(%y, 0.0) : f32[]
   return (%z)

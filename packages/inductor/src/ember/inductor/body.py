@@ -1,13 +1,13 @@
 """Building kernel bodies: small graphs over index values (see loopir.py), shared by the lowering
-and fusion passes."""
+and fusion passes, and declaring their domains (ir-v1.1) once a pass has placed them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ember.inductor.indexing import index_text
+from ember.inductor.indexing import index_value
 from ember.ir import Builder, Graph, Loc, Module, Node, Ref, TensorType, Value
-from ember.ir.expr import Dim
+from ember.ir.expr import Dim, to_text
 
 
 class BodyBuilder:
@@ -29,11 +29,12 @@ class BodyBuilder:
         return p
 
     def load(self, outer: Value, index: Sequence[Dim], loc: Loc | None = None) -> Value:
-        key = (outer, tuple(index_text(e) for e in index))
+        values = [index_value(e) for e in index]
+        key = (outer, tuple(values))
         v = self._loads.get(key)
         if v is None:
             assert isinstance(outer.type, TensorType)
-            v = self.b.op("loop.load", [self.buffer(outer)], {"index": list(key[1])},
+            v = self.b.op("loop.load", [self.buffer(outer)], {"index": values},
                           type=TensorType(outer.type.dtype, (), None, outer.type.device),
                           name=f"{outer.name}.load", loc=loc)
             self._loads[key] = v
@@ -67,6 +68,53 @@ def node_text(n: Node) -> str:
 
 
 BODY_OPS = ("loop.pointwise", "loop.reduction", "loop.reduce")
+KERNEL_OPS = ("loop.pointwise", "loop.reduction")
+
+
+def declare_domains(module: Module) -> None:
+    """Write each kernel body's domain (ir-v1.1 `domain(i0 < 4, r0 < 8)`) from the kernels that
+    run it: a loop.pointwise/loop.reduction binds i<k> to its ranges and r<k> to its
+    reduce_ranges; a loop.reduce binds its body's i<k> to the enclosing body's first loops and
+    r<k> to its own reduce_ranges. The passes that make or reshape bodies call this last. A body
+    that two kernels run over different extents (bodies are shared by structure) declares none,
+    and is checked from each kernel as in ir-v1.0."""
+    seen: dict[str, dict[str, Dim]] = {}
+    clash: set[str] = set()
+    names = body_names(module)
+    tops = [g for g in module.graphs.values() if g.name not in names]
+
+    def visit(name: str, loops: list[Dim], red: list[Dim], depth: int) -> None:
+        g = module.items.get(name)
+        if not isinstance(g, Graph) or depth > 64:
+            return
+        domain = {**{f"i{k}": d for k, d in enumerate(loops)},
+                  **{f"r{k}": d for k, d in enumerate(red)}}
+        if name in seen:
+            if {k: to_text(d) for k, d in seen[name].items()} \
+                    != {k: to_text(d) for k, d in domain.items()}:
+                clash.add(name)
+            return
+        seen[name] = g.domain = domain
+        for n in g.nodes:
+            if n.op == "loop.reduce" and isinstance(n.args[0], Ref):
+                outer, inner = n.kwargs.get("ranges"), n.kwargs.get("reduce_ranges")
+                whole = [*loops, *red]
+                if isinstance(outer, list) and isinstance(inner, list) \
+                        and len(outer) <= len(whole):
+                    visit(n.args[0].name, whole[:len(outer)], list(inner), depth + 1)
+
+    for top in tops:
+        for n in top.nodes:
+            if n.op in KERNEL_OPS and n.args and isinstance(n.args[0], Ref):
+                ranges = n.kwargs.get("ranges")
+                red = n.kwargs.get("reduce_ranges", []) if n.op == "loop.reduction" else []
+                if isinstance(ranges, list) and isinstance(red, list):
+                    visit(n.args[0].name, list(ranges), list(red), 0)
+    for name in clash:
+        g = module.items[name]
+        assert isinstance(g, Graph)
+        g.domain = None
+
 
 
 def body_names(module: Module) -> set[str]:

@@ -3,11 +3,16 @@
 A kernel (`loop.pointwise` / `loop.reduction`) binds its body's loop variables: `i<k>` ranges over
 [0, ranges[k]), `r<k>` over [0, reduce_ranges[k]). A `loop.reduce` in a body binds its own body's
 `i0..i<k-1>` to the enclosing body's first k loop extents (as the reference interpreter and the
-C++ code both do) and `r<k>` to its own `reduce_ranges`. For every `loop.load` reachable from a
-kernel this module checks that each variable of each index is bound there and that the index's
-range, by interval arithmetic over those extents (`ember.ir.expr.value_range`), lies in
-[0, size) of its dim. The C++ code reads at exactly these indices without any check, so a load
-the proof misses would read memory outside the buffer.
+C++ code both do) and `r<k>` to its own `reduce_ranges`. Each index must use only variables bound
+there, and its range, by interval arithmetic over those extents (`ember.ir.expr.value_range`),
+must lie in [0, size) of its dim. The C++ code reads at exactly these indices without any check,
+so a load the proof misses would read memory outside the buffer.
+
+Since ir-v1.1 a body declares its domain (`domain(i0 < 4, r0 < 8)`): its loads are checked
+where they stand, against that declaration (`check_index`, from loop.load's and loop.index's
+type rules, the error at the index's own line and column), and each caller checks that it runs
+the body over exactly that domain (`check_kernel`). A body of ir-v1.0 text declares none: its
+loads are checked from each kernel that reaches it, with the extents the kernel binds.
 
 Sizes may be symbolic: then the ends of an index's range are expressions over the size symbols
 (`i0` over `ranges=[s0]` is [0, s0 - 1]) and `0 <= lo`, `hi <= size - 1` are proved for every
@@ -26,7 +31,7 @@ from typing import Any
 import sympy
 
 from ember.inductor.indexing import IndexParseError, clip, parse_index
-from ember.ir import Graph, Module, Node, OpTypeError, Ref, TensorType, Value
+from ember.ir import Graph, Module, Node, OpTypeError, Pos, Ref, TensorType, Value
 from ember.ir.expr import (
     INT64_MAX,
     INT64_MIN,
@@ -35,9 +40,11 @@ from ember.ir.expr import (
     Interval,
     PyMod,
     as_sympy,
+    is_loop_var,
     to_text,
     value_range,
 )
+from ember.ir.verifier import dims_equal
 
 MAX_NESTING = 64  # loop.reduce bodies nested deeper than this are refused (and cycles)
 SymRange = tuple[sympy.Expr, sympy.Expr]
@@ -55,10 +62,9 @@ def symbol_ranges(module: Module | None) -> dict[str, Interval]:
 # ---- one index -----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=8192)
-def _concrete(text: str, extents: tuple[tuple[str, int], ...]) -> tuple[Interval | None, bool]:
+def _concrete(e: Dim, extents: tuple[tuple[str, int], ...]) -> tuple[Interval | None, bool]:
     """(range of the index over concrete loop extents, whether every intermediate fits int64:
     the C++ code computes them in int64, where an overflow would wrap to any offset)."""
-    e = parse_index(text)
     seen: list[Interval] = []
     r = value_range(e, {v: (0, n - 1) for v, n in extents}, seen)
     fits = all(INT64_MIN <= lo and hi <= INT64_MAX for lo, hi in seen)
@@ -151,30 +157,30 @@ def _show(r: Interval | SymRange) -> str:
 
 
 @functools.lru_cache(maxsize=16384)
-def index_names(text: str) -> tuple[str, ...]:
+def index_names(index: Dim | str) -> tuple[str, ...]:
     """The loop variables and size symbols an index uses (it must parse)."""
-    return tuple(sorted(s.name for s in as_sympy(parse_index(text)).free_symbols))
+    return tuple(sorted(s.name for s in as_sympy(parse_index(index)).free_symbols))
 
 
-def index_violation(text: str, size: Dim, extents: Mapping[str, Dim],
+def index_violation(index: Dim | str, size: Dim, extents: Mapping[str, Dim],
                     syms: Mapping[str, Interval]) -> str | None:
-    """Why index `text` (it must parse) may leave [0, size) over the loop extents, or None when
-    it provably stays inside. Cached: --verify-each proves the same loads after every pass."""
-    names = index_names(text)
-    return _violation(text, size, tuple((v, extents[v]) for v in names if v in extents),
+    """Why `index` (it must parse) may leave [0, size) over the loop extents, or None when it
+    provably stays inside. Cached: --verify-each proves the same loads after every pass."""
+    e = parse_index(index)
+    names = index_names(e)
+    return _violation(e, size, tuple((v, extents[v]) for v in names if v in extents),
                       tuple(sorted(syms.items())))  # the size's symbols too
 
 
 @functools.lru_cache(maxsize=16384)
-def _violation(text: str, size: Dim, extents_: tuple[tuple[str, Dim], ...],
+def _violation(e: Dim, size: Dim, extents_: tuple[tuple[str, Dim], ...],
                syms_: tuple[tuple[str, Interval], ...]) -> str | None:
-    e = parse_index(text)
-    names = index_names(text)
+    names = index_names(e)
     extents, syms = dict(extents_), dict(syms_)
     used = {v: extents[v] for v in names if v in extents}
     if all(isinstance(n, int) for n in used.values()) and isinstance(size, int) \
             and len(used) == len(names):
-        r, fits = _concrete(text, tuple(sorted(used.items())))
+        r, fits = _concrete(e, tuple(sorted(used.items())))
         if r is None:
             return f"cannot be bounded over the loop extents (the buffer has size {size} there)"
         if not fits:
@@ -192,18 +198,92 @@ def _violation(text: str, size: Dim, extents_: tuple[tuple[str, Dim], ...],
 
 # ---- a kernel's bodies ---------------------------------------------------------------------
 
-def _where(n: Node) -> str:
-    return f" at {n.pos.line}:{n.pos.col}" if n.pos is not None else ""
+def _where(n: Node, pos: Pos | None = None) -> str:
+    p = pos or n.pos
+    return f" at {p.line}:{p.col}" if p is not None else ""
 
 
 def _bindings(extents: Mapping[str, Dim]) -> str:
     return ", ".join(f"{v} < {to_text(n)}" for v, n in extents.items()) or "no loop variable"
 
 
+def _index_pos(n: Node, d: int | None) -> Pos | None:
+    """Where index `d` of `n` (None: loop.index's one index) was read, else the node's own."""
+    key = ("index",) if d is None else ("index", d)
+    return (n.arg_pos or {}).get(key) or n.pos
+
+
+def check_index(module: Module | None, body: Graph, n: Node) -> None:
+    """A loop.load / loop.index of a body that declares its domain: every index uses only the
+    domain's variables and declared size symbols, and stays inside its buffer over the domain.
+    Raises OpTypeError at the offending index's position."""
+    assert body.domain is not None
+    _check_node(f"body @{body.name}", n, dict(body.domain), symbol_ranges(module),
+                f"the domain of @{body.name} does not declare")
+
+
+def _check_node(where: str, n: Node, extents: Mapping[str, Dim], syms: Mapping[str, Interval],
+                binder: str) -> None:
+    index = n.kwargs.get("index")
+    one = not isinstance(index, list)
+    items = [index] if one else list(index)  # type: ignore[arg-type]
+    buf = n.args[0] if n.op == "loop.load" and n.args else None
+    shape = buf.type.shape if isinstance(buf, Value) and isinstance(buf.type, TensorType) \
+        else None
+    # an empty domain runs no iteration: none of this body's loads happens
+    empty = any(isinstance(x, int) and x <= 0 for x in extents.values())
+    for d, ix in enumerate(items):
+        try:
+            e = parse_index(ix)  # type: ignore[arg-type]
+        except IndexParseError:
+            continue  # the op's own type rule reports it
+        pos = _index_pos(n, None if one else d)
+        for name in index_names(e):
+            if is_loop_var(name) and name not in extents:
+                raise OpTypeError(
+                    f"{where}: {n.op}{_where(n, pos)}: index {_quote(ix, e)!r} uses {name}, "
+                    f"which {binder} (bound here: {_bindings(extents)})", pos)
+            if not is_loop_var(name) and name not in syms:
+                raise OpTypeError(f"{where}: {n.op}{_where(n, pos)}: index {_quote(ix, e)!r} "
+                                  f"uses the undeclared size symbol {name}", pos)
+        if shape is None or empty or d >= len(shape):
+            continue
+        why = index_violation(e, shape[d], extents, syms)
+        if why is not None:
+            assert isinstance(buf, Value)
+            raise OpTypeError(
+                f"{where}: loop.load(%{buf.name}){_where(n, pos)} may read outside its "
+                f"buffer: index {_quote(ix, e)!r} of dim {d} {why} (loops: "
+                f"{_bindings(extents)})", pos)
+
+
+def _quote(ix: object, e: Dim) -> str:
+    """An index as an error quotes it: as written (ir-v1.0 text), else canonical; clipped."""
+    return clip(ix if isinstance(ix, str) else to_text(e))
+
+
+def _domain_of(ranges: Sequence[Dim], red: Sequence[Dim]) -> dict[str, Dim]:
+    out: dict[str, Dim] = {f"i{k}": n for k, n in enumerate(ranges)}
+    out.update({f"r{k}": n for k, n in enumerate(red)})
+    return out
+
+
+def check_domain(where: str, body: Graph, ranges: Sequence[Dim], red: Sequence[Dim],
+                 pos: Pos | None = None) -> None:
+    """A caller runs `body` over `ranges` x `red`: that must be the domain the body declares."""
+    assert body.domain is not None
+    want = _domain_of(ranges, red)
+    have = body.domain
+    if list(have) != list(want) or not all(dims_equal(have[k], want[k]) for k in want):
+        raise OpTypeError(f"{where}: body @{body.name} declares domain({_bindings(have)}), but "
+                          f"runs over {_bindings(want)}", pos)
+
+
 def check_kernel(module: Module | None, op: str, body: Graph, ranges: Sequence[Dim],
                  reduce_ranges: Sequence[Dim]) -> None:
     """Raise OpTypeError naming the first load of the kernel (its body and the bodies of its
-    fused reductions) whose index is unbound or may leave its buffer."""
+    fused reductions) whose index is unbound or may leave its buffer; a body that declares its
+    domain is only checked to be run over it (its loads are checked where they stand)."""
     walk = _Walk(module, f"{op}(@{body.name})", symbol_ranges(module))
     walk.body(body, list(ranges), list(reduce_ranges), (body.name,))
 
@@ -215,56 +295,39 @@ class _Walk:
         # loop.reduce is not walked twice (shared sub-bodies would otherwise cost 2**depth)
         self.done: set[tuple[str, str]] = set()
 
-    def body(self, body: Graph, ranges: list[Dim], red: list[Dim], path: tuple[str, ...]
-             ) -> None:
+    def body(self, body: Graph, ranges: list[Dim], red: list[Dim], path: tuple[str, ...],
+             pos: Pos | None = None) -> None:
         key = (body.name, f"{[to_text(x) for x in ranges]}{[to_text(x) for x in red]}")
         if key in self.done:
             return
         self.done.add(key)
+        if body.domain is not None:
+            check_domain(self.kernel, body, ranges, red, pos)
+            return
         _check_body(self, body, ranges, red, path)
 
 
 def _check_body(walk: _Walk, body: Graph, ranges: list[Dim], red: list[Dim],
                 path: tuple[str, ...]) -> None:
-    syms = walk.syms
-    extents: dict[str, Dim] = {f"i{k}": n for k, n in enumerate(ranges)}
-    extents.update({f"r{k}": n for k, n in enumerate(red)})
-    # an empty domain runs no iteration: none of this body's loads happens
-    empty = any(isinstance(n, int) and n <= 0 for n in extents.values())
+    extents = _domain_of(ranges, red)
     where = f"{walk.kernel}: body @{body.name}"
     for n in body.nodes:
         if n.op in ("loop.load", "loop.index"):
-            index = n.kwargs.get("index")
-            texts = index if isinstance(index, list) else [index]
-            buf = n.args[0] if n.op == "loop.load" and n.args else None
-            shape = buf.type.shape if isinstance(buf, Value) \
-                and isinstance(buf.type, TensorType) else None
-            for d, text in enumerate(texts):
-                if not isinstance(text, str):
-                    continue  # the op's own type rule reports it
-                try:
-                    parse_index(text)
-                except IndexParseError:
-                    continue
-                for name in index_names(text):
-                    if name[0] in "ir" and name not in extents:
-                        raise OpTypeError(
-                            f"{where}: {n.op}{_where(n)}: index {clip(text)!r} uses {name}, which no "
-                            f"enclosing loop binds (bound here: {_bindings(extents)})")
-                    if name[0] == "s" and name not in syms:
-                        raise OpTypeError(f"{where}: {n.op}{_where(n)}: index {clip(text)!r} uses "
-                                          f"the undeclared size symbol {name}")
-                if shape is None or empty or d >= len(shape):
-                    continue
-                why = index_violation(text, shape[d], extents, syms)
-                if why is not None:
-                    assert isinstance(buf, Value)
-                    raise OpTypeError(
-                        f"{where}: loop.load(%{buf.name}){_where(n)} may read outside its "
-                        f"buffer: index {clip(text)!r} of dim {d} {why} (loops: "
-                        f"{_bindings(extents)})")
+            _check_node(where, n, extents, walk.syms, "no enclosing loop binds")
         elif n.op == "loop.reduce":
             _check_reduce(walk, where, n, ranges + red, path)
+
+
+def reduce_extents(n: Node, domain: Sequence[Dim], where: str) -> tuple[list[Dim], list[Dim]]:
+    """The extents a `loop.reduce` node runs its body over inside a body of `domain`: the
+    enclosing loops' first len(ranges=) extents, then its reduce_ranges=."""
+    outer, red = n.kwargs.get("ranges"), n.kwargs.get("reduce_ranges")
+    assert isinstance(outer, list) and isinstance(red, list)
+    k = len(outer)
+    if k > len(domain):
+        raise OpTypeError(f"{where}: loop.reduce{_where(n)} has {k} outer ranges, but its "
+                          f"enclosing loops are only {len(domain)} deep")
+    return list(domain[:k]), list(red)
 
 
 def _check_reduce(walk: _Walk, where: str, n: Node, domain: list[Dim], path: tuple[str, ...]
@@ -278,8 +341,5 @@ def _check_reduce(walk: _Walk, where: str, n: Node, domain: list[Dim], path: tup
     if sub.name in path or len(path) >= MAX_NESTING:
         raise OpTypeError(f"{where}: loop.reduce{_where(n)}: body @{sub.name} is nested in "
                           f"itself or more than {MAX_NESTING} deep")
-    k = len(outer)
-    if k > len(domain):
-        raise OpTypeError(f"{where}: loop.reduce{_where(n)} has {k} outer ranges, but its "
-                          f"enclosing loops are only {len(domain)} deep")
-    walk.body(sub, domain[:k], list(red), (*path, sub.name))
+    ranges, red = reduce_extents(n, domain, where)
+    walk.body(sub, ranges, red, (*path, sub.name), n.pos)

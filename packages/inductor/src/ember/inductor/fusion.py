@@ -42,9 +42,10 @@ from ember.inductor.body import (
     body_names,
     body_signature,
     body_size,
+    declare_domains,
     fresh_body_name,
 )
-from ember.inductor.indexing import index_text, ivar, parse_index
+from ember.inductor.indexing import index_text, index_value, ivar, parse_index
 from ember.inductor.indexing import substitute as subst_index
 from ember.inductor.targets import device_kind, graph_devices, targets
 from ember.ir import Graph, Module, Node, Ref, TensorType, Value
@@ -72,7 +73,7 @@ def _loads(m: Module, body: Graph, outer: dict[Value, Value], depth: int | None 
     out: list[tuple[Value, list[str], int | None]] = []
     for n in body.nodes:
         if n.op == "loop.load":
-            out.append((outer[n.args[0]], [str(s) for s in n.kwargs["index"]],  # type: ignore
+            out.append((outer[n.args[0]], [index_text(s) for s in n.kwargs["index"]],  # type: ignore
                         depth))
         elif n.op == "loop.reduce":
             sub = _body(m, n)
@@ -171,7 +172,7 @@ class _Rebuild:
             res = n.results[0]
             if n.op == "loop.load":
                 buf = outer[n.args[0]]  # type: ignore[index]
-                index = [subst_index(parse_index(str(s)), subst or {})
+                index = [subst_index(parse_index(s), subst or {})
                          for s in n.kwargs["index"]]  # type: ignore[union-attr]
                 new = replace(buf, index, bb) if replace is not None else None
                 vals[res] = new if new is not None else bb.load(buf, index, n.loc)
@@ -189,8 +190,8 @@ class _Rebuild:
                                       *[bb.buffer(x) for x in sbb.outer_args()]]
             else:
                 if n.op == "loop.index":
-                    kwargs["index"] = index_text(subst_index(parse_index(str(kwargs["index"])),
-                                                             subst or {}))
+                    kwargs["index"] = index_value(subst_index(parse_index(kwargs["index"]),  # type: ignore[arg-type]
+                                                              subst or {}))
                 args = [vals.get(a, a) if isinstance(a, Value) else a for a in n.args]
             vals[res] = bb.b.op(n.op, args, kwargs, type=res.type, name=res.name, loc=n.loc)
         return vals
@@ -430,6 +431,7 @@ def fuse(module: Module, *, max_nodes: int = 64, reductions: bool = True,
     live = _reachable_bodies(out, tops)
     for name in [n for n in bodies | taken if n not in live and n in out.items]:
         del out.items[name]
+    declare_domains(out)  # ir-v1.1: each body states the loops it now runs over
     if explain:
         for line in explain_fusion(out, max_nodes):
             print(f"fuse: {line}", file=sys.stderr)

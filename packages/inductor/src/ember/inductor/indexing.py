@@ -2,16 +2,17 @@
 
 A kernel body reads buffers at index expressions over its loop variables: `i0, i1, ...` range over
 the output (the kernel's `ranges`), `r0, r1, ...` over the reduced dims (`reduce_ranges`). Size
-symbols (`s0`) may appear too. The text is ember's canonical expression text (`to_text`), carried
-as a STRING literal in ir-v1 (`loop.load(%x, index=["i0", "i1 * 2"])`), and read back by the small
-parser here: it never evaluates anything.
+symbols (`s0`) may appear too. Since ir-v1.1 an index is an expression argument
+(`loop.load(%x, index=[i0, i1 * 2])`, loop variables are expression atoms); ir-v1.0 text carried
+the same expression text in a STRING (`index=["i0", "i1 * 2"]`), which `parse_index` reads with
+ember.ir's one expression parser (`ember.ir.expr.parse_expr`). This module keeps what is
+inductor-specific: simplification over loop extents, flat offsets, vectorised evaluation.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,24 +20,21 @@ import sympy
 import torch
 
 from ember.ir.expr import (
-    INT64_MAX,
     Dim,
     FloorDiv,
     PyMod,
     as_sympy,
+    parse_expr,
     simplify_dim,
     symbol,
     to_text,
     value_range,
 )
-
-_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>//|[-+*(),]))")
-_VAR = re.compile(r"^(i|r|s)\d+$")
-MAX_TOKENS = 4096  # compiled indices have a few dozen
+from ember.ir.lexer import IRParseError
 
 
 class IndexParseError(ValueError):
-    """An index string is not an ir-v1 expression over loop variables and size symbols."""
+    """An index is not an ir-v1 expression over loop variables and size symbols."""
 
 
 def ivar(k: int) -> sympy.Symbol:
@@ -49,8 +47,16 @@ def rvar(k: int) -> sympy.Symbol:
     return symbol(f"r{k}")
 
 
-def index_text(e: Dim) -> str:
-    return to_text(simplify_dim(e))
+@functools.lru_cache(maxsize=16384)
+def index_text(e: Dim | str) -> str:
+    """An index as canonical text (an ir-v1.0 STRING index is read first). Cached: fusion
+    compares the same indices as text many times."""
+    return to_text(parse_index(e))
+
+
+def index_value(e: Dim) -> Dim:
+    """An index as a loop op's argument holds it since ir-v1.1: the expression itself."""
+    return simplify_dim(e)
 
 
 def clip(text: str) -> str:
@@ -58,84 +64,24 @@ def clip(text: str) -> str:
     return text if len(text) <= 60 else text[:56] + "..."
 
 
+def parse_index(e: Dim | str) -> Dim:
+    """An index of a loop op: since ir-v1.1 an expression already (returned as it is); in
+    ir-v1.0 text a STRING, read by ember.ir's expression parser (`parse_expr`)."""
+    if isinstance(e, str):
+        return _parse_text(e)
+    if isinstance(e, bool) or not isinstance(e, (int, sympy.Expr)):
+        raise IndexParseError(f"index {clip(repr(e))} is not an expression")
+    return e
+
+
 @functools.lru_cache(maxsize=16384)
-def parse_index(text: str) -> Dim:
-    """Read an index expression: INT, i<k>, r<k>, s<k>, + - * //, mod/max/min(a, b), parens.
-    Cached: the verifier, the reference and codegen read the same strings many times (sympy
+def _parse_text(text: str) -> Dim:
+    """Cached: the verifier, the reference and codegen read the same strings many times (sympy
     expressions are immutable, so sharing them is safe)."""
-    toks: list[tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if m is None or m.end() == pos:
-            if text[pos:].strip() == "":
-                break
-            raise IndexParseError(f"index {clip(text)!r}: unexpected {text[pos]!r} at {pos + 1}")
-        kind = m.lastgroup or "op"
-        toks.append((kind, m.group(kind)))
-        pos = m.end()
-        if len(toks) > MAX_TOKENS:  # sympy sums grow quadratically: bound the work
-            raise IndexParseError(f"index {clip(text)!r}: longer than {MAX_TOKENS} tokens")
-    k = 0
-
-    def peek() -> str:
-        return toks[k][1] if k < len(toks) else ""
-
-    def take(want: str | None = None) -> tuple[str, str]:
-        nonlocal k
-        if k >= len(toks) or (want is not None and toks[k][1] != want):
-            raise IndexParseError(f"index {clip(text)!r}: expected {want or 'more'}")
-        k += 1
-        return toks[k - 1]
-
-    def expr(depth: int) -> sympy.Expr:
-        if depth > 64:
-            raise IndexParseError(f"index {clip(text)!r}: nested too deeply")
-        e = term(depth)
-        while peek() in ("+", "-"):
-            op = take()[1]
-            t = term(depth)
-            e = e + t if op == "+" else e - t
-        return e
-
-    def term(depth: int) -> sympy.Expr:
-        e = factor(depth)
-        while peek() in ("*", "//"):
-            op = take()[1]
-            f = factor(depth)
-            e = e * f if op == "*" else FloorDiv(e, f)
-        return e
-
-    def factor(depth: int) -> sympy.Expr:
-        kind, tok = take()
-        if kind == "int":  # ir-v1 integers are int64 (and huge text would be slow to read)
-            if len(tok) > 19 or int(tok) > INT64_MAX:
-                short = tok if len(tok) <= 24 else tok[:20] + "..."
-                raise IndexParseError(f"index {clip(text)!r}: integer {short} is out of int64 "
-                                      f"range")
-            return sympy.Integer(int(tok))
-        if tok == "-":
-            return -factor(depth + 1)
-        if tok == "(":
-            e = expr(depth + 1)
-            take(")")
-            return e
-        if tok in ("mod", "max", "min"):
-            take("(")
-            a = expr(depth + 1)
-            take(",")
-            b = expr(depth + 1)
-            take(")")
-            fn: Any = {"mod": PyMod, "max": sympy.Max, "min": sympy.Min}[tok]
-            return fn(a, b)
-        if kind == "name" and _VAR.match(tok):
-            return symbol(tok)
-        raise IndexParseError(f"index {clip(text)!r}: unexpected {tok!r}")
-
-    e = expr(0)
-    if k != len(toks):
-        raise IndexParseError(f"index {clip(text)!r}: unexpected {toks[k][1]!r}")
-    return simplify_dim(e)
+    try:
+        return parse_expr(text)
+    except IRParseError as e:
+        raise IndexParseError(f"index {clip(text)!r}: {e.message} (column {e.col})") from None
 
 
 def substitute(e: Dim, subst: Mapping[sympy.Symbol, Dim]) -> Dim:

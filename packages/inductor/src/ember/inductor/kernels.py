@@ -139,7 +139,7 @@ def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
     assert isinstance(t, TensorType)
     src = row_major_strides(args[0].type.shape)  # of a buffer (graph inputs may differ)
     if name == "loop.view":
-        aff = affine_view([parse_index(str(s)) for s in kw["index"]], t.rank)  # type: ignore
+        aff = affine_view([parse_index(s) for s in kw["index"]], t.rank)  # type: ignore
         assert aff is not None
         strides = [simplify_dim(sum(as_sympy(c[k]) * as_sympy(s)
                                     for c, s in zip(aff[1], src, strict=True)))

@@ -9,8 +9,9 @@ several values: one kernel computing several buffers over the same domain, see f
 
 The first argument of `pointwise`/`reduction` names the kernel's body: a graph of the same module
 whose parameters are the buffers it reads and whose one result is the value of one element, as a
-0-dim tensor. Inside a body, `loop.load(%x, index=["i0", "i1 * 2"])` reads one element (one index
-expression per dim of `%x`, see `indexing.py`), `loop.index(index="i0 + 1")` is an index as an i64
+0-dim tensor. Inside a body, `loop.load(%x, index=[i0, i1 * 2])` reads one element (one index
+expression per dim of `%x`, see `indexing.py`; ir-v1.0 text writes each as a STRING,
+`index=["i0", "i1 * 2"]`, which still reads), `loop.index(index=i0 + 1)` is an index as an i64
 value, and every other node is an elementwise prim on 0-dim values (`prims.add`, `prims.where`,
 `prims.convert_element_type`, `prims.full(shape=[], ...)`). Reductions combine the body's value
 over `reduce_ranges` (variables r0, r1, ...) with `reduction` = sum, prod, amax, amin, argmax or
@@ -18,10 +19,13 @@ argmin (argmax/argmin over one reduced dim; i64 result). Inside a pointwise body
 `loop.reduce(@body, %bufs..., ranges=[outer], reduce_ranges=, reduction=)` is a reduction fused
 into it by `fuse`: its value at the body's first len(ranges) loop variables.
 
-The type rule of a kernel (`loop.pointwise`, `loop.reduction`) proves, with the loop extents,
-that every load of its body (and of its fused reductions' bodies) stays inside its buffer and
-uses only loop variables that an enclosing loop binds (`bounds.py`): the C++ code reads at those
-indices unchecked, so the verifier refuses any it cannot prove.
+A body declares its loops (ir-v1.1): `graph @f_k0(%x: f32[4, 8]) -> (f32[]) domain(i0 < 4,
+r0 < 8)`. loop.load's type rule proves that each index uses only the domain's variables and stays
+inside its buffer over the domain, and each kernel (`loop.pointwise`, `loop.reduction`,
+`loop.reduce`) that runs a body checks it runs it over exactly that domain. For a body without a
+domain (ir-v1.0 text) the kernel's type rule proves the same for every load of its body and of
+its fused reductions' bodies, with the extents it binds (`bounds.py`): the C++ code reads at
+those indices unchecked, so the verifier refuses any it cannot prove.
 
 Every op has a type rule and a reference (bodies are evaluated vectorised over the whole iteration
 domain with the prims' references), so the interpreter runs loop IR with the numbers of the prims
@@ -38,8 +42,21 @@ from typing import TYPE_CHECKING, Any
 import sympy
 import torch
 
-from ember.inductor.bounds import check_kernel, index_violation, symbol_ranges
-from ember.inductor.indexing import IndexParseError, affine_view, clip, eval_index, parse_index
+from ember.inductor.bounds import (
+    check_index,
+    check_kernel,
+    index_violation,
+    reduce_extents,
+    symbol_ranges,
+)
+from ember.inductor.indexing import (
+    IndexParseError,
+    affine_view,
+    clip,
+    eval_index,
+    index_text,
+    parse_index,
+)
 from ember.inductor.schedule import check_schedule_attrs
 from ember.ir import (
     Arg,
@@ -54,7 +71,7 @@ from ember.ir import (
     Type,
     Value,
 )
-from ember.ir.expr import ExprEvalError, evaluate
+from ember.ir.expr import ExprEvalError, evaluate, loop_var_names
 from ember.ir.interpreter import bind_symbols
 from ember.ir.verifier import types_equal
 
@@ -76,9 +93,15 @@ def body_of(module: Any, ref: Any, op: str) -> Graph:
 
 
 def _dims(v: Any, what: str) -> list[Any]:
-    if not isinstance(v, list):
-        raise OpTypeError(f"{what} must be a list of sizes")
+    if not isinstance(v, list) or any(isinstance(d, sympy.Expr) and loop_var_names(d)
+                                      for d in v):
+        raise OpTypeError(f"{what} must be a list of sizes (over size symbols)")
     return v
+
+
+def _is_index(s: Any) -> bool:
+    """An index argument: an expression (ir-v1.1) or its text in a STRING (ir-v1.0)."""
+    return isinstance(s, (str, sympy.Expr)) or (isinstance(s, int) and not isinstance(s, bool))
 
 
 def _check_body(op: str, g: Graph, args: Sequence[Arg], multi: bool = False) -> TensorType:
@@ -127,6 +150,11 @@ def _reduction_types(op: str, ctx: InferContext, args: Sequence[Arg], kw: Mappin
     if keep_outer:  # a loop.reduce is checked with the kernel that holds it (its extents)
         check_kernel(ctx.module, op, g, ranges, red)
         check_schedule_attrs(op, kw, len(ranges))
+    elif ctx.graph is not None and ctx.graph.domain is not None and ctx.node is not None:
+        # ... or, in a body that declares its domain, here: over the enclosing loops
+        outer, inner = reduce_extents(ctx.node, list(ctx.graph.domain.values()),
+                                      f"body @{ctx.graph.name}")
+        check_kernel(ctx.module, op, g, outer, inner)
     shape = tuple(ranges) if keep_outer else ()
     if kind in ("argmax", "argmin"):
         if len(red) != 1:
@@ -150,25 +178,32 @@ def _load_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
         raise OpTypeError("loop.load takes one buffer")
     t = args[0].type
     index = kw.get("index")
-    if not isinstance(index, list) or len(index) != t.rank \
-            or not all(isinstance(s, str) for s in index):
-        raise OpTypeError(f"loop.load: index= must list {t.rank} index strings")
+    if not isinstance(index, list) or len(index) != t.rank or not all(map(_is_index, index)):
+        raise OpTypeError(f"loop.load: index= must list {t.rank} index expressions")
     for s in index:
         try:
-            parse_index(str(s))
+            parse_index(s)  # type: ignore[arg-type]
         except IndexParseError as e:
             raise OpTypeError(f"loop.load: {e}") from None
+    _check_in_domain(ctx)
     return [TensorType(t.dtype, (), None, t.device)]
 
 
+def _check_in_domain(ctx: InferContext) -> None:
+    """In a body that declares its domain (ir-v1.1), the node's indices are proved here."""
+    if ctx.graph is not None and ctx.graph.domain is not None and ctx.node is not None:
+        check_index(ctx.module, ctx.graph, ctx.node)
+
+
 def _index_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
-    text = kw.get("index")
-    if args or not isinstance(text, str):
-        raise OpTypeError('loop.index takes index="..." only')
+    index = kw.get("index")
+    if args or not _is_index(index):
+        raise OpTypeError("loop.index takes index= (one index expression) only")
     try:
-        parse_index(text)
+        parse_index(index)  # type: ignore[arg-type]
     except IndexParseError as e:
         raise OpTypeError(f"loop.index: {e}") from None
+    _check_in_domain(ctx)
     return [TensorType(DType.i64, ())]
 
 
@@ -183,7 +218,7 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
 
 
 @functools.lru_cache(maxsize=4096)
-def _affine(index: tuple[str, ...], rank: int) -> Any:
+def _affine(index: tuple[Any, ...], rank: int) -> Any:
     """Parsed once per distinct view (the wrapper calls loop.view's reference every call)."""
     try:
         return affine_view([parse_index(s) for s in index], rank)
@@ -203,10 +238,10 @@ def view_index(args: Sequence[Any], kw: Mapping[str, Any],
         raise OpTypeError("loop.view takes one buffer")
     shape, index = kw.get("shape"), kw.get("index")
     if not isinstance(shape, list) or not isinstance(index, list) \
-            or len(index) != len(xshape) or not all(isinstance(s, str) for s in index):
+            or len(index) != len(xshape) or not all(map(_is_index, index)):
         raise OpTypeError(f"loop.view needs shape=[...] and index= with {len(xshape)} index "
-                          f"strings")
-    aff = _affine(tuple(str(s) for s in index), len(shape))
+                          f"expressions")
+    aff = _affine(tuple(index), len(shape))
     if aff is None:
         raise OpTypeError(f"loop.view: index {index} is not affine in i0..i{len(shape) - 1}")
     offsets, coefs = aff
@@ -216,9 +251,10 @@ def view_index(args: Sequence[Any], kw: Mapping[str, Any],
             and not any(isinstance(n, int) and n <= 0 for n in shape):  # empty: no element
         extents = {f"i{k}": n for k, n in enumerate(shape)}
         for d, n in enumerate(xshape):
-            why = index_violation(str(index[d]), n, extents, syms or {})
+            why = index_violation(index[d], n, extents, syms or {})
             if why is not None:
-                raise OpTypeError(f"loop.view: index {clip(str(index[d]))!r} of dim {d} {why}")
+                raise OpTypeError(f"loop.view: index {clip(index_text(index[d]))!r} of dim {d} "
+                                  f"{why}")
     return shape, aff
 
 
@@ -329,7 +365,7 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
     for node in g.nodes:
         if node.op == "loop.load":
             buf = values[node.args[0]]  # type: ignore[index]
-            idx = [eval_index(parse_index(str(s)), env) for s in node.kwargs["index"]]  # type: ignore
+            idx = [eval_index(parse_index(s), env) for s in node.kwargs["index"]]  # type: ignore
             out = buf[tuple(idx)] if idx else buf
             out = out.expand(domain) if n else out
         elif node.op == "loop.reduce":
@@ -345,7 +381,7 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
             v = reduce_last(v.reshape(domain[:k] + [math.prod(red)]), str(node.kwargs["reduction"]))
             out = v.reshape(domain[:k] + [1] * (n - k)).expand(domain)
         elif node.op == "loop.index":
-            out = torch.as_tensor(eval_index(parse_index(str(node.kwargs["index"])), env),
+            out = torch.as_tensor(eval_index(parse_index(node.kwargs["index"]), env),  # type: ignore[arg-type]
                                   dtype=torch.int64).expand(domain)
         else:
             op = interp.registry.lookup(node.op)
@@ -412,30 +448,33 @@ def _no_direct_run(name: str) -> Any:
     return run
 
 
+# aliasing= (a trait, see ember.ir.registry): "alias" where a result may share an operand's
+# storage (a 0-d pointwise body that loads its operand returns it; an extern is its op's; ops
+# that run only inside a body have no buffers to share, and say the safe answer).
 LOOP_OPS = (
     OpDef("loop.pointwise", "a buffer computed elementwise by a body graph over index values",
-          _pointwise_infer, _pointwise_run),
+          _pointwise_infer, _pointwise_run, aliasing="alias"),
     OpDef("loop.reduction", "a buffer reduced over reduce_ranges by a body graph",
-          _reduction_infer, _reduction_run),
+          _reduction_infer, _reduction_run, aliasing="fresh"),
     OpDef("loop.reduce", "inside a body: a reduction over reduce_ranges by another body, "
           "once per index of the outer `ranges` (a reduction fused into its consumer)",
-          _reduce_infer, _no_direct_run("loop.reduce")),
+          _reduce_infer, _no_direct_run("loop.reduce"), aliasing="alias"),
     OpDef("loop.load", "inside a body: one element of a buffer at index expressions",
-          _load_infer, _no_direct_run("loop.load")),
+          _load_infer, _no_direct_run("loop.load"), aliasing="alias"),
     OpDef("loop.index", "inside a body: an index expression as an i64 value",
-          _index_infer, _no_direct_run("loop.index")),
+          _index_infer, _no_direct_run("loop.index"), aliasing="alias"),
     OpDef("loop.extern", "a buffer computed by another op's implementation (matmul, sort, ...)",
-          _extern_infer, _extern_run),
+          _extern_infer, _extern_run, aliasing="alias"),
     OpDef("loop.conv2d_nhwc", "a 2-d convolution (prims.convolution's attributes) of an NHWC "
           "buffer with an OIHW weight, an optional bias per output channel and relu=true|false; "
           "NHWC result (channels-last, an extern's op)",
-          _conv_nhwc_infer, _conv_nhwc_run),
+          _conv_nhwc_infer, _conv_nhwc_run, aliasing="fresh"),
     OpDef("loop.index_select", "x's slices at 1-d integer ids along dim= (a gather whose "
           "index varies along dim only: an embedding lookup; an extern's op)",
-          _index_select_infer, _index_select_run),
+          _index_select_infer, _index_select_run, aliasing="fresh"),
     OpDef("loop.view", "a strided view of a buffer: result[i] = x[index(i)], index affine "
           "(an extern's operand, never copied: loop.extern(%x, op=\"loop.view\", ...))",
-          _view_infer, _view_run),
+          _view_infer, _view_run, aliasing="alias"),
 )
 
 

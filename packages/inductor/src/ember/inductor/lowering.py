@@ -22,11 +22,11 @@ from typing import Any
 
 import sympy
 
-from ember.inductor.body import BodyBuilder, body_names, fresh_body_name
+from ember.inductor.body import BodyBuilder, body_names, declare_domains, fresh_body_name
 from ember.inductor.indexing import (
     affine_view,
     flat_offset,
-    index_text,
+    index_value,
     ivar,
     row_major_strides,
     rvar,
@@ -185,7 +185,7 @@ class _Lowering:
         aff = affine_view(view.index, view.type.rank)
         if aff is None or any(c < 0 for row in aff[1] for c in row):
             return self.materialize_view(view, name.replace(".view", ".copy"))
-        kw: dict[str, Arg] = {"op": "loop.view", "index": [index_text(e) for e in view.index],
+        kw: dict[str, Arg] = {"op": "loop.view", "index": [index_value(e) for e in view.index],
                               "shape": list(view.type.shape)}
         self.b.taken.discard(name)
         return self.b.emit("loop.extern", [view.src], kw, types=[view.type], names=[name])[0]
@@ -328,7 +328,7 @@ def _iota(lw: _Lowering, n: Node) -> None:
 
     def emit(bb: BodyBuilder, loads: list[Value]) -> Value:
         e = simplify_dim(as_sympy(start) + as_sympy(step) * ivar(0))
-        v = bb.b.op("loop.index", [], {"index": index_text(e)}, name=f"{n.results[0].name}.i")
+        v = bb.b.op("loop.index", [], {"index": index_value(e)}, name=f"{n.results[0].name}.i")
         if dtype == DType.i64:
             return v
         return bb.b.op("prims.convert_element_type", [v], {"dtype": dtype},
@@ -357,7 +357,7 @@ def _in_range(bb: BodyBuilder, var: sympy.Symbol, lo: int | None, hi: int | None
     """`lo <= var < hi` as a b8 body value (None: always true)."""
     conds = []
     if lo is not None or hi is not None:
-        v = bb.b.op("loop.index", [], {"index": index_text(var)}, name=f"{name}.i")
+        v = bb.b.op("loop.index", [], {"index": index_value(var)}, name=f"{name}.i")
         if lo is not None:
             conds.append(bb.b.op("prims.ge", [v, lo], {}, name=f"{name}.ge"))
         if hi is not None:
@@ -531,6 +531,7 @@ def lower_loops(module: Module, *, table: str = "default") -> Module:
             _Lowering(out, g, bodies, taken, _with_target_rules(g, rules)).run()
     for body in bodies:
         out.add(body)
+    declare_domains(out)  # ir-v1.1: each body states the loops it runs over
     return out
 
 

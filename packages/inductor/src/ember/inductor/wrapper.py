@@ -34,7 +34,7 @@ from ember.inductor.buffers import last_uses
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
-from ember.ir.expr import FloorDiv, PyMod, as_sympy, simplify_dim
+from ember.ir.expr import PYTHON, as_sympy, is_loop_var, print_expr, simplify_dim
 from ember.ir.graph import map_args
 from ember.ir.interpreter import bind_symbols
 from ember.prims.decomp.random import philox_params
@@ -57,32 +57,13 @@ _SIZE_SYM = re.compile(r"s[0-9]+")  # ir-v1's size symbols, which are Python nam
 def pyexpr(e: Any) -> str:
     """A size expression as Python source over the call's bound symbols (ir-v1's `//` and
     `mod` are Python's): only numbers, symbol names and operators are printed."""
-    if isinstance(e, bool):
-        raise WrapperUnsupported(f"size {e!r}")
-    if isinstance(e, int):
-        return str(int(e))
-    if not isinstance(e, sympy.Expr):
-        raise WrapperUnsupported(f"size {e!r}")
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        if not _SIZE_SYM.fullmatch(e.name):
-            raise WrapperUnsupported(f"symbol {short(e.name)!r} is not a size symbol")
-        return str(e.name)
-    args = [pyexpr(a) for a in e.args]
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(args) + ")"
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
-    if isinstance(e, FloorDiv):
-        return f"({args[0]} // {args[1]})"
-    if isinstance(e, PyMod):
-        return f"({args[0]} % {args[1]})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        return f"{'max' if isinstance(e, sympy.Max) else 'min'}({', '.join(args)})"
-    raise WrapperUnsupported(f"size expression {short(str(e))} has no Python form")
+    return print_expr(e, PYTHON, _size_name, WrapperUnsupported)
+
+
+def _size_name(name: str) -> str:
+    if not _SIZE_SYM.fullmatch(name):
+        raise WrapperUnsupported(f"symbol {short(name)!r} is not a size symbol")
+    return name
 
 
 def _shape(shape: Sequence[Any]) -> str:
@@ -102,8 +83,8 @@ def _free(a: Any, out: set[str]) -> None:
     elif isinstance(a, (list, tuple)):
         for x in a:
             _free(x, out)
-    elif isinstance(a, sympy.Expr) and not isinstance(a, bool):
-        out.update(s.name for s in a.free_symbols)
+    elif isinstance(a, sympy.Expr) and not isinstance(a, bool):  # (a view's loop variables
+        out.update(s.name for s in a.free_symbols if not is_loop_var(s.name))  # are no sizes)
 
 
 class _Gen:

@@ -14,7 +14,14 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir.expr import Dim, ExprEvalError, evaluate, free_symbol_names, to_text
+from ember.ir.expr import (
+    Dim,
+    ExprEvalError,
+    evaluate,
+    free_symbol_names,
+    loop_var_names,
+    to_text,
+)
 from ember.ir.graph import Arg, Graph, Module, Node, Ref, Symbol, Value
 from ember.ir.registry import OpRegistry, default_registry
 from ember.ir.types import ScalarKind, ScalarType, TensorType, Type
@@ -203,8 +210,8 @@ class Interpreter:
                 return values[a]
             if isinstance(a, list):
                 return [bind(x) for x in a]
-            if isinstance(a, sympy.Expr):
-                return evaluate(a, env)
+            if isinstance(a, sympy.Expr):  # a size; an index over loop variables (ir-v1.1) is
+                return a if loop_var_names(a) else evaluate(a, env)  # its op's to read
             return a
 
         try:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ember.ir.graph import Arg, Module
+from ember.ir.graph import Arg, Graph, Module, Node, Pos
 from ember.ir.types import Type
 
 if TYPE_CHECKING:
@@ -25,16 +25,25 @@ EMBER_DIALECTS = frozenset({"prims", "graph", "kernels", "loop"})
 
 
 class OpTypeError(ValueError):
-    """An op's arguments do not fit its type rule."""
+    """An op's arguments do not fit its type rule. `pos`: where in the text, when the rule knows
+    better than the node's own position (an argument's, from `Node.arg_pos`)."""
+
+    def __init__(self, message: str = "", pos: Pos | None = None):
+        super().__init__(message)
+        self.pos = pos
 
 
 @dataclass
 class InferContext:
-    """What a type rule may consult: the module (for `@` references) and symbol hints."""
+    """What a type rule may consult: the module (for `@` references), symbol hints, and the
+    graph and node being checked (the verifier sets them: a loop index is checked against its
+    body's declared domain)."""
 
     module: Module | None = None
     hints: Mapping[str, int] = field(default_factory=dict)
     registry: OpRegistry | None = None
+    graph: Graph | None = None
+    node: Node | None = None
 
 
 # type rule: (ctx, args, kwargs) -> result types, raising OpTypeError on misuse

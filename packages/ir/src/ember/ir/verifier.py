@@ -17,10 +17,21 @@ from dataclasses import dataclass
 import sympy
 
 from ember.ir.effects import effects_allowed, refusal
-from ember.ir.expr import Dim, as_sympy, evaluate, free_symbol_names, has_zero_division, to_text
+from ember.ir.expr import (
+    Dim,
+    as_sympy,
+    evaluate,
+    free_symbol_names,
+    has_zero_division,
+    is_loop_var,
+    loop_var_names,
+    to_text,
+)
 from ember.ir.graph import Arg, Graph, Module, Node, Pos, Ref, Value
 from ember.ir.registry import InferContext, OpRegistry, OpTypeError, default_registry
 from ember.ir.types import ScalarType, TensorType, Type
+
+_INDEX_DIALECTS = ("loop.", "kernels.")
 
 
 @dataclass
@@ -95,9 +106,16 @@ class _Checker:
             self.graph(g)
         return self.errors
 
-    def dims(self, dims: Iterable[Dim], pos: Pos | None, what: str) -> None:
+    def dims(self, dims: Iterable[Dim], pos: Pos | None, what: str, loop_ok: bool = False
+             ) -> None:
         for d in dims:
             missing = free_symbol_names(d) - self.m.symbols.keys()
+            if loop_ok:  # loop variables: bound by a domain, which the op's type rule checks
+                missing = {s for s in missing if not is_loop_var(s)}
+            elif loop_var_names(d):
+                self.err(f"{what}: loop variable(s) {', '.join(sorted(loop_var_names(d)))} "
+                         f"outside a loop op's index", pos)
+                missing -= loop_var_names(d)
             if missing:
                 self.err(f"{what}: undeclared symbol(s) {', '.join(sorted(missing))}", pos)
             if has_zero_division(d):
@@ -107,14 +125,15 @@ class _Checker:
         if isinstance(t, TensorType):
             self.dims(t.shape + (t.strides or ()), pos, what)
 
-    def args(self, args: Iterable[Arg], pos: Pos | None, what: str) -> None:
+    def args(self, args: Iterable[Arg], pos: Pos | None, what: str, loop_ok: bool = False
+             ) -> None:
         for a in args:
             if isinstance(a, list):
-                self.args(a, pos, what)
+                self.args(a, pos, what, loop_ok)
             elif isinstance(a, Ref) and a.name not in self.m.items:
                 self.err(f"{what}: @{a.name} is not defined in this module", pos)
             elif isinstance(a, sympy.Expr):
-                self.dims([a], pos, what)
+                self.dims([a], pos, what, loop_ok)
 
     def graph(self, g: Graph) -> None:
         where = f"@{g.name}"
@@ -134,6 +153,8 @@ class _Checker:
             self.type_(p.type, g.pos, f"{where} parameter %{p.name}")
         for t in g.result_types:
             self.type_(t, g.pos, f"{where} result type")
+        if g.domain is not None:  # ir-v1.1: a body's loops (whether callers agree: their rules)
+            self.dims(g.domain.values(), g.pos, f"{where} domain")
         self.args(list(g.attrs.values()), g.pos, f"{where} attrs")
         for n in g.nodes:
             before = len(self.errors)
@@ -145,9 +166,11 @@ class _Checker:
             for r in n.results:
                 define(r, n.pos)
                 self.type_(r.type, n.pos, f"{n.op} result %{r.name}")
-            self.args(n.args + list(n.kwargs.values()), n.pos, n.op)
+            # only the loop-level dialects take indices over loop variables (ir-v1.1)
+            self.args(n.args + list(n.kwargs.values()), n.pos, n.op,
+                      loop_ok=n.op.startswith(_INDEX_DIALECTS))
             if len(self.errors) == before:  # the type rule would only repeat what is reported
-                self.node(n)
+                self.node(n, g)
         for o in g.outputs:
             if o not in defined:
                 self.err(f"{where}: returned value %{o.name} is not defined", g.pos)
@@ -189,7 +212,7 @@ class _Checker:
                 self.err(f"{where}: result {r} has type {g.result_types[r]} but parameter "
                          f"%{g.params[p].name} has type {g.params[p].type}", g.pos)
 
-    def node(self, n: Node) -> None:
+    def node(self, n: Node, g: Graph | None = None) -> None:
         op = self.reg.lookup(n.op)
         if op is None:
             if not self.allow:
@@ -201,11 +224,11 @@ class _Checker:
             if not effects_allowed():
                 self.err(refusal(n.op, op.effect), n.pos)
             return  # allowed: its declared types stand (the reference checks them when run)
-        ctx = InferContext(self.m, self.hints, self.reg)
+        ctx = InferContext(self.m, self.hints, self.reg, g, n)
         try:
             want = op.infer(ctx, n.args, n.kwargs)
         except OpTypeError as e:
-            self.err(str(e), n.pos)
+            self.err(str(e), e.pos or n.pos)
             return
         if len(want) != len(n.results):
             self.err(f"{n.op}: declares {len(n.results)} result(s), the op gives {len(want)}",

@@ -351,14 +351,14 @@ def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
         buf = n.args[0]
         assert isinstance(buf, Value)
         bt = _tensor(buf)
-        index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+        index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
         text = f"{args[buf]}[{cexpr(flat_offset(index, bt.shape))}]"
         if dt == DType.b8:  # read as bytes: g++ 12 leaves a loop selecting on a bool load scalar
             return f"(((const unsigned char*){args[buf]})[{cexpr(flat_offset(index, bt.shape))}] != 0)"
         return f"ember_bf16_to_float({text})" if dt == DType.bf16 else \
             f"(float){text}" if dt == DType.f16 else text
     if n.op == "loop.index":
-        return cexpr(parse_index(str(n.kwargs["index"])))
+        return cexpr(parse_index(n.kwargs["index"]))  # type: ignore[arg-type]
     if n.op == "prims.full":
         return literal(n.kwargs["value"], dt)
     if n.op == "prims.convert_element_type":

@@ -189,7 +189,7 @@ def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
                 continue
             buf = n.args[0]
             assert isinstance(buf, Value)
-            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
             off = flat_offset(index, _tensor(buf).shape)
             along_i += _unit_stride(off, ivar(d - 1))
             along_r += _unit_stride(off, rvar(len(r.red) - 1))
@@ -262,7 +262,7 @@ def _expr(w: _Writer, g: Graph, v: Value, args: Mapping[Value, str],
             buf = n.args[0]
             assert isinstance(buf, Value)
             out = ("load", args[buf], tuple(
-                str(substitute(parse_index(str(s)), subst))
+                str(substitute(parse_index(s), subst))
                 for s in n.kwargs["index"]))  # type: ignore[union-attr]
         elif n.op == "loop.reduce":
             out = ("reduce", w.key(n, args))

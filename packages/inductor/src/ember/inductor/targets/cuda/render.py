@@ -278,7 +278,7 @@ class _Writer:
         if n.op == "loop.load":
             buf = n.args[0]
             assert isinstance(buf, Value)
-            index = [parse_index(str(s)) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
             off = pyexpr(flat_offset(index, _static(_tensor(buf).shape, "buffer size")),
                          self.rtag)
             # the offsets broadcast to the block (a row value's load under a [X, R] mask)
@@ -286,7 +286,7 @@ class _Writer:
                    f"mask={mask}, other=0)"
             return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
         if n.op == "loop.index":
-            e = pyexpr(parse_index(str(n.kwargs["index"])), self.rtag)
+            e = pyexpr(parse_index(n.kwargs["index"]), self.rtag)  # type: ignore[arg-type]
             return f"(tl.zeros({shape}, tl.int64) + {e})"
         if n.op == "loop.reduce":
             return self.reduce_ref(n, env).name
