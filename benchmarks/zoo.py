@@ -168,9 +168,12 @@ class TorchCompile:
 class Ember:
     name = "ember"
 
+    def __init__(self, backend: str = "inductor") -> None:
+        self.backend = backend
+
     def make(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         from ember.runtime.compile import compile
-        return compile(fn, backend="inductor")  # type: ignore[no-any-return]
+        return compile(fn, backend=self.backend)  # type: ignore[no-any-return]
 
     def cold(self, d: Path) -> None:
         from ember.inductor import cache
@@ -200,7 +203,7 @@ def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float
 
 
 def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
-           warm: bool) -> int:
+           warm: bool, check_only: bool = False, ember_backend: str = "inductor") -> int:
     try:
         import importlib
         importlib.import_module(LIBRARY[model.family])
@@ -229,7 +232,8 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
         # ember first: a model that times out in torch.compile's long cold compile still
         # reports what ember did
         for who in sorted(compilers, key=lambda w: w != "ember"):
-            c: TorchCompile | Ember = TorchCompile() if who == "torch.compile" else Ember()
+            c: TorchCompile | Ember = (TorchCompile() if who == "torch.compile"
+                                       else Ember(ember_backend))
             tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
             try:
                 c.cold(tmp)
@@ -238,18 +242,24 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
                 got = compiled(*args)
                 cold_s = time.perf_counter() - t
                 c.after_cold()
+                check = compare(got, want)
+                if check_only and check == "ok":  # a second call: guards, caches, recompiles
+                    check = compare(compiled(*args), want)
+                    check = check if check == "ok" else "second call: " + check
                 warm_s = None
-                if warm:
+                if warm and not check_only:
                     c.warm()
                     t = time.perf_counter()
                     compiled = c.make(fn)
                     compiled(*args)
                     warm_s = time.perf_counter() - t
-                emit("compiled", who=who, cold_s=cold_s, warm_s=warm_s, check=compare(got, want),
+                emit("compiled", who=who, cold_s=cold_s, warm_s=warm_s, check=check,
                      info=c.describe(compiled))
                 runs[who] = compiled
             except Exception as e:  # noqa: BLE001  (the compiler failed: its result, not ours)
                 emit("compile_error", who=who, error=_short(e))
+        if check_only:
+            return 0
         for n, f in list(runs.items()):
             try:
                 for _ in range(2):
@@ -330,7 +340,8 @@ def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdi
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model.name,
            "--events", str(ev_path), "--threads", str(a.threads), "--reps", str(a.reps),
            "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
-        + ([] if a.warm else ["--no-warm"])
+        + ([] if a.warm else ["--no-warm"]) + (["--check-only"] if a.check_only else []) \
+        + ["--ember-backend", a.ember_backend]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
 
     def pin() -> None:  # (inherited by g++ and inductor's compile workers)
@@ -574,13 +585,16 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             "versions": v, "threads": a.threads, "torch_threads_default": torch.get_num_threads(),
             "compilers": a.compilers, "reps": a.reps, "jobs": a.jobs,
             "slots": slots(a), "tiny": a.tiny, "shard": a.shard,
+            "check_only": a.check_only, "ember_backend": a.ember_backend,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
             "method": f"each model in its own process; {a.reps} interleaved repetitions per "
                       f"contender (round robin, order rotating), median ms; cold s = first call "
                       f"with empty caches in a fresh process, warm s = first call of a new "
                       f"compiled object with the disk caches kept; correct = assert_close vs "
                       f"eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's output)); "
-                      f"inference under torch.no_grad(), f32, random weights."}
+                      f"inference under torch.no_grad(), f32, random weights."
+                      + (" Check only: no timing; each compiled function called twice, both "
+                         "outputs checked." if a.check_only else "")}
 
 
 def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str],
@@ -650,6 +664,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-warm", dest="warm", action="store_false",
                     help="skip the warm compile (saves time)")
     ap.add_argument("--tiny", action="store_true", help="smoke sizes for the HF models")
+    ap.add_argument("--check-only", action="store_true",
+                    help="correctness and graph breaks only: no warm compile, no timing; each "
+                         "compiled function is called twice and both outputs checked")
+    ap.add_argument("--ember-backend", default="inductor",
+                    help="ember's backend (e.g. eager: capture's graph breaks without codegen)")
     ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
     ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
     ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
@@ -668,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
         m = BY_NAME[a.worker]
         return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
-                      a.warm)
+                      a.warm, a.check_only, a.ember_backend)
     models = select(a)
     if a.list:
         for m in models:

@@ -191,3 +191,39 @@ def test_module_with_parameters_made_in_forward_does_not_recompile() -> None:
     assert not r.recompilations and not r.fallbacks, (r.recompilations, r.fallbacks)
     assert [b.reason.split(":")[0] for b in r.breaks] == [
         "creating module Linear inside a compiled function"]
+
+
+# -- torchvision's constructs (zoo run 2026-12-01: vit_b_16, efficientnet_b0, convnext_tiny) ----
+def _log_usage(obj: Any) -> None:
+    # torchvision.utils._log_api_usage_once: a function's class, read to name the API
+    name = obj.__class__.__name__
+    if isinstance(obj, type(_log_usage)):
+        name = obj.__name__
+    torch._C._log_api_usage_once(f"{obj.__module__}.{name}")
+
+
+def _depth_drop(x: torch.Tensor, p: float) -> torch.Tensor:
+    _log_usage(_depth_drop)
+    return x * (1 - p)
+
+
+def test_class_of_a_function_and_api_usage_logging() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        g = _depth_drop
+        assert (lambda: 0).__class__ is type(g) and g.__class__.__name__ == "function"
+        return _depth_drop(x, 0.25) + len([1].__class__.__name__)
+
+    _no_break(f, torch.randn(3))
+
+
+def test_multihead_attention_takes_its_decomposable_path() -> None:
+    # eval + no_grad would take MHA's fused fast path (torch._native_multi_head_attention);
+    # TorchDynamo reports make_fx tracing there, as capture does, so the composite path runs
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return mha(x, x, x, need_weights=False)[0]
+
+    with torch.no_grad():
+        h = _no_break(f, torch.randn(2, 5, 8))
+    assert "_native_multi_head_attention" not in str(h.graphs[0])

@@ -80,6 +80,9 @@ def getattr_var(tx: Tracer, obj: Var, name: str) -> Var:
         return _object_attr(tx, obj, name)
     if isinstance(obj, NewObjectVar):
         return _new_object_attr(tx, obj, name)
+    if name == "__class__" and isinstance(obj, FunctionVar | NestedFunctionVar | TupleVar |
+                                          ListVar | DictVar | SetVar):
+        return ConstVar(obj.python_type())  # fixed for these (torchvision's API-usage logging)
     if isinstance(obj, TupleVar) and obj.cls is not tuple:
         fields = getattr(obj.cls, "_fields", None)
         if fields is not None and name in fields:

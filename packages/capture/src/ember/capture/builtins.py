@@ -537,6 +537,21 @@ builtin(torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)(
 builtin(torch.cuda.is_current_stream_capturing)(
     lambda tx, fn, args, kwargs: ConstVar(bool(torch.cuda.is_current_stream_capturing())))
 builtin(torch._C._get_tracing_state)(lambda tx, fn, args, kwargs: ConstVar(None))
+# Like TorchDynamo: nn.MultiheadAttention then skips its fused inference fast path
+# (torch._native_multi_head_attention) for the composite ops the compiler decomposes.
+builtin(torch.nn.modules.activation._is_make_fx_tracing)(
+    lambda tx, fn, args, kwargs: ConstVar(True))
+
+
+@builtin(torch._C._log_api_usage_once)
+def _log_api_usage(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """Telemetry with no result (torchvision logs every op it runs): logged once, at capture,
+    rather than breaking the graph for it."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], ConstVar) or not isinstance(
+            args[0].value, str):
+        raise unhandled("torch._C._log_api_usage_once with a non-constant event")
+    torch._C._log_api_usage_once(args[0].value)
+    return ConstVar(None)
 
 
 builtin(contextvars.ContextVar.set)(contexts.contextvar_set)

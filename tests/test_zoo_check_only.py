@@ -1,0 +1,29 @@
+"""benchmarks/zoo.py --check-only (issue 18): correctness and graph breaks without timing, for
+sweeping the whole zoo on a small machine; --ember-backend picks ember's backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_check_only_reports_correctness_and_breaks_without_timing(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("ember_bench_zoo_check", ROOT / "benchmarks/zoo.py")
+    assert spec and spec.loader
+    zoo = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = zoo
+    spec.loader.exec_module(zoo)
+    assert zoo.main(["--models", "hf/bert", "--tiny", "--compilers", "ember", "--check-only",
+                     "--ember-backend", "eager", "--timeout", "120", "--out", str(tmp_path),
+                     "--tag", "t", "--threads", "1"]) == 0
+    data = json.loads(next(tmp_path.glob("zoo-*-t.json")).read_text())
+    (bert,) = data["models"]
+    em = bert["contenders"]["ember"]
+    assert bert["status"] == "done" and em["check"] == "ok", bert
+    assert em["info"]["break_count"] == 0 and em["warm_s"] is None
+    assert "ms" not in em and "eager" not in bert["contenders"]  # nothing timed
+    assert data["meta"]["check_only"] and data["meta"]["ember_backend"] == "eager"
