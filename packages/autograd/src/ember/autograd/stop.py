@@ -40,7 +40,8 @@ def _run(interp: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
 
 if default_registry().lookup(STOP_GRADIENT) is None:
     register_op(STOP_GRADIENT, "the identity, through which no gradient flows (detach; "
-                "ember.autograd's training path only)", _infer, _run)
+                "ember.autograd's training path only)", _infer, _run,
+                aliasing="alias")  # its result is a detached view of its operand
 
 
 def _stop(ctx: DecompContext, self: Value) -> Value:

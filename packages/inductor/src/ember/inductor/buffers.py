@@ -9,10 +9,10 @@ written as `kernels.call(@k, ..., reuse=[%dead])` (the wrapper and the interpret
 buffer's storage instead of allocating).
 
 A buffer is dead after the last use of every value that may alias it: itself, `kernels.view`s
-of it, and the results of ops that may return a view of their operands (every extern except
-those known to return fresh tensors, every op left to the reference). Only `kernels.call`
-outputs are reused (never graph inputs), never a buffer that a graph output may alias, and never
-by the node that reads it last (a kernel does not write where it reads).
+of it, and the results of ops that may return a view of their operands (every extern whose
+op's record does not declare `aliasing="fresh"`, every op left to the reference). Only
+`kernels.call` outputs are reused (never graph inputs), never a buffer that a graph output may
+alias, and never by the node that reads it last (a kernel does not write where it reads).
 """
 
 from __future__ import annotations
@@ -22,18 +22,11 @@ import math
 import sympy
 
 from ember.inductor.body import body_names
-from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir import Graph, Module, Node, OpRegistry, TensorType, Value, default_registry
 from ember.ir.expr import as_sympy
 from ember.ir.graph import map_args
 from ember.ir.passes import register_pass
 
-# extern ops whose result is always a new tensor (never a view of an operand)
-FRESH_EXTERNS = frozenset({
-    "prims.matmul", "prims.convolution", "prims.gather", "prims.scatter", "prims.scatter_add",
-    "prims.concatenate", "prims.pad", "prims.cumsum", "prims.cumprod", "prims.sort",
-    "prims.topk", "prims.philox_uniform", "loop.conv2d_nhwc", "loop.index_select",
-    "aten._scaled_dot_product_flash_attention_for_cpu.default",
-})
 NEVER = math.inf
 
 
@@ -62,12 +55,20 @@ def last_uses(g: Graph) -> dict[Value, float]:
     return last
 
 
+def _fresh_extern(n: Node, registry: OpRegistry) -> bool:
+    """A `kernels.extern` whose op's record declares its results new storage."""
+    name = n.kwargs.get("op")
+    op = registry.lookup(name) if isinstance(name, str) else None
+    return op is not None and op.fresh
+
+
 def _aliases(g: Graph) -> dict[Value, set[Value]]:
     """Per value: the kernel-output buffers whose storage it may share."""
     al: dict[Value, set[Value]] = {}
+    registry = default_registry()
     for n in g.nodes:
         fresh = n.op == "kernels.call" or (n.op == "kernels.extern"
-                                           and n.kwargs.get("op") in FRESH_EXTERNS)
+                                           and _fresh_extern(n, registry))
         src: set[Value] = set()
         if not fresh:
             for v in _values(n):
@@ -140,4 +141,4 @@ def plan_buffers(module: Module) -> Module:
     return out
 
 
-__all__ = ["FRESH_EXTERNS", "last_uses", "plan_buffers", "plan_graph"]
+__all__ = ["last_uses", "plan_buffers", "plan_graph"]

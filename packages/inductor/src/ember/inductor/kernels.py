@@ -164,14 +164,16 @@ def _extern_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any
     return out.contiguous() if isinstance(out, torch.Tensor) else out
 
 
+# aliasing= (a trait, see ember.ir.registry): a kernel writes new buffers (a reused one is dead,
+# never one it reads); an extern's results are its op's (plan-buffers asks that op's record).
 KERNEL_OPS = (
     OpDef("kernels.call", "run a compiled kernel of the module on buffers; returns new buffers",
-          _call_infer, _call_run),
+          _call_infer, _call_run, aliasing="fresh"),
     OpDef("kernels.extern", "call an op's own implementation on buffers (matmul, sort, ...)",
-          _extern_infer, _extern_run),
+          _extern_infer, _extern_run, aliasing="alias"),
     OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\" or \"loop.view\"), "
           "no copy",
-          _view_infer, _view_run),
+          _view_infer, _view_run, aliasing="alias"),
 )
 
 

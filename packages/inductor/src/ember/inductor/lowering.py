@@ -53,10 +53,8 @@ class View:
 
 Lazy = Value | View
 
-ELEMENTWISE_GROUPS = ("elementwise unary", "elementwise binary", "comparison",
-                      "elementwise ternary", "conversion")
-REDUCTION_PRIMS = {"prims.sum": "sum", "prims.prod": "prod", "prims.amax": "amax",
-                   "prims.amin": "amin", "prims.argmax": "argmax", "prims.argmin": "argmin"}
+# prim -> its loop.reduction kind (the prim's name), for the prims that declare a reduction trait
+REDUCTION_PRIMS = {p.op: p.name for p in PRIMS_BY_OP.values() if p.reduction is not None}
 
 
 class _Lowering:
@@ -484,7 +482,7 @@ def _elementwise(lw: _Lowering, n: Node) -> None:
 
 
 LOWERINGS: dict[str, Rule] = {
-    **{p.op: _elementwise for p in PRIMS_BY_OP.values() if p.group in ELEMENTWISE_GROUPS},
+    **{p.op: _elementwise for p in PRIMS_BY_OP.values() if p.elementwise},
     **{op: _reduction for op in REDUCTION_PRIMS},
     "prims.broadcast_in_dim": _broadcast_in_dim,
     "prims.reshape": _reshape,

@@ -90,6 +90,7 @@ def _call_run(interp: Interpreter, args: list[Any], kwargs: dict[str, Any]) -> A
 GRAPH_CALL = OpDef(
     "graph.call", "call another graph of the module: graph.call(@g, %a, ...)",
     _call_infer, _call_run,
+    aliasing="alias",  # the callee may return its parameters or views of them
 )
 
 

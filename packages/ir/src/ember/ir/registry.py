@@ -1,4 +1,4 @@
-"""The op registry: one record per op (name, type rule, reference, summary, flags).
+"""The op registry: one record per op (name, type rule, reference, summary, flags, traits).
 
 ember's own dialects (`prims.*`, `graph.*`, `kernels.*`, loop-level ops) register records here; a
 duplicate registration is an error. Every torch operator (`aten.*` and any other namespace,
@@ -6,13 +6,19 @@ custom `torch.library` ops included) resolves on demand to a record built from t
 itself: types from its meta kernel, reference from calling it (see `torch_ops.py`), except that
 an operator with effects outside the graph (`effects.py`) is never run to type it and runs only
 where effects are allowed.
+
+Traits are facts about an op that passes key on, declared in its record rather than in tables
+of the passes: `aliasing` says whether its tensor results are new storage ("fresh") or may share
+an operand's ("alias"); buffer planning frees an operand's buffer early only after a fresh
+result. Every op of ember's own dialects declares it (tests/test_op_traits.py); a torch
+operator's record says "alias" unless `torch_ops.FRESH_TORCH_OPS` lists it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ember.ir.graph import Arg, Graph, Module, Node, Pos
 from ember.ir.types import Type
@@ -46,6 +52,11 @@ class InferContext:
     node: Node | None = None
 
 
+# Whether an op's tensor results may share storage with its tensor operands: "fresh" results are
+# new storage on every call; "alias" results may be views of an operand, or an operand itself.
+Aliasing = Literal["fresh", "alias"]
+ALIASING: tuple[Aliasing, ...] = ("fresh", "alias")
+
 # type rule: (ctx, args, kwargs) -> result types, raising OpTypeError on misuse
 TypeRule = Callable[[InferContext, Sequence[Arg], Mapping[str, Arg]], list[Type]]
 # reference: (interpreter, args, kwargs) with values already bound -> one result or a tuple/list
@@ -66,10 +77,18 @@ class OpDef:
     # Why the op acts outside the graph (files, printing, global state, other processes; see
     # effects.py), None for ops that only compute. Such ops are refused unless allowed.
     effect: str | None = None
+    # trait: "fresh" or "alias" (see Aliasing); None where undeclared (a plugin's op), which
+    # every reader takes as "alias", the answer that is always safe
+    aliasing: Aliasing | None = None
 
     @property
     def dialect(self) -> str:
         return self.name.split(".", 1)[0]
+
+    @property
+    def fresh(self) -> bool:
+        """The op's tensor results are always new storage (declared `aliasing="fresh"`)."""
+        return self.aliasing == "fresh"
 
 
 class OpRegistry:
@@ -84,6 +103,9 @@ class OpRegistry:
             raise ValueError(f"op name {op.name!r} must be dialect-qualified (dialect.op)")
         if op.name in self._ops:
             raise ValueError(f"op {op.name} is already registered")
+        if op.aliasing is not None and op.aliasing not in ALIASING:
+            raise ValueError(f"op {op.name}: aliasing= must be one of {ALIASING}, not "
+                             f"{op.aliasing!r}")
         self._ops[op.name] = op
         return op
 
@@ -123,11 +145,12 @@ def default_registry() -> OpRegistry:
 
 def register_op(name: str, summary: str, infer: TypeRule, reference: Reference, *,
                 has_side_effects: bool = False, nondeterministic: bool = False,
-                effect: str | None = None, registry: OpRegistry | None = None) -> OpDef:
+                effect: str | None = None, aliasing: Aliasing | None = None,
+                registry: OpRegistry | None = None) -> OpDef:
     if effect is not None:
         from ember.ir.effects import guard_reference  # effects.py imports the interpreter
 
         reference = guard_reference(name, effect, reference)
     return (registry or _DEFAULT).register(
         OpDef(name, summary, infer, reference, has_side_effects or effect is not None,
-              nondeterministic, effect=effect))
+              nondeterministic, effect=effect, aliasing=aliasing))

@@ -22,6 +22,15 @@ from ember.ir.graph import Arg, Ref, Value
 from ember.ir.registry import InferContext, OpDef, OpTypeError
 from ember.ir.types import BOOL, F64, I64, ScalarKind, TensorType, Type, device_text
 
+# Torch operators whose results are new storage on every call: their records say
+# aliasing="fresh" (registry.py). The others say "alias": a schema without alias annotations
+# does not promise fresh results (einsum("ij->ji") and type_as return their operand's storage,
+# _unsafe_view a view of it), and ember cannot see what a kernel returns.
+FRESH_TORCH_OPS = frozenset({
+    # the fused CPU attention kernel (the CPU target's attention choice) allocates both results
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+})
+
 
 def resolve(name: str) -> torch._ops.OpOverload | None:
     """The torch OpOverload called `ns.op.overload`, or None."""
@@ -53,6 +62,7 @@ def torch_opdef(name: str) -> OpDef | None:
         has_side_effects=bool(op._schema.is_mutable),
         nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
         torch_op=op,
+        aliasing="fresh" if name in FRESH_TORCH_OPS else "alias",
     )
 
 
@@ -72,7 +82,8 @@ def _effect_opdef(name: str, op: torch._ops.OpOverload, effect: str) -> OpDef:
     return OpDef(name=name, summary=str(op._schema), infer=infer, reference=reference,
                  has_side_effects=True,
                  nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
-                 torch_op=op, effect=effect)
+                 torch_op=op, effect=effect,
+                 aliasing="fresh" if name in FRESH_TORCH_OPS else "alias")
 
 
 @functools.cache

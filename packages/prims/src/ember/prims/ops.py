@@ -1,7 +1,8 @@
 """ember's primitive op set, `prims.*`: small, closed, declared here in one table.
 
 Every decomposition lowers aten ops to these, and every backend implements exactly these. One
-record per prim: name, group, signature, one-line doc, shape rule, dtype rule, reference.
+record per prim: name, group, signature, one-line doc, shape rule, dtype rule, reference, and
+its traits (the facts that passes key on: aliasing, elementwise, reduction; see `Prim`).
 Conventions:
 - operands are positional (tensor values; elementwise prims also take numbers), attributes are
   keywords: `prims.sum(%x, dims=[0])`;
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from ember.ir import DType, InferContext, OpDef, OpRegistry, OpTypeError, TensorType, Type
+from ember.ir.registry import Aliasing
 from ember.prims import philox
 from ember.prims import shape_rules as S
 from ember.prims.rules import (
@@ -33,6 +35,12 @@ from ember.prims.rules import (
 Args = Sequence[Any]
 Kw = Mapping[str, Any]
 DTypeRule = Callable[[str, Args, Kw], list[DType]]
+# How a reduction prim combines elements: "associative" (associative and commutative: any
+# grouping and order of the elements gives the same value up to rounding, so per-lane or
+# per-thread partials may be combined), "positional" (the result is the index of the first
+# extremum: the combine carries the position, ties resolve by order).
+Reduction = Literal["associative", "positional"]
+REDUCTION_TRAITS: tuple[Reduction, ...] = ("associative", "positional")
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,16 @@ class Prim:
     shape: S.ShapeRule
     dtype: DTypeRule
     ref: Callable[..., Any]
+    # Traits, checked against the reference by tests/test_op_traits.py:
+    # - aliasing: "fresh" where the reference always returns new storage, "alias" where a result
+    #   may be an operand or a view of one (shape prims; identities: a reduction over no dims, a
+    #   conversion to the operand's dtype). Buffer planning reads it for externs.
+    # - elementwise: result element i is computed from the operands' elements i alone (one loop
+    #   body over the result's index; fusion merges such bodies).
+    # - reduction: how a reduction prim combines elements (see Reduction); None otherwise.
+    aliasing: Aliasing
+    elementwise: bool = False
+    reduction: Reduction | None = None
 
     @property
     def op(self) -> str:
@@ -59,7 +77,7 @@ class Prim:
     def opdef(self) -> OpDef:
         ref = self.ref
         return OpDef(self.op, self.doc, self.infer,
-                     lambda interp, args, kwargs: ref(*args, **kwargs))
+                     lambda interp, args, kwargs: ref(*args, **kwargs), aliasing=self.aliasing)
 
 
 def _device(op: str, args: Args, kwargs: Kw) -> str:
@@ -299,13 +317,13 @@ _T = torch
 
 def _unary(name: str, doc: str, fn: Callable[..., torch.Tensor], kinds: str = F) -> Prim:
     return Prim(name, "elementwise unary", f"{name}(x)", doc, S.ew_shape(1),
-                _ew_dtype(1, kinds), _ew(fn))
+                _ew_dtype(1, kinds), _ew(fn), aliasing="fresh", elementwise=True)
 
 
 def _binary(name: str, doc: str, fn: Callable[..., torch.Tensor], kinds: str = F + I,
             out: DType | None = None, group: str = "elementwise binary") -> Prim:
     return Prim(name, group, f"{name}(a, b)", doc, S.ew_shape(2), _ew_dtype(2, kinds, out),
-                _ew(fn))
+                _ew(fn), aliasing="fresh", elementwise=True)
 
 
 PRIMS: tuple[Prim, ...] = (
@@ -370,88 +388,92 @@ PRIMS: tuple[Prim, ...] = (
     _binary("ge", "a >= b", _T.ge, F + I + B, DType.b8, "comparison"),
     # selection and conversion
     Prim("where", "elementwise ternary", "where(cond, a, b)", "a where cond else b",
-         S.ew_shape(3), _where_dtype, _where),
+         S.ew_shape(3), _where_dtype, _where, aliasing="fresh", elementwise=True),
     Prim("convert_element_type", "conversion", "convert_element_type(x, dtype=)",
          "x converted to dtype (floats to integers truncate toward zero)", S.same_shape,
-         _convert_dtype, lambda x, *, dtype: x.to(dtype.torch)),
+         _convert_dtype, lambda x, *, dtype: x.to(dtype.torch), aliasing="alias", elementwise=True),
     # shape
     Prim("broadcast_in_dim", "shape", "broadcast_in_dim(x, shape=, broadcast_dims=)",
          "x's dim i becomes dim broadcast_dims[i] of shape; size-1 dims expand",
-         S.broadcast_in_dim_shape, _first_dtype, _broadcast_in_dim),
+         S.broadcast_in_dim_shape, _first_dtype, _broadcast_in_dim, aliasing="alias"),
     Prim("reshape", "shape", "reshape(x, shape=)", "the elements of x, row-major, in shape",
-         S.reshape_shape, _first_dtype, lambda x, *, shape: x.reshape(shape)),
+         S.reshape_shape, _first_dtype, lambda x, *, shape: x.reshape(shape), aliasing="alias"),
     Prim("permute", "shape", "permute(x, dims=)", "output dim i is x's dim dims[i]",
-         S.permute_shape, _first_dtype, lambda x, *, dims: x.permute(dims)),
+         S.permute_shape, _first_dtype, lambda x, *, dims: x.permute(dims), aliasing="alias"),
     Prim("slice", "shape", "slice(x, start=, limit=, step=)",
          "x[start:limit:step] per dim, 0 <= start <= limit <= size", S.slice_shape,
-         _first_dtype, _slice),
+         _first_dtype, _slice, aliasing="alias"),
     Prim("pad", "shape", "pad(x, value, config=[[lo, hi, interior], ...])",
          "pad each dim with value: lo before, hi after (negative crops), interior between",
-         S.pad_shape, _first_dtype, _pad),
+         S.pad_shape, _first_dtype, _pad, aliasing="fresh"),
     Prim("concatenate", "shape", "concatenate([x, ...], dim=)", "join tensors along dim",
-         S.concatenate_shape, _concat_dtype, lambda xs, *, dim: torch.cat(xs, dim)),
+         S.concatenate_shape, _concat_dtype, lambda xs, *, dim: torch.cat(xs, dim), aliasing="fresh"),
     Prim("squeeze", "shape", "squeeze(x, dims=)", "drop the listed size-1 dims",
          S.squeeze_shape, _first_dtype,
-         lambda x, *, dims: x.reshape([s for i, s in enumerate(x.shape) if i not in dims])),
+         lambda x, *, dims: x.reshape([s for i, s in enumerate(x.shape) if i not in dims]),
+         aliasing="alias"),
     Prim("unsqueeze", "shape", "unsqueeze(x, dims=)",
          "insert size-1 dims at the listed output positions", S.unsqueeze_shape,
-         _first_dtype, _unsqueeze),
+         _first_dtype, _unsqueeze, aliasing="alias"),
     Prim("rev", "shape", "rev(x, dims=)", "reverse the order of elements along dims",
-         S.same_shape, _first_dtype, lambda x, *, dims: torch.flip(x, dims)),
+         S.same_shape, _first_dtype, lambda x, *, dims: torch.flip(x, dims), aliasing="fresh"),
     Prim("iota", "creation", "iota(length=, start=, step=, dtype=, device=)",
          "start + step * i for i in range(length), integer dtype", S.iota_shape,
-         _int_attr_dtype, _iota),
+         _int_attr_dtype, _iota, aliasing="fresh"),
     Prim("full", "creation", "full(shape=, value=, dtype=, device=)",
-         "a tensor of shape filled with value", S.full_shape, _attr_dtype, _full),
+         "a tensor of shape filled with value", S.full_shape, _attr_dtype, _full, aliasing="fresh"),
     # reductions: drop the reduced dims
     Prim("sum", "reduction", "sum(x, dims=)", "sum over dims (empty dims: identity)",
-         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.sum(x, d, dtype=x.dtype))),
+         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.sum(x, d, dtype=x.dtype)),
+         aliasing="alias", reduction="associative"),
     Prim("prod", "reduction", "prod(x, dims=)", "product over dims", S.reduce_shape,
-         _first_dtype, _reduce(lambda x, d: torch.prod(x, d, dtype=x.dtype))),
+         _first_dtype, _reduce(lambda x, d: torch.prod(x, d, dtype=x.dtype)), aliasing="alias", reduction="associative"),
     Prim("amax", "reduction", "amax(x, dims=)", "maximum over dims; NaN if any is NaN",
-         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.amax(x, d))),
+         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.amax(x, d)), aliasing="alias", reduction="associative"),
     Prim("amin", "reduction", "amin(x, dims=)", "minimum over dims; NaN if any is NaN",
-         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.amin(x, d))),
+         S.reduce_shape, _first_dtype, _reduce(lambda x, d: torch.amin(x, d)), aliasing="alias", reduction="associative"),
     Prim("argmax", "reduction", "argmax(x, dim=)",
          "index of the first maximum along dim (NaN counts as largest)", S.argreduce_shape,
-         _i64, lambda x, *, dim: torch.argmax(x, dim)),
+         _i64, lambda x, *, dim: torch.argmax(x, dim), aliasing="fresh", reduction="positional"),
     Prim("argmin", "reduction", "argmin(x, dim=)",
          "index of the first minimum along dim (NaN counts as smallest)", S.argreduce_shape,
-         _i64, lambda x, *, dim: torch.argmin(x, dim)),
+         _i64, lambda x, *, dim: torch.argmin(x, dim), aliasing="fresh", reduction="positional"),
     Prim("cumsum", "scan", "cumsum(x, dim=)", "inclusive prefix sum along dim", S.same_shape,
-         _first_dtype, lambda x, *, dim: torch.cumsum(x, dim, dtype=x.dtype)),
+         _first_dtype, lambda x, *, dim: torch.cumsum(x, dim, dtype=x.dtype), aliasing="fresh"),
     Prim("cumprod", "scan", "cumprod(x, dim=)", "inclusive prefix product along dim",
-         S.same_shape, _first_dtype, lambda x, *, dim: torch.cumprod(x, dim, dtype=x.dtype)),
+         S.same_shape, _first_dtype, lambda x, *, dim: torch.cumprod(x, dim, dtype=x.dtype),
+         aliasing="fresh"),
     # indexing
     Prim("gather", "indexing", "gather(x, index, dim=)",
          "out[..i..] = x[..index[..i..] at dim..]", S.gather_shape, _gather_dtype,
-         lambda x, index, *, dim: torch.gather(x, dim, index)),
+         lambda x, index, *, dim: torch.gather(x, dim, index), aliasing="fresh"),
     Prim("scatter", "indexing", "scatter(x, index, src, dim=)",
          "x with x[..index[..i..] at dim..] = src[..i..]", S.scatter_shape, _scatter_dtype,
-         lambda x, index, src, *, dim: torch.scatter(x, dim, index, src)),
+         lambda x, index, src, *, dim: torch.scatter(x, dim, index, src), aliasing="fresh"),
     Prim("scatter_add", "indexing", "scatter_add(x, index, src, dim=)",
          "x with src[..i..] added at x[..index[..i..] at dim..]", S.scatter_shape,
-         _scatter_dtype, lambda x, index, src, *, dim: torch.scatter_add(x, dim, index, src)),
+         _scatter_dtype, lambda x, index, src, *, dim: torch.scatter_add(x, dim, index, src),
+         aliasing="fresh"),
     # random numbers
     Prim("philox_uniform", "random",
          "philox_uniform(seed, offset, shape=, dtype=, device=, skip=0)",
          "uniform [0, 1) numbers from Philox4x32-10 in ember's counter layout (philox.py), "
          "element i at counter offset + skip + i",
-         S.philox_shape, _float_attr_dtype, _philox_uniform),
+         S.philox_shape, _float_attr_dtype, _philox_uniform, aliasing="fresh"),
     # contraction, convolution, sorting
     Prim("matmul", "contraction", "matmul(a, b)",
          "batched matrix product [*B, M, K] x [*B, K, N] -> [*B, M, N]", S.matmul_shape,
-         _matmul_dtype, lambda a, b: torch.matmul(a, b)),
+         _matmul_dtype, lambda a, b: torch.matmul(a, b), aliasing="fresh"),
     Prim("convolution", "convolution",
          "convolution(x, w, stride=, padding=, dilation=, groups=)",
          "N-d cross-correlation [N, C, *in] with [O, C/groups, *k], zero padding, no bias",
-         S.conv_shape, _matmul_dtype, _conv),
+         S.conv_shape, _matmul_dtype, _conv, aliasing="fresh"),
     Prim("sort", "sorting", "sort(x, dim=, descending=)",
          "stable sort along dim: (values, i64 indices); NaN sorts as largest", S.sort_shape,
-         _pair(_first_dtype, DType.i64), _sort),
+         _pair(_first_dtype, DType.i64), _sort, aliasing="fresh"),
     Prim("topk", "sorting", "topk(x, k=, dim=, largest=)",
          "the k largest (or smallest) along dim, sorted: (values, i64 indices)", S.topk_shape,
-         _pair(_first_dtype, DType.i64), _topk),
+         _pair(_first_dtype, DType.i64), _topk, aliasing="fresh"),
 )
 
 PRIMS_BY_OP: dict[str, Prim] = {p.op: p for p in PRIMS}

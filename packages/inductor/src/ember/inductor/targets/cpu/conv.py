@@ -135,7 +135,7 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
 CONV_OPDEF = OpDef(CONV_OP, "a 2-d convolution followed by per-channel steps y = y <op> "
                    "operand (steps=[...], one operand each: a [C] vector or a number) and "
                    "relu=; the CPU target lowers it channels-last (conv-nhwc writes it)",
-                   _infer, _run)
+                   _infer, _run, aliasing="fresh")
 if default_registry().lookup(CONV_OP) is None:
     default_registry().register(CONV_OPDEF)
 

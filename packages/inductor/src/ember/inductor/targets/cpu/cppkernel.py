@@ -58,10 +58,15 @@ from ember.inductor.targets.cpu.cpp import (
 )
 from ember.ir import DType, Graph, Node, Ref, Symbol, Value
 from ember.ir.expr import Dim, ExprEvalError, evaluate, simplify_dim
+from ember.prims import PRIMS
 
 BLOCK = 4096  # elements per vectorised partial sum (then added in double)
 PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
-SIMD_KINDS = ("sum", "amax", "amin")
+# Reductions given SIMD lane accumulators: a CPU target fact, keyed from the prims' declared
+# reduction trait: only an "associative" combine may run per lane and combine the lanes after
+# (argmax/argmin are "positional"). prod is associative but left out: this target keeps a
+# float product in one double scalar (docs/inductor.md), not in lanes of the element type.
+SIMD_KINDS = tuple(p.name for p in PRIMS if p.reduction == "associative" and p.name != "prod")
 COL_KINDS = ("sum", "amax", "amin", "prod", "argmax", "argmin")
 COL_BLOCK = 1024  # columns per block of an outer reduction (its accumulators stay in L1)
 COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, where it can be
