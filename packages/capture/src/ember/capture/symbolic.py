@@ -29,7 +29,16 @@ from typing import Any
 import sympy
 import torch
 
-from ember.ir.expr import FloorDiv, PyMod, evaluate, symbol, to_text, value_range
+from ember.ir.expr import (
+    PYTHON,
+    FloorDiv,
+    PyMod,
+    evaluate,
+    print_expr,
+    symbol,
+    to_text,
+    value_range,
+)
 
 INF = math.inf
 _MAX_FIT_OFFSET = 64
@@ -441,31 +450,9 @@ def py_var(name: str) -> str:
 
 
 def pyexpr(e: Any) -> str:
-    """A sympy size expression (or relation) as Python over the guard function's `_S_<name>`."""
-    if isinstance(e, int):
-        return str(e)
-    if isinstance(e, sympy.Not):
-        return f"not ({pyexpr(e.args[0])})"
-    if isinstance(e, sympy.Rel):
-        return f"{pyexpr(e.lhs)} {e.rel_op} {pyexpr(e.rhs)}"
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return py_var(e.name)
-    args = [pyexpr(a) for a in e.args]
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(args) + ")"
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
-    if isinstance(e, FloorDiv):
-        return f"({args[0]} // {args[1]})"
-    if isinstance(e, PyMod):
-        return f"({args[0]} % {args[1]})"
-    if isinstance(e, sympy.Max | sympy.Min):
-        return f"{'max' if isinstance(e, sympy.Max) else 'min'}({', '.join(args)})"
-    raise ValueError(f"no Python form for size expression {e}")
+    """A sympy size expression (or relation) as Python over the guard function's `_S_<name>`
+    (ember.ir's Python table)."""
+    return print_expr(e, PYTHON, py_var)
 
 
 def rel_text(e: sympy.Basic) -> str:

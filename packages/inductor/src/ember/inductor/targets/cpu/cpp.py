@@ -23,7 +23,7 @@ import torch
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import comment, ident, short
 from ember.ir import DType, Graph, Node, TensorType, Value
-from ember.ir.expr import Dim, FloorDiv, PyMod, simplify_dim
+from ember.ir.expr import CPP, Dim, print_expr, simplify_dim
 
 # dtype -> (storage C type, compute C type)
 CTYPES: dict[DType, tuple[str, str]] = {
@@ -217,39 +217,20 @@ def ctypes_of(dt: DType) -> tuple[str, str]:
 
 
 def cexpr(e: Dim) -> str:
-    """An index expression as C++ (int64 arithmetic, Python // and mod)."""
-    if isinstance(e, int):
-        return f"{e}LL" if abs(e) >= 2**31 else str(e)
-    if e.is_Integer:
-        return cexpr(int(e))
-    if e.is_Symbol:
-        if _SIZE_SYM.fullmatch(e.name):
-            used = _SIZES.get()
-            if used is None:
-                raise CodegenError(f"size symbol {e.name} outside a kernel that takes it")
-            used.add(e.name)  # the kernel takes it as an int64_t argument (size_symbols)
-            return str(e.name)
-        if not _LOOP_VAR.fullmatch(e.name):  # only the loops' own variables are C++ names
-            raise CodegenError(f"index symbol {short(e.name)!r} is not a loop variable")
-        return str(e.name)
-    args = [cexpr(a) for a in e.args]
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(args) + ")"
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
-    if isinstance(e, FloorDiv):
-        return f"ember_floordiv({args[0]}, {args[1]})"
-    if isinstance(e, PyMod):
-        return f"ember_mod({args[0]}, {args[1]})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "std::max" if isinstance(e, sympy.Max) else "std::min"
-        out = args[0]
-        for a in args[1:]:
-            out = f"{fn}<int64_t>({out}, {a})"
-        return out
-    raise CodegenError(f"index expression {e} has no C++ form")
+    """An index expression as C++ (int64 arithmetic, Python // and mod: ember.ir's C++ table)."""
+    return print_expr(e, CPP, _index_name, CodegenError)
+
+
+def _index_name(name: str) -> str:
+    if _SIZE_SYM.fullmatch(name):
+        used = _SIZES.get()
+        if used is None:
+            raise CodegenError(f"size symbol {name} outside a kernel that takes it")
+        used.add(name)  # the kernel takes it as an int64_t argument (size_symbols)
+        return name
+    if not _LOOP_VAR.fullmatch(name):  # only the loops' own variables are C++ names
+        raise CodegenError(f"index symbol {short(name)!r} is not a loop variable")
+    return name
 
 
 @contextlib.contextmanager

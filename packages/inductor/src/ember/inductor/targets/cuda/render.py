@@ -36,7 +36,7 @@ import torch
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
-from ember.ir.expr import FloorDiv, PyMod
+from ember.ir.expr import TRITON, print_expr
 
 RMAX = 4096  # largest persistent reduction row (elements); longer rows loop over chunks
 PMAX = 1024  # pointwise elements per program
@@ -170,35 +170,13 @@ def _static(dims: Sequence[Any], what: str) -> list[int]:
 
 
 def pyexpr(e: Any, rtag: str = "") -> str:
-    """An index expression over loop variables as Triton code (Python floor semantics); the
-    reduced variables r0, ... are named r0{rtag}, ...."""
-    if isinstance(e, int):
-        return str(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        name = str(e.name)
-        if not (name[:1] in "ir" and name[1:].isdigit()):
-            raise CodegenError(f"index symbol {short(name)!r} is not a loop variable")
-        return name + rtag if name[0] == "r" else name
-    args = [pyexpr(a, rtag) for a in e.args]
-    if isinstance(e, sympy.Add):
-        return "(" + " + ".join(args) + ")"
-    if isinstance(e, sympy.Mul):
-        return "(" + " * ".join(args) + ")"
-    if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
-        return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
-    if isinstance(e, FloorDiv):
-        return f"_floordiv({args[0]}, {args[1]})"
-    if isinstance(e, PyMod):
-        return f"_mod({args[0]}, {args[1]})"
-    if isinstance(e, (sympy.Max, sympy.Min)):
-        fn = "tl.maximum" if isinstance(e, sympy.Max) else "tl.minimum"
-        out = args[0]
-        for a in args[1:]:
-            out = f"{fn}({out}, {a})"
-        return out
-    raise CodegenError(f"index expression {short(str(e))} has no Triton form")
+    """An index expression over loop variables as Triton code (Python floor semantics: ember.ir's
+    Triton table); the reduced variables r0, ... are named r0{rtag}, ...."""
+    def name(n: str) -> str:
+        if not (n[:1] in "ir" and n[1:].isdigit()):
+            raise CodegenError(f"index symbol {short(n)!r} is not a loop variable")
+        return n + rtag if n[0] == "r" else n
+    return print_expr(e, TRITON, name, CodegenError)
 
 
 def literal(v: object, dt: DType) -> str:

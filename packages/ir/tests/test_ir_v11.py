@@ -1,0 +1,106 @@
+"""ir-v1.1: loop variables as expression atoms, body domains, the version a text needs, and the
+one table-driven printer of expressions to C++ / Python / Triton."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+
+from ember.ir import IRParseError, parse
+from ember.ir.expr import CPP, PYTHON, TRITON, FloorDiv, PyMod, parse_expr, print_expr, symbol
+
+V11 = """ember.ir 1.1
+
+symbol s0 hint=8 min=2
+
+graph @k(%x: f32[s0, 8]) -> (f32[]) domain(i0 < s0, i1 < 8, r0 < 3) {
+  %a = loop.load(%x, index=[i0, mod(i1 + r0, 8)]) : f32[]
+  %b = loop.load(%x, index=[(i8), i8 + 1]) : f32[]
+  %c = prims.convert_element_type(%a, dtype=i8) : i8[]
+  return (%a)
+}
+"""
+
+
+def test_v11_text_round_trips_with_domains_and_positions() -> None:
+    m = parse(V11)
+    assert str(m) == V11
+    g = m.graph("k")
+    assert g.domain == {"i0": symbol("s0"), "i1": 8, "r0": 3}
+    load = g.nodes[0]
+    assert load.kwargs["index"] == [symbol("i0"), PyMod(symbol("i1") + symbol("r0"), 8)]
+    assert load.arg_pos is not None and load.arg_pos[("index", 1)].col == 33
+    # a loop variable named like a dtype is a dtype alone, a variable in parentheses or with
+    # an operator after it
+    assert g.nodes[1].kwargs["index"] == [symbol("i8"), symbol("i8") + 1]
+    assert str(g.nodes[2].kwargs["dtype"]) == "DType.i8"
+
+
+def test_a_module_prints_the_version_it_needs() -> None:
+    aten = "ember.ir 1.0\n\ngraph @f(%x: f32[4]) -> (f32[4]) {\n  return (%x)\n}\n"
+    assert str(parse(aten)) == aten  # no 1.1 feature: still 1.0
+    one = parse(aten.replace("1.0", "1.1"))
+    assert str(one).startswith("ember.ir 1.1\n")  # the text's own version is kept
+    m = parse(aten)
+    m.graph("f").domain = {"i0": 4}
+    assert str(m).startswith("ember.ir 1.1\n") and "domain(i0 < 4)" in str(m)
+
+
+@pytest.mark.parametrize(("text", "where", "message"), [
+    ("ember.ir 1.0\ngraph @k(%x: f32[4]) -> (f32[]) domain(i0 < 4) {\n  return (%x)\n}\n",
+     (2, 33), "needs ember.ir 1.1"),
+    ("ember.ir 1.0\ngraph @k(%x: f32[4]) -> (f32[]) {\n  %a = loop.load(%x, index=[i0]) : f32[]"
+     "\n  return (%a)\n}\n", (3, 29), "loop variable i0 needs ember.ir 1.1"),
+    ("ember.ir 1.1\ngraph @k(%x: f32[i0]) -> (f32[]) {\n  return (%x)\n}\n", (2, 18),
+     "outside a node's arguments"),
+    ("ember.ir 1.1\ngraph @k(%x: f32[4]) -> (f32[]) domain(i1 < 4) {\n  return (%x)\n}\n",
+     (2, 40), "i0 or r0"),
+    ("ember.ir 1.1\ngraph @k(%x: f32[4]) -> (f32[]) domain(r0 < 4, i0 < 3) {\n  return (%x)\n}"
+     "\n", (2, 48), "r1"),
+    ("ember.ir 1.1\ngraph @k(%x: f32[4]) -> (f32[]) domain(i0 < r0) {\n  return (%x)\n}\n",
+     (2, 45), "outside a node's arguments"),
+])
+def test_malformed_v11_is_a_parse_error_with_a_position(text: str, where: tuple[int, int],
+                                                         message: str) -> None:
+    with pytest.raises(IRParseError) as e:
+        parse(text)
+    assert (e.value.line, e.value.col) == where and message in e.value.message
+
+
+def test_parse_expr_is_the_module_parser() -> None:
+    assert parse_expr("i0 * 8 + mod(r0, 4) // 2") == \
+        8 * symbol("i0") + FloorDiv(PyMod(symbol("r0"), 4), 2)
+    assert parse_expr("2 * 3 + s9") == symbol("s9") + 6  # symbols need no declaration here
+    for bad, col in [("i0 +", 5), ("i0 $ 1", 4), ("1" * 30, 1), ("i0 + r", 6)]:
+        with pytest.raises(IRParseError) as e:
+            parse_expr(bad)
+        assert e.value.col == col, bad
+    with pytest.raises(IRParseError, match="loop variable"):
+        parse_expr("i0 + 1", loop_vars=False)
+    with pytest.raises(IRParseError, match="longer than"):
+        parse_expr(" + ".join(["i0"] * 3000))
+
+
+E = parse_expr("max(i0, 3) * 8 + mod(r0, 4) // 2 + 4000000000 + min(min(s0, 2), i1)")
+
+
+@pytest.mark.parametrize(("lang", "want"), [
+    (CPP, "(4000000000LL + (8 * std::max<int64_t>(3, i0)) + ember_floordiv(ember_mod(r0, 4), 2)"
+          " + std::min<int64_t>(std::min<int64_t>(2, i1), s0))"),
+    (PYTHON, "(4000000000 + (8 * max(3, i0)) + ((r0 % 4) // 2) + min(2, i1, s0))"),
+    (TRITON, "(4000000000 + (8 * tl.maximum(3, i0)) + _floordiv(_mod(r0, 4), 2)"
+             " + tl.minimum(tl.minimum(2, i1), s0))"),
+])
+def test_one_printer_per_language_table(lang: object, want: str) -> None:
+    assert print_expr(E, lang) == want  # type: ignore[arg-type]
+
+
+def test_printer_spells_symbols_and_relations_through_its_caller() -> None:
+    e = symbol("s0") ** 2 - 1
+    assert print_expr(e, PYTHON, lambda n: f"_S_{n}") == "(-1 + (_S_s0 * _S_s0))"
+    rel = sympy.Not(sympy.Lt(symbol("s0"), 4))
+    assert print_expr(rel, PYTHON, lambda n: f"_S_{n}") == "_S_s0 >= 4"
+    with pytest.raises(KeyError):
+        print_expr(sympy.Lt(symbol("s0"), 4), CPP, error=KeyError)  # C++ writes no relations
+    with pytest.raises(KeyError):
+        print_expr(symbol("s0"), CPP, lambda n: (_ for _ in ()).throw(KeyError(n)))
