@@ -4,6 +4,7 @@ ir  <-  capture
 ir  <-  prims  <-  autograd
 ir  <-  prims  <-  inductor
 all of them    <-  runtime
+ir  <-  prims  <-  testing   (test support: the `test` extra of the layers whose tests use it)
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     "autograd": frozenset({"ir", "prims"}),
     "inductor": frozenset({"ir", "prims"}),
     "runtime": frozenset({"ir", "capture", "prims", "autograd", "inductor"}),
+    "testing": frozenset({"ir", "prims"}),
 }
+# Test support, not library (the op database): no layer depends on it or ships it. A layer's
+# tests and its own test helpers (`ember.<layer>.testing`) may import it; the layer then
+# declares ember-testing as its `test` extra.
+TEST_LAYERS = frozenset({"testing"})
+
+
+def _is_test_helper(layer: str, module: str) -> bool:
+    return module == f"ember.{layer}.testing" or module.startswith(f"ember.{layer}.testing.")
 
 
 def _layer_of(dotted: str) -> str | None:
@@ -76,6 +86,8 @@ def dag_violations(layer: str, source: str, module: str, is_package: bool = Fals
     """Messages for every import in `source` (module `module` of `layer`) the DAG forbids."""
     tree = ast.parse(source)
     allowed = ALLOWED[layer] | {layer}
+    if _is_test_helper(layer, module):
+        allowed |= TEST_LAYERS
     return [
         f"{module}:{line}: ember.{layer} imports ember.{other} (allowed: {sorted(ALLOWED[layer])})"
         for other, line in imported_layers(tree, module, is_package)
@@ -139,7 +151,44 @@ def test_no_ember_init_anywhere() -> None:
 def test_umbrella_depends_on_every_package() -> None:
     with open(ROOT / "pyproject.toml", "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
-    assert {_dist_name(d) for d in deps} == {f"ember-{layer}" for layer in ALLOWED}
+    assert {_dist_name(d) for d in deps} == {f"ember-{layer}" for layer in ALLOWED
+                                             if layer not in TEST_LAYERS}
+
+
+def _imports_test_layers(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(other in TEST_LAYERS for other, _ in imported_layers(tree, "tests.t", False))
+
+
+@pytest.mark.parametrize("layer", sorted(set(ALLOWED) - TEST_LAYERS))
+def test_layers_whose_tests_use_the_op_database_declare_it_as_their_test_extra(
+        layer: str) -> None:
+    users = [p for p in (PACKAGES_DIR / layer / "tests").rglob("*.py") if _imports_test_layers(p)]
+    users += [s.path for s in SOURCES if s.layer == layer and _imports_test_layers(s.path)]
+    with open(PACKAGES_DIR / layer / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    extra = {_dist_name(d) for d in project.get("optional-dependencies", {}).get("test", [])}
+    declared = {f"ember-{t}" for t in TEST_LAYERS} & extra
+    assert bool(users) == bool(declared), (
+        f"ember-{layer}: {len(users)} of its files import ember.testing "
+        f"({', '.join(p.name for p in users[:3])}...), its `test` extra declares {sorted(extra)}")
+
+
+def test_the_library_ships_no_test_support() -> None:
+    """Only test layers (and a layer's own test helpers) import hypothesis: the op database
+    and its strategies are not part of any installed library layer."""
+    for src in SOURCES:
+        if src.layer in TEST_LAYERS or _is_test_helper(src.layer, src.module):
+            continue
+        names = {a.name for n in ast.walk(src.tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module or "" for n in ast.walk(src.tree) if isinstance(n, ast.ImportFrom)}
+        assert not any(m.split(".")[0] == "hypothesis" for m in names), src.module
+
+
+def test_test_helpers_may_import_the_test_layers_and_nothing_else_may() -> None:
+    source = "from ember.testing.opdb import OpEntry\n"
+    assert dag_violations("autograd", source, "ember.autograd.testing") == []
+    assert dag_violations("autograd", source, "ember.autograd.joint") != []
 
 
 # -- the checkers catch violations ----------------------------------------------------------------

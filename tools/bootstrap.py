@@ -4,7 +4,8 @@ Used by `dev.py` (the README's entry point) and by the nox session `dev`. Needs 
 its venv module), pip and network access to the package index. Every ember package is installed
 editable (and the worked plugin under examples/), with the umbrella's `dev` extra, in ONE pip command
 under constraints.txt, so the local dists satisfy each other and torch stays on the pinned CPU
-build.
+build. Layers with a `test` extra are installed with it: ember-testing (packages/testing/, the op
+database), test support that is no layer's dependency, comes in that way.
 
 `.venv/.ember-stamp` holds a hash of everything that decides what gets installed (the pyproject
 files, constraints.txt, this file, the venv's Python version); when it matches, nothing is run.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +26,8 @@ STAMP = VENV / ".ember-stamp"
 CONSTRAINTS = ROOT / "constraints.txt"
 # Install order is irrelevant to pip; listed bottom-up along the package DAG for the reader.
 PACKAGES = ("ir", "capture", "prims", "autograd", "inductor", "runtime")
+# test support, not library: the `test` extra of the layers whose tests use it
+TEST_PACKAGES = ("testing",)
 # worked third-party plugin packages, installed so their entry points are tested as a user's
 EXAMPLES = ("ember-plugin-example",)
 MIN_PYTHON = (3, 11)
@@ -43,7 +47,7 @@ def venv_bin(name: str) -> Path:
 def stamp_inputs() -> list[Path]:
     """The files whose content decides what the environment holds."""
     files = [ROOT / "pyproject.toml", CONSTRAINTS, Path(__file__).resolve()]
-    files += [ROOT / "packages" / name / "pyproject.toml" for name in PACKAGES]
+    files += [ROOT / "packages" / name / "pyproject.toml" for name in PACKAGES + TEST_PACKAGES]
     files += [ROOT / "examples" / name / "pyproject.toml" for name in EXAMPLES]
     return files
 
@@ -67,11 +71,19 @@ def fingerprint() -> str:
     return h.hexdigest()
 
 
+def extras(name: str) -> list[str]:
+    """The optional-dependency groups of packages/<name>/ that the dev set-up installs."""
+    with open(ROOT / "packages" / name / "pyproject.toml", "rb") as f:
+        groups = tomllib.load(f)["project"].get("optional-dependencies", {})
+    return [g for g in ("test",) if g in groups]
+
+
 def install_command() -> list[str]:
     cmd = [str(venv_bin("python")), "-m", "pip", "install", "--progress-bar", "off", "-q"]
     cmd += ["-c", str(CONSTRAINTS)]
-    for name in PACKAGES:
-        cmd += ["-e", str(ROOT / "packages" / name)]
+    for name in PACKAGES + TEST_PACKAGES:
+        wanted = extras(name)
+        cmd += ["-e", str(ROOT / "packages" / name) + (f"[{','.join(wanted)}]" if wanted else "")]
     for name in EXAMPLES:
         cmd += ["-e", str(ROOT / "examples" / name)]
     cmd += ["-e", f"{ROOT}[dev]"]

@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember.autograd.testing import check_vjp
-from ember.prims.testing import coverage
-from ember.prims.testing.coverage import CheckScope, read_scope
-from ember.prims.testing.harness import eager
-from ember.prims.testing.opdb import OpEntry, Sample, load_all
+from ember.testing import coverage
+from ember.testing.coverage import CheckScope, read_scope
+from ember.testing.harness import eager
+from ember.testing.opdb import OpEntry, Sample, load_all
 
 SCOPE: CheckScope = read_scope(Path(__file__).with_name("opdb_vjp.toml"))
 OPDB = load_all()

@@ -17,7 +17,7 @@ from ember.autograd.testing import run_joint
 from ember.autograd.vjp import NO_DERIVATIVE, VJP_RULES, VJPContext, vjp
 from ember.ir import DType, GraphBuilder, Module, Node, TensorType, Value, parse, verify
 from ember.prims.ops import PRIMS, PRIMS_BY_OP
-from ember.prims.testing import strategies as S
+from ember.testing import strategies as S
 
 _SETTINGS = settings(max_examples=15, suppress_health_check=[HealthCheck.too_slow,
                                                              HealthCheck.data_too_large])

@@ -5,7 +5,7 @@ probe one family by hand:
 
 What it runs comes from the data file `opdb_cpu.toml` next to this module (families, skipped
 ops, ops allowed to keep a kernel on the reference interpreter, each with the reason);
-ember.prims.testing.coverage renders docs/ops.md from the same file.
+ember.testing.coverage renders docs/ops.md from the same file.
 
 One check builds one module holding a graph per op of a family (one sample each), compiles it
 once (decompose -> lower-loops -> fuse -> codegen-cpp, one g++ build), and compares each graph's
@@ -32,9 +32,9 @@ from ember.inductor.kernels import compile_module, compiled_runner
 from ember.ir import DType, Graph, GraphBuilder, Interpreter, Module, Ref, TensorType
 from ember.prims.decomp import DECOMPOSITIONS, decompose_module
 from ember.prims.decomp.random import run_with_philox
-from ember.prims.testing.coverage import CheckScope, read_scope
-from ember.prims.testing.harness import assert_outputs_close, eager, op_module
-from ember.prims.testing.opdb import OpEntry, Sample, load_all
+from ember.testing.coverage import CheckScope, read_scope
+from ember.testing.harness import assert_outputs_close, eager, op_module
+from ember.testing.opdb import OpEntry, Sample, load_all
 
 PIPELINE = "lower-loops,fuse,codegen-cpp"
 SCOPE: CheckScope = read_scope(Path(__file__).with_name("opdb_cpu.toml"))

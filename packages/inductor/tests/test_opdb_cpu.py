@@ -24,9 +24,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.prims.testing import coverage
-from ember.prims.testing import strategies as S
-from ember.prims.testing.opdb import Sample
+from ember.testing import coverage
+from ember.testing import strategies as S
+from ember.testing.opdb import Sample
 from packages.inductor.tests.opdb_cpu_check import (
     OPDB,
     SCOPE,

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ember.ir import Interpreter
-from ember.prims.testing.harness import decomposed
-from ember.prims.testing.opdb import Sample
+from ember.testing.harness import decomposed
+from ember.testing.opdb import Sample
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

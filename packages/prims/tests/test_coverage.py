@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ember.prims.decomp import DECOMPOSITIONS
-from ember.prims.testing import coverage
-from ember.prims.testing.opdb import load_all
+from ember.testing import coverage
+from ember.testing.opdb import load_all
 
 
 def test_every_decomposition_has_an_opdb_entry() -> None:
@@ -28,7 +28,7 @@ def test_generated_docs_are_current() -> None:
     stale = [str(p) for p, text in coverage.pages().items()
              if not p.exists() or p.read_text() != text]
     assert not stale, (f"stale: {stale}; regenerate with "
-                       f"`.venv/bin/python -m ember.prims.testing.coverage --write`")
+                       f"`.venv/bin/python -m ember.testing.coverage --write`")
 
 
 def test_check_scope_files(tmp_path: Path) -> None:

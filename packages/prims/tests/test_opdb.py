@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember.prims.testing.harness import check_decomposition
-from ember.prims.testing.opdb import OpEntry, load_all
+from ember.testing.harness import check_decomposition
+from ember.testing.opdb import OpEntry, load_all
 
 OPDB = load_all()
 ENTRIES = OPDB.entries()

@@ -25,7 +25,7 @@ from ember.ir import (
     verify,
 )
 from ember.prims import PRIMS, PRIMS_BY_OP, philox
-from ember.prims.testing import strategies as S
+from ember.testing import strategies as S
 
 EW_KINDS = {  # which dtypes each elementwise prim takes (its dtype rule says the same)
     "f": S.FLOATS,

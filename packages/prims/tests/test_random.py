@@ -16,8 +16,8 @@ from ember.ir import Interpreter, Module, parse, verify
 from ember.prims import philox
 from ember.prims.decomp import DECOMPOSITIONS, DecompContext, DecompositionError, decompose_module
 from ember.prims.decomp.random import philox_params, with_philox_inputs
-from ember.prims.testing.harness import op_module
-from ember.prims.testing.opdb import Sample
+from ember.testing.harness import op_module
+from ember.testing.opdb import Sample
 
 N = 20_000
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]

@@ -22,8 +22,8 @@ from ember.autograd.joint import build_joint
 from ember.ir import Interpreter, Module, TensorType, parse, verify
 from ember.ir.torch_ops import call_torch, resolve
 from ember.prims.decomp.random import with_philox_inputs
-from ember.prims.testing.harness import decomposed
-from ember.prims.testing.opdb import OpEntry, Sample
+from ember.testing.harness import decomposed
+from ember.testing.opdb import OpEntry, Sample
 
 Mask = Callable[[Sample], "torch.Tensor | None"]
 

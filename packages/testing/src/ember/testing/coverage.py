@@ -1,7 +1,7 @@
 """Generated docs: docs/prims.md (the prim set) and docs/ops.md (op coverage).
 
-    python -m ember.prims.testing.coverage --write    # regenerate both
-    python -m ember.prims.testing.coverage --check    # exit 1 if either is stale
+    python -m ember.testing.coverage --write    # regenerate both
+    python -m ember.testing.coverage --check    # exit 1 if either is stale
 
 A test runs `--check`, so the committed pages always match the code.
 
@@ -9,8 +9,8 @@ A layer above prims that adds an op-database check (the inductor's "cpu kernel")
 its check runs in a data file `packages/<layer>/tests/opdb_<name>.toml`, which its test reads
 too: the families it runs, the ops it skips and the ops allowed to leave parts on the reference
 interpreter, each with the reason. docs/ops.md is rendered from the same files, so it says
-exactly what the tests run; a data file keeps prims from importing the layers above it
-(tests/test_package_dag.py). Format (`read_scope`):
+exactly what the tests run; a data file keeps ember.testing from importing the layers above
+prims (tests/test_package_dag.py). Format (`read_scope`):
 
     check = "cpu kernel"
     test = "packages/inductor/tests/test_opdb_cpu.py"
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from ember.prims.decomp import DECOMPOSITIONS
 from ember.prims.ops import PRIMS
-from ember.prims.testing.opdb import CHECKS, OpDB, load_all
+from ember.testing.opdb import CHECKS, OpDB, load_all
 
-ROOT = Path(__file__).resolve().parents[6]  # the repo (editable installs)
+ROOT = Path(__file__).resolve().parents[5]  # the repo (editable installs)
 DOCS = ROOT / "docs"
 SCOPE_FILES = "packages/*/tests/opdb_*.toml"
 
@@ -113,21 +113,28 @@ def render_prims() -> str:
         "# ember's prims",
         "",
         "Generated from `packages/prims/src/ember/prims/ops.py` by",
-        "`python -m ember.prims.testing.coverage --write`; do not edit by hand.",
+        "`python -m ember.testing.coverage --write`; do not edit by hand.",
         "",
         f"{len(PRIMS)} prims. Operands are positional, attributes are keywords. Elementwise",
         "prims take operands of one shape and dtype (numbers take the tensor's dtype):",
         "broadcasting and type promotion are explicit, done by the decompositions.",
         "Dims are non-negative. Every shape rule is exact over symbolic sizes.",
         "",
+        "Traits (declared in each prim's record, read by the passes): `fresh` results are new",
+        "storage, `alias` results may share an operand's; `elementwise`; a reduction's combine,",
+        "`associative` or `positional`.",
+        "",
     ]
     group = None
     for p in PRIMS:
         if p.group != group:
             group = p.group
-            lines += ["", f"## {group}", "", "| prim | semantics | shape | dtype |",
-                      "|---|---|---|---|"]
-        lines.append(f"| `prims.{p.signature}` | {p.doc} | {_doc(p.shape)} | {_doc(p.dtype)} |")
+            lines += ["", f"## {group}", "", "| prim | semantics | shape | dtype | traits |",
+                      "|---|---|---|---|---|"]
+        traits = ", ".join([p.aliasing, *(["elementwise"] if p.elementwise else []),
+                            *([p.reduction] if p.reduction else [])])
+        lines.append(f"| `prims.{p.signature}` | {p.doc} | {_doc(p.shape)} | {_doc(p.dtype)} "
+                     f"| {traits} |")
     lines += ["", "Random numbers: see `packages/prims/src/ember/prims/philox.py` for the counter",
               "layout every backend implements.", ""]
     return "\n".join(lines)
@@ -142,7 +149,7 @@ def render_ops(db: OpDB, scopes: Mapping[str, CheckScope]) -> str:
     lines = [
         "# Op coverage",
         "",
-        "Generated from the op database by `python -m ember.prims.testing.coverage --write`;",
+        "Generated from the op database by `python -m ember.testing.coverage --write`;",
         "do not edit by hand. A check is `yes` when the op database runs it for the op with",
         "hypothesis (`packages/prims/tests/test_opdb.py` and the layers' own op-database tests),",
         "`-` when that layer is not built yet, or the reason it does not apply.",

@@ -7,10 +7,10 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.entries_pointwise import LOW_PRECISION_REASON, LOW_PRECISION_TOL, unary
-from ember.prims.testing.harness import assert_outputs_close
-from ember.prims.testing.opdb import OPDB, Sample, entry
+from ember.testing import strategies as S
+from ember.testing.entries_pointwise import LOW_PRECISION_REASON, LOW_PRECISION_TOL, unary
+from ember.testing.harness import assert_outputs_close
+from ember.testing.opdb import OPDB, Sample, entry
 
 NUMERIC = S.FLOATS + S.INTS
 

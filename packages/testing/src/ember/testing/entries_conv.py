@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.opdb import Sample, entry
+from ember.testing import strategies as S
+from ember.testing.opdb import Sample, entry
 
 CONV_DTYPES = S.FLOATS + (torch.int64,)
 POOL_DTYPES = S.FLOATS + (torch.int64, torch.int32, torch.uint8)

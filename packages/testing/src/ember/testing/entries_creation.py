@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.opdb import Sample, entry
+from ember.testing import strategies as S
+from ember.testing.opdb import Sample, entry
 
 Draw = st.DrawFn
 Gen = Callable[[], st.SearchStrategy[Sample]]

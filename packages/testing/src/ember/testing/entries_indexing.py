@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.harness import assert_outputs_close
-from ember.prims.testing.opdb import OPDB, Sample, entry
-from ember.prims.testing.strategies import _with_layout
+from ember.testing import strategies as S
+from ember.testing.harness import assert_outputs_close
+from ember.testing.opdb import OPDB, Sample, entry
+from ember.testing.strategies import _with_layout
 
 Draw = st.DrawFn
 Gen = Callable[[], st.SearchStrategy[Sample]]

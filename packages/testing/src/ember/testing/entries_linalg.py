@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.harness import assert_outputs_close
-from ember.prims.testing.opdb import OPDB, Sample, entry
+from ember.testing import strategies as S
+from ember.testing.harness import assert_outputs_close
+from ember.testing.opdb import OPDB, Sample, entry
 
 FLOATS = S.FLOATS
 MATMUL_DTYPES = S.FLOATS + (torch.int64, torch.int32, torch.int8)

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.harness import eager
-from ember.prims.testing.opdb import Sample, entry
+from ember.testing import strategies as S
+from ember.testing.harness import eager
+from ember.testing.opdb import Sample, entry
 
 _TOL = {torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 _REASON = ("computed in f32 and rounded once; eager's half kernels round the per-element "

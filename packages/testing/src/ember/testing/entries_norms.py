@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.harness import assert_outputs_close, eager
-from ember.prims.testing.opdb import OPDB, Compare, Sample, entry
+from ember.testing import strategies as S
+from ember.testing.harness import assert_outputs_close, eager
+from ember.testing.opdb import OPDB, Compare, Sample, entry
 
 FLOATS = S.FLOATS
 LOW = (torch.float16, torch.bfloat16)

@@ -14,8 +14,8 @@ import torch
 from hypothesis import strategies as st
 
 from ember.prims.decomp.pointwise import EXACT_UNARY, FLOAT_UNARY
-from ember.prims.testing import strategies as S
-from ember.prims.testing.opdb import Sample, entry
+from ember.testing import strategies as S
+from ember.testing.opdb import Sample, entry
 
 NUMERIC = S.FLOATS + S.INTS
 Samples = Callable[[], st.SearchStrategy[Sample]]

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from ember.prims.testing import strategies as S
-from ember.prims.testing.harness import assert_outputs_close
-from ember.prims.testing.opdb import OPDB, Compare, Sample, entry
+from ember.testing import strategies as S
+from ember.testing.harness import assert_outputs_close
+from ember.testing.opdb import OPDB, Compare, Sample, entry
 
 FLOATS = S.FLOATS
 NUMBERS = S.FLOATS + S.INTS

@@ -31,7 +31,7 @@ from ember.ir.torch_ops import call_torch, resolve
 from ember.ir.types import device_text
 from ember.prims.decomp import DECOMPOSITIONS, decompose_module
 from ember.prims.decomp.random import with_philox_inputs
-from ember.prims.testing.opdb import OpEntry, Sample
+from ember.testing.opdb import OpEntry, Sample
 
 
 def to_literal(v: Any) -> Any:

@@ -24,7 +24,7 @@ CHECKS = ("decomposition", "vjp", "cpu kernel", "triton kernel")
 
 # What each later layer's check covers so far (families, skipped ops with reasons) is declared
 # in that layer's data file `packages/<layer>/tests/opdb_*.toml`, read by its test and by
-# coverage.py for docs/ops.md (see coverage.py: prims cannot import the layers above it).
+# coverage.py for docs/ops.md (see coverage.py: ember.testing imports no layer above prims).
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def entry(op: str, samples: Callable[[], st.SearchStrategy[Sample]], family: str
 
 def load_all() -> OpDB:
     """Import every `entries_*` module of this package (each adds its entries to OPDB)."""
-    import ember.prims.testing as pkg
+    import ember.testing as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("entries_"):
