@@ -19,7 +19,7 @@ class BodyBuilder:
         self.name = name
         self.b = Builder(module)
         self.params: dict[Value, Value] = {}  # outer buffer -> body parameter
-        self._loads: dict[tuple[Value, tuple[str, ...]], Value] = {}
+        self._loads: dict[tuple[Value, tuple[Dim, ...]], Value] = {}
 
     def buffer(self, outer: Value) -> Value:
         p = self.params.get(outer)

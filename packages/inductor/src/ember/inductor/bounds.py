@@ -234,7 +234,7 @@ def _check_node(where: str, n: Node, extents: Mapping[str, Dim], syms: Mapping[s
     empty = any(isinstance(x, int) and x <= 0 for x in extents.values())
     for d, ix in enumerate(items):
         try:
-            e = parse_index(ix)  # type: ignore[arg-type]
+            e = parse_index(ix)
         except IndexParseError:
             continue  # the op's own type rule reports it
         pos = _index_pos(n, None if one else d)

@@ -190,7 +190,7 @@ class _Rebuild:
                                       *[bb.buffer(x) for x in sbb.outer_args()]]
             else:
                 if n.op == "loop.index":
-                    kwargs["index"] = index_value(subst_index(parse_index(kwargs["index"]),  # type: ignore[arg-type]
+                    kwargs["index"] = index_value(subst_index(parse_index(kwargs["index"]),
                                                               subst or {}))
                 args = [vals.get(a, a) if isinstance(a, Value) else a for a in n.args]
             vals[res] = bb.b.op(n.op, args, kwargs, type=res.type, name=res.name, loc=n.loc)

@@ -182,7 +182,7 @@ def _load_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
         raise OpTypeError(f"loop.load: index= must list {t.rank} index expressions")
     for s in index:
         try:
-            parse_index(s)  # type: ignore[arg-type]
+            parse_index(s)
         except IndexParseError as e:
             raise OpTypeError(f"loop.load: {e}") from None
     _check_in_domain(ctx)
@@ -200,7 +200,7 @@ def _index_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) 
     if args or not _is_index(index):
         raise OpTypeError("loop.index takes index= (one index expression) only")
     try:
-        parse_index(index)  # type: ignore[arg-type]
+        parse_index(index)
     except IndexParseError as e:
         raise OpTypeError(f"loop.index: {e}") from None
     _check_in_domain(ctx)
@@ -381,7 +381,7 @@ def eval_body(interp: Interpreter, g: Graph, bufs: Sequence[Any], ranges: Sequen
             v = reduce_last(v.reshape(domain[:k] + [math.prod(red)]), str(node.kwargs["reduction"]))
             out = v.reshape(domain[:k] + [1] * (n - k)).expand(domain)
         elif node.op == "loop.index":
-            out = torch.as_tensor(eval_index(parse_index(node.kwargs["index"]), env),  # type: ignore[arg-type]
+            out = torch.as_tensor(eval_index(parse_index(node.kwargs["index"]), env),
                                   dtype=torch.int64).expand(domain)
         else:
             op = interp.registry.lookup(node.op)

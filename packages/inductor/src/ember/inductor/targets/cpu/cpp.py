@@ -339,7 +339,7 @@ def _rhs(n: Node, args: dict[Value, str], pre: str = "v_") -> str:
         return f"ember_bf16_to_float({text})" if dt == DType.bf16 else \
             f"(float){text}" if dt == DType.f16 else text
     if n.op == "loop.index":
-        return cexpr(parse_index(n.kwargs["index"]))  # type: ignore[arg-type]
+        return cexpr(parse_index(n.kwargs["index"]))
     if n.op == "prims.full":
         return literal(n.kwargs["value"], dt)
     if n.op == "prims.convert_element_type":

@@ -264,7 +264,7 @@ class _Writer:
                    f"mask={mask}, other=0)"
             return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
         if n.op == "loop.index":
-            e = pyexpr(parse_index(n.kwargs["index"]), self.rtag)  # type: ignore[arg-type]
+            e = pyexpr(parse_index(n.kwargs["index"]), self.rtag)
             return f"(tl.zeros({shape}, tl.int64) + {e})"
         if n.op == "loop.reduce":
             return self.reduce_ref(n, env).name
