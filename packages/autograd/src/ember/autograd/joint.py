@@ -248,8 +248,10 @@ def partition_joint(module: Module, joint: Graph, policy: str = "save-all"
     backward = Graph("backward", [sub[v] for v in saved] + ct_params, [o.type for o in b_outs],
                      bwd_nodes, b_outs, {"saved": len(saved), "tangents": tangents,
                                          "grad_inputs": grad_inputs})
+    inputs = set(fwd_params)
     report = PartitionReport(policy, len(saved), sum(nbytes(v, hints) for v in saved),
-                             len(copies))
+                             len(copies), sum(nbytes(v, hints) for v in saved
+                                              if v not in inputs))
     return forward, backward, report
 
 

@@ -11,7 +11,8 @@ always kept (the backward has no seed), so forward and backward see the same dro
 - `recompute-all`: keep only the parameters (and random draws): the backward recomputes the
   whole forward chain it needs;
 - `min-cut`: a minimum s-t cut (networkx max-flow) over the forward values, each costing its
-  bytes when saved; results of matmul, convolution, random draws and extern (aten) ops may not
+  bytes when saved (an input nothing: the caller holds it anyway, so the cut saves a weight `W`
+  rather than the transposed copy `W^T` the forward would have to materialize); results of matmul, convolution, random draws and extern (aten) ops may not
   be recomputed (AOTAutograd's ban list), so the cut saves a matmul's output rather than its
   inputs only where that is smaller. Any cut is a valid partition, save-all's included, so the
   min-cut never saves more bytes than save-all.
@@ -40,10 +41,14 @@ class PartitionReport:
     saved: int  # values the forward saves
     saved_bytes: int  # their bytes per call (at the size hints for symbolic shapes)
     recomputed: int  # forward nodes the backward recomputes
+    # the bytes of saved values that are not the forward's inputs: what a training step keeps
+    # alive for the backward beyond the tensors the caller holds anyway (parameters, the batch)
+    activation_bytes: int = 0
 
     def text(self) -> str:
         return (f"partitioner {self.policy}: saves {self.saved} value(s), {self.saved_bytes} "
-                f"bytes per call; recomputes {self.recomputed} forward op(s) in the backward")
+                f"bytes per call ({self.activation_bytes} beyond the inputs); recomputes "
+                f"{self.recomputed} forward op(s) in the backward")
 
 
 def nbytes(v: Value, hints: dict[str, int]) -> int:
@@ -85,8 +90,10 @@ def _min_cut(j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],
     g.add_node(snk)
     in_fwd = set(fwd_params)
     for p in fwd_params:
+        # an input the caller holds anyway (a parameter, the batch) costs nothing to save, so
+        # the cut saves `W` rather than a transposed copy `W^T` the forward would materialize
         g.add_edge(src, (p, 0), capacity=INF)
-        g.add_edge((p, 0), (p, 1), capacity=nbytes(p, hints))
+        g.add_edge((p, 0), (p, 1), capacity=0)
     fwd_ids = set(map(id, fwd_nodes))
     for n in fwd_nodes:
         ops = [o for o in n.operands() if o in in_fwd]
@@ -123,7 +130,7 @@ def backward_nodes(j: Graph, roots: list[Value], keep: set[Value], in_fwd: set[V
     picked.reverse()
     out: list[Node] = []
     copies: list[Node] = []
-    for n in picked:
+    for n in _recompute_late(picked, fwd_ids):
         if id(n) in fwd_ids:
             c = dataclasses.replace(n, args=list(n.args), kwargs=dict(n.kwargs),
                                     results=list(n.results))
@@ -132,3 +139,37 @@ def backward_nodes(j: Graph, roots: list[Value], keep: set[Value], in_fwd: set[V
         else:
             out.append(n)
     return out, copies
+
+
+def _recompute_late(nodes: list[Node], fwd_ids: set[int]) -> list[Node]:
+    """`nodes` (in order) with each recomputed forward node moved to just before its first
+    backward consumer: in the joint order they all come first, so every recomputed activation
+    would be live from the backward's start to its last use. Still topological: a recomputed
+    node reads only saved values and other recomputed nodes, placed before it on demand."""
+    made = {r: n for n in nodes if id(n) in fwd_ids for r in n.results}
+    placed: set[int] = set()
+    out: list[Node] = []
+
+    def place(n: Node) -> None:
+        stack = [(n, False)]
+        while stack:
+            m, ready = stack.pop()
+            if id(m) in placed:
+                continue
+            if ready:
+                placed.add(id(m))
+                out.append(m)
+                continue
+            stack.append((m, True))
+            for o in reversed(list(m.operands())):
+                d = made.get(o)
+                if d is not None and id(d) not in placed:
+                    stack.append((d, False))
+
+    for n in nodes:
+        if id(n) not in fwd_ids:
+            place(n)
+    for n in nodes:  # recomputed values only a graph output reads
+        if id(n) not in placed:
+            place(n)
+    return out

@@ -44,6 +44,12 @@ class WrapperUnsupported(Exception):
     """The graph needs the interpreter (the reason is the message)."""
 
 
+class BoxedInputs(list):  # type: ignore[type-arg]
+    """Inputs handed over to a compiled graph (AOTAutograd's boxed calling convention): the
+    generated call empties the list once it has unpacked it, and drops each input after its last
+    use, so a training backward frees each saved tensor as soon as it is done with it."""
+
+
 @dataclass
 class Wrapper:
     graph: str
@@ -198,6 +204,8 @@ class _Gen:
                       f"_bad('inputs', inputs, {len(params)})"]
         if params:
             self.lines.append(f"    {', '.join(params)}, = inputs")
+        self.lines.append("    if inputs.__class__ is _Boxed: inputs.clear()")
+        self.ns["_Boxed"] = BoxedInputs
         for p, n in zip(g.params, params, strict=True):
             if isinstance(p.type, TensorType):
                 self.lines.append(f"    if {n}.__class__ is not _Tensor and not isinstance("
@@ -216,8 +224,7 @@ class _Gen:
                 self.other(i, node)
             # drop buffers as soon as they are dead: the allocator hands their (warm) memory
             # to the next allocations instead of faulting in fresh pages
-            dead = [v for v in _read_or_made(node) if last.get(v, i) == i
-                    and v not in self.params]
+            dead = [v for v in _read_or_made(node) if last.get(v, i) == i]
             if dead:
                 self.lines.append(f"    del {', '.join(sorted({self.name(v) for v in dead}))}")
         skip = {r for _, r in g.input_updates}

@@ -32,6 +32,7 @@ import torch
 from ember.autograd.joint import joint_graph, partition_joint, requires_grad_values
 from ember.autograd.partition import POLICIES, PartitionReport
 from ember.autograd.stop import strip_stop_gradients, training_table
+from ember.inductor.wrapper import BoxedInputs
 from ember.ir import Interpreter, Module
 from ember.ir.passes import run_pipeline
 from ember.prims.decomp.random import run_with_philox
@@ -126,12 +127,15 @@ class _Step(torch.autograd.Function):
         runner: TrainingRunner = ctx.runner
         p = runner.plan
         it = iter(ctx.saved_tensors)
-        saved = [next(it) if o is None else o for o in ctx.others]
-        cts = []
+        args = BoxedInputs(next(it) if o is None else o for o in ctx.others)
+        del it
         for i in p.tangents:
             g = grads[i]
-            cts.append(g.contiguous() if isinstance(g, torch.Tensor) else g)
-        got = runner.backward([*saved, *cts])
+            args.append(g.contiguous() if isinstance(g, torch.Tensor) else g)
+        # the compiled backward owns the saved tensors now (boxed inputs, freed after their
+        # last use): autograd's copies go unless the graph is retained for another backward
+        ctx.maybe_clear_saved_tensors()
+        got = runner.backward(args)
         out: list[Any] = [None] * (1 + runner.n_inputs)
         for i, gr in zip(p.grad_inputs, got, strict=True):
             out[1 + i] = gr

@@ -70,6 +70,13 @@ class VJPContext:
         """Emit any op (an extern such as a fused attention backward)."""
         return self.b.emit(op, list(args), kwargs)
 
+    def producer(self, v: Value) -> Node | None:
+        """The backward node (emitted so far) that computes `v`, if any."""
+        for n in reversed(self.b.nodes):
+            if v in n.results:
+                return n
+        return None
+
     @staticmethod
     def t(v: Any) -> TensorType:
         if not (isinstance(v, Value) and isinstance(v.type, TensorType)):

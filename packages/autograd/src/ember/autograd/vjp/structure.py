@@ -50,7 +50,38 @@ def _permute(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]
     _, ct = _x_ct(node, cts)
     dims = attr_list(node, "dims")
     inverse = [dims.index(i) for i in range(len(dims))]
-    return [ctx.p("permute", ct, dims=inverse)]
+    return [_transposed_product(ctx, ct, inverse) or ctx.p("permute", ct, dims=inverse)]
+
+
+def _is_swap_last(dims: list[int]) -> bool:
+    r = len(dims)
+    return r >= 2 and dims == [*range(r - 2), r - 1, r - 2]
+
+
+def _transposed_product(ctx: VJPContext, ct: Value, dims: list[int]) -> Value | None:
+    """`(a @ b)^T` as `b^T @ a^T` where `ct` is a backward matmul (a weight's gradient through
+    the forward's `x @ W^T`): the product comes out in the layout it is returned in, instead of
+    a transposed view that a kernel (or autograd's accumulation into `.grad`) copies. A swap of
+    a swap is the value itself, so `(x^T @ g)^T` is `g^T @ x`, reading `x` as it is."""
+    if not _is_swap_last(dims):
+        return None
+    n = ctx.producer(ct)
+    if n is None or n.op != "prims.matmul":
+        return None
+    a, b = n.args
+    if not (isinstance(a, Value) and isinstance(b, Value)
+            and len(ctx.shape(a)) == len(ctx.shape(b)) == len(dims)):
+        return None
+    return ctx.p("matmul", _swapped(ctx, b, dims), _swapped(ctx, a, dims))
+
+
+def _swapped(ctx: VJPContext, x: Value, dims: list[int]) -> Value:
+    n = ctx.producer(x)
+    if n is not None and n.op == "prims.permute" and attr_list(n, "dims") == dims:
+        src = n.args[0]
+        assert isinstance(src, Value)
+        return src
+    return ctx.p("permute", x, dims=dims)
 
 
 @vjp("prims.squeeze")
