@@ -92,3 +92,22 @@ def test_recomputation_happens_where_it_is_first_needed() -> None:
     for i in recomputed:  # each is read by the node right after it, or by another recomputed one
         users = [j for j, n in enumerate(bwd.nodes) if bwd.nodes[i].results[0] in n.operands()]
         assert users and (users[0] == i + 1 or users[0] in recomputed), (i, users)
+
+
+def test_same_padded_convolution_input_gradient_pads_in_the_convolution() -> None:
+    # stride 1, padding 1, 3x3: the input gradient is a padding-1 convolution of the cotangent,
+    # not a convolution of a padded copy of it (a buffer as large as the activation)
+    text = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 6], %w: f32[4, 3, 3, 3]) -> (f32[2, 4, 6, 6]) {
+  %y = prims.convolution(%x, %w, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 6]
+  return (%y)
+}
+"""
+    m = build_joint(parse(text))
+    bwd = m.graph("backward")
+    assert not [n for n in bwd.nodes if n.op == "prims.pad"]
+    x, w, ct = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(2, 4, 6, 6)
+    lx, lw = x.clone().requires_grad_(), w.clone().requires_grad_()
+    torch.nn.functional.conv2d(lx, lw, padding=1).backward(ct)
+    torch.testing.assert_close(run_joint(m, [x, w], [ct]), [lx.grad, lw.grad])

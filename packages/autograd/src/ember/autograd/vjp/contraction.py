@@ -93,8 +93,16 @@ def _convolution(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[G
         config.append([lo, simplify_dim(as_sympy(lo) + extra), stride[i] - 1])
     spatial = list(range(2, 2 + n))
     wf = ctx.p("rev", _transpose_groups(ctx, w, g), dims=spatial)
-    gx = ctx.p("convolution", ctx.p("pad", ct, 0.0, config=config), wf, stride=[1] * n,
-               padding=[0] * n, dilation=dilation, groups=g)
+    pads = config[2:]
+    if all(isinstance(lo, int) and lo >= 0 and hi == lo and inner == 0
+           for lo, hi, inner in pads):
+        # stride 1 with the same padding on both sides (a "same" 3x3 convolution): the
+        # convolution pads, instead of a padded copy of the cotangent
+        gx = ctx.p("convolution", ct, wf, stride=[1] * n, padding=[lo for lo, _, _ in pads],
+                   dilation=dilation, groups=g)
+    else:
+        gx = ctx.p("convolution", ctx.p("pad", ct, 0.0, config=config), wf, stride=[1] * n,
+                   padding=[0] * n, dilation=dilation, groups=g)
 
     # weight: batch as channels, stride and dilation exchanged, cut to the kernel size
     gw = ctx.p("convolution", _batch_to_channels(ctx, x, g), _swap01(ctx, ct),
