@@ -224,23 +224,31 @@ def test_cpu_kernels_need_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> No
         load_module(m)
 
 
-def test_libdevice_ops_fall_back_in_the_interpreter_only() -> None:
-    m = compiled(lambda a: torch.tanh(a), torch.randn(2, 3))
-    assert not m.kernels  # the interpreter has no libdevice: the reference runs it
+def test_libdevice_ops_run_in_the_interpreter_through_numpy() -> None:
+    """The interpreter has no libdevice: its kernels import interp_libdevice (numpy) in its
+    place; the GPU's import triton's."""
     x = torch.randn(2, 3)
-    torch.testing.assert_close(compiled_runner(m)(None, [x]).outputs[0], torch.tanh(x))
+    m = check(lambda a: torch.tanh(a) + torch.fmod(a, 0.3) + torch.erfinv(a.clamp(-0.9, 0.9)),
+              x, kernels=1)
+    assert "interp_libdevice as libdevice" in next(iter(m.kernels.values())).source
     cuda = run_pipeline(parse(BIG.replace("aten.exp", "aten.tanh")), "to-prims,inductor-cuda")
-    assert "libdevice.tanh(" in next(iter(cuda.kernels.values())).source
+    src = next(iter(cuda.kernels.values())).source
+    assert "libdevice.tanh(" in src and "from triton.language.extra import libdevice" in src
+
+
+def test_integer_division_modulo_and_power_are_kernels() -> None:
+    x, y = torch.randint(-9, 9, (3, 4)), torch.randint(1, 9, (3, 4)) * torch.tensor([1, -1, 1, -1])
+    check(lambda a, b: (torch.div(a, b, rounding_mode="floor") + a, torch.div(a, b, rounding_mode="trunc"),
+                        a % b, torch.fmod(a, b), a ** b.abs(), a ** 3), x, y)
 
 
 def test_unsupported_ops_fall_back_to_the_reference_with_a_reason() -> None:
-    x, y = torch.randint(-9, 9, (3, 4)), torch.randint(1, 9, (3, 4))
-    m = compiled(lambda a, b: torch.div(a, b, rounding_mode="floor") + a, x, y)
+    x = torch.rand(3, 4) + 0.5
+    m = compiled(lambda a: torch.digamma(a) + a, x)
     reasons = [g.attrs.get("triton_fallback") for g in m.graphs.values()
                if g.attrs.get("triton_fallback")]
     assert reasons and "no Triton template" in str(reasons[0])
-    torch.testing.assert_close(compiled_runner(m)(None, [x, y]).outputs[0],
-                               torch.div(x, y, rounding_mode="floor") + x)
+    torch.testing.assert_close(compiled_runner(m)(None, [x]).outputs[0], torch.digamma(x) + x)
 
 
 @pytest.fixture

@@ -157,10 +157,11 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _on_cpu(m: Module, name: str) -> bool:
-    return any(n.op == "kernels.call" and isinstance(n.args[0], Ref) and n.args[0].name == name
-               and device_kind(str(n.kwargs.get("device", "cpu"))) == "cpu"
-               for g in m.graphs.values() for n in g.nodes)
+def _on_cpu(m: Module) -> set[str]:
+    """The kernels that a call runs on cpu tensors (one pass over the module)."""
+    return {n.args[0].name for g in m.graphs.values() for n in g.nodes
+            if n.op == "kernels.call" and isinstance(n.args[0], Ref)
+            and device_kind(str(n.kwargs.get("device", "cpu"))) == "cpu"}
 
 
 def _module_dir() -> Path:
@@ -191,8 +192,9 @@ def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
     except ImportError as e:
         raise LoadError(f"triton kernels need the triton package ({e})") from None
     table: dict[str, LoadedKernel] = {}
+    on_cpu = _on_cpu(m) if not _interpreting() else set()
     for k in blocks:
-        if _on_cpu(m, k.name) and not _interpreting():
+        if k.name in on_cpu:
             raise LoadError(f"kernel @{k.name}: triton kernels run on cpu tensors only in "
                             f"Triton's interpreter (set TRITON_INTERPRET=1 before starting)")
         digest = hashlib.sha256(f"{_interpreting()}\0{k.source}".encode()).hexdigest()[:32]

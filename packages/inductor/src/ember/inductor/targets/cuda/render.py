@@ -45,7 +45,8 @@ INT32_LIMIT = 2**31
 TL_DTYPES: dict[DType, str] = {
     DType.f16: "tl.float16", DType.bf16: "tl.bfloat16", DType.f32: "tl.float32",
     DType.f64: "tl.float64", DType.i8: "tl.int8", DType.i16: "tl.int16", DType.i32: "tl.int32",
-    DType.i64: "tl.int64", DType.u8: "tl.uint8", DType.b8: "tl.int1",
+    DType.i64: "tl.int64", DType.u8: "tl.uint8", DType.u16: "tl.uint16", DType.u32: "tl.uint32",
+    DType.u64: "tl.uint64", DType.b8: "tl.int1",
 }
 
 _F, _I, _B = "f", "i", "b"
@@ -58,24 +59,26 @@ OPS: dict[str, dict[str, str]] = {
     "prims.erf": {_F: "tl.erf({0})"},
     **{f"prims.{fn}": {_F: f"libdevice.{fn}({{0}})"} for fn in (
         "expm1", "log1p", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
-        "asinh", "acosh", "atanh", "erfc", "lgamma")},
+        "asinh", "acosh", "atanh", "erfc", "lgamma", "erfinv")},
     "prims.floor": {_F: "tl.floor({0})", _I: "{0}"}, "prims.ceil": {_F: "tl.ceil({0})", _I: "{0}"},
     "prims.trunc": {_F: "libdevice.trunc({0})", _I: "{0}"},
     "prims.round": {_F: "libdevice.nearbyint({0})", _I: "{0}"},
     "prims.abs": {_F: "tl.abs({0})", _I: "tl.abs({0})"},
     "prims.neg": {_F: "(-{0})", _I: "(-{0})"},
     "prims.sign": {_F: "_sign({0})", _I: "_sign({0})"},
-    "prims.bitwise_not": {_I: "(~{0})", _B: "({0} == 0)"},
+    "prims.bitwise_not": {_I: "({0} ^ {ones})", _B: "({0} == 0)"},  # ~ on u8 fails interpreted
     "prims.add": {_F: "({0} + {1})", _I: "({0} + {1})"},
     "prims.sub": {_F: "({0} - {1})", _I: "({0} - {1})"},
     "prims.mul": {_F: "({0} * {1})", _I: "({0} * {1})"},
-    "prims.div": {_F: "({0} / {1})"},
-    "prims.fmod": {_F: "libdevice.fmod({0}, {1})"},
-    "prims.remainder": {_F: "_remainder({0}, {1})"},
-    "prims.pow": {_F: "libdevice.pow({0}, {1})"},
+    "prims.div": {_F: "({0} / {1})", _I: "_idiv({0}, {1})"},
+    "prims.fmod": {_F: "libdevice.fmod({0}, {1})", _I: "_ifmod({0}, {1})"},
+    "prims.remainder": {_F: "_remainder({0}, {1})", _I: "_iremainder({0}, {1})"},
+    "prims.pow": {_F: "libdevice.pow({0}, {1})", _I: "_ipow({0}, {1}, {bits}, {signed})"},
     "prims.atan2": {_F: "libdevice.atan2({0}, {1})"},
     "prims.maximum": {_F: "_maximum({0}, {1})", _I: "tl.maximum({0}, {1})"},
     "prims.minimum": {_F: "_minimum({0}, {1})", _I: "tl.minimum({0}, {1})"},
+    "prims.shift_left": {_I: "_shl({0}, {1}, {bits})"},
+    "prims.shift_right": {_I: "_shr({0}, {1}, {bits})"},
     "prims.bitwise_and": {_I: "({0} & {1})", _B: "({0} & {1})"},
     "prims.bitwise_or": {_I: "({0} | {1})", _B: "({0} | {1})"},
     "prims.bitwise_xor": {_I: "({0} ^ {1})", _B: "({0} ^ {1})"},
@@ -83,6 +86,10 @@ OPS: dict[str, dict[str, str]] = {
         ("eq", "=="), ("ne", "!="), ("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="))},
     "prims.where": {c: "tl.where({0}, {1}, {2})" for c in (_F, _I, _B)},
 }
+
+# f64 forms where the f32 template's function takes f32 only
+OPS_F64: dict[str, str] = {"prims.sqrt": "libdevice.sqrt({0})",
+                           "prims.rsqrt": "(1.0 / libdevice.sqrt({0}))"}
 
 # helpers every kernel module defines (jit functions the kernels call)
 PRELUDE = '''import triton
@@ -126,7 +133,67 @@ def _mod(a, b):
 @triton.jit
 def _mul(a, b):
     return a * b
+
+
+# integer division and modulo: Triton's // and % truncate, as C; a zero divisor gives 0 (a GPU
+# kernel cannot raise: eager's CPU kernels raise, its CUDA kernels give unspecified values)
+@triton.jit
+def _idiv(a, b):
+    z = b == 0
+    return tl.where(z, 0, a // tl.where(z, tl.full([], 1, b.dtype), b))
+
+
+@triton.jit
+def _ifmod(a, b):
+    z = b == 0
+    return tl.where(z, 0, a % tl.where(z, tl.full([], 1, b.dtype), b))
+
+
+@triton.jit
+def _iremainder(a, b):
+    z = b == 0
+    r = a % tl.where(z, tl.full([], 1, b.dtype), b)
+    return tl.where(z, 0, tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r))
+
+
+@triton.jit
+def _shl(a, b, BITS: tl.constexpr):  # past the width or negative: 0, as eager
+    out = (b < 0) | (b >= BITS)
+    return tl.where(out, 0, a << tl.where(out, tl.full([], 0, b.dtype), b))
+
+
+@triton.jit
+def _shr(a, b, BITS: tl.constexpr):  # past the width or negative: the sign, as eager
+    out = (b < 0) | (b >= BITS)
+    return tl.where(out, tl.where(a < 0, -1, 0), a >> tl.where(out, tl.full([], 0, b.dtype), b))
+
+
+@triton.jit
+def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):  # square and multiply
+    one = tl.full([], 1, a.dtype)
+    base = a + tl.zeros_like(b)
+    e = b + tl.zeros_like(a)
+    r = tl.zeros_like(base) + one
+    for _ in tl.static_range(BITS):
+        r = tl.where((e & one) != 0, r * base, r)
+        base = base * base
+        e = e >> one
+    if SIGNED:  # a negative exponent: 1 ** b, (-1) ** b, else 0 (a ** b truncated)
+        neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & one) != 0, -1, 1), 0))
+        r = tl.where(b < 0, neg.to(r.dtype), r)
+    return r
 '''
+
+
+INTERP_LIBDEVICE = "from ember.inductor.targets.cuda import interp_libdevice as libdevice"
+
+
+def prelude(interpret: bool) -> str:
+    """The helpers; for Triton's interpreter, which has no libdevice, numpy's functions in its
+    place (interp_libdevice.py)."""
+    if not interpret:
+        return PRELUDE
+    return PRELUDE.replace("from triton.language.extra import libdevice", INTERP_LIBDEVICE)
 
 
 class CodegenError(NotImplementedError):
@@ -169,19 +236,23 @@ def _static(dims: Sequence[Any], what: str) -> list[int]:
     return out
 
 
-def pyexpr(e: Any, rtag: str = "") -> str:
+def pyexpr(e: Any, rtag: str = "", alias: dict[str, str] | None = None) -> str:
     """An index expression over loop variables as Triton code (Python floor semantics: ember.ir's
-    Triton table); the reduced variables r0, ... are named r0{rtag}, ...."""
+    Triton table); the reduced variables r0, ... are named r0{rtag}, ...; `alias` renames
+    variables (a row's inner variables that are its reduced ones)."""
     def name(n: str) -> str:
         if not (n[:1] in "ir" and n[1:].isdigit()):
             raise CodegenError(f"index symbol {short(n)!r} is not a loop variable")
-        return n + rtag if n[0] == "r" else n
+        out = n + rtag if n[0] == "r" else n
+        return alias.get(out, out) if alias else out
     return print_expr(e, TRITON, name, CodegenError)
 
 
-def literal(v: object, dt: DType) -> str:
-    """A number converted to `dt` as eager converts it (torch.tensor(v, dtype)), as a Python
-    literal (Triton types a float literal f32 and an int literal i32/i64 by its value)."""
+def literal(v: object, dt: DType, scalar: bool = False) -> str:
+    """A number converted to `dt` as eager converts it (torch.tensor(v, dtype)), as Triton code:
+    a Python literal (Triton types a float literal f32 and an int literal i32/i64 by its
+    value), except an f64 operand, a 0-d f64 tensor (its literal would be rounded to f32);
+    `scalar`: the value argument of tl.full, a Python number for every dtype."""
     if isinstance(v, sympy.Expr) and not v.is_number:
         raise CodegenError("a symbolic number operand (the Triton target takes static sizes)")
     x: Any = torch.tensor(v, dtype=dt.torch).item()
@@ -190,12 +261,14 @@ def literal(v: object, dt: DType) -> str:
     if isinstance(x, int):
         return str(x)
     if math.isnan(x):
-        return 'float("nan")'
-    if math.isinf(x):
-        return 'float("inf")' if x > 0 else 'float("-inf")'
-    if dt == DType.f64:
-        raise CodegenError("an f64 literal (Triton would round it to f32)")
-    return repr(float(x))
+        text = 'float("nan")'
+    elif math.isinf(x):
+        text = 'float("inf")' if x > 0 else 'float("-inf")'
+    else:
+        text = repr(float(x))
+    if dt == DType.f64 and not scalar:
+        return f"tl.full([], {text}, tl.float64)"
+    return text
 
 
 def _round(dt: DType, text: str) -> str:
@@ -225,9 +298,15 @@ class _Writer:
     reds: dict[tuple[Any, ...], _Red] = field(default_factory=dict)
     renders: int = 0
     wide: bool = False  # int64 index math
-    interpret: bool = False  # for Triton's interpreter, which has no libdevice
+    interpret: bool = False  # for Triton's interpreter (numpy in place of libdevice)
     tags: int = 0  # passes over a reduction row so far (each names its locals apart)
     rtag: str = ""  # the suffix of the reduced loop variables' names in the current pass
+    # one persistent row for every reduction and the row body: one set of indices, and each
+    # value (a load above all) computed once per row, found again by its text
+    shared: bool = False
+    alias: dict[str, str] = field(default_factory=dict)
+    cse: dict[str, str] | None = None
+    contiguous: Any = None  # pointwise: the flat index as an expression of the loop variables
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -246,8 +325,13 @@ class _Writer:
             loc = f" ({short(n.loc.file)}:{n.loc.line})" if n.loc else ""
             self.emit(depth, "# " + safe_text(f"%{r.name} = {n.op}{loc}"))
             rhs = self.rhs(n, env, pre, mask, shape)
+            if self.cse is not None and rhs in self.cse:
+                env[r] = self.cse[rhs]
+                continue
             env[r] = ident(r.name, pre)
             self.emit(depth, f"{env[r]} = {rhs}")
+            if self.cse is not None:
+                self.cse[rhs] = env[r]
         return [env[o] for o in g.outputs]
 
     def rhs(self, n: Node, env: dict[Value, str], pre: str, mask: str, shape: str) -> str:
@@ -257,19 +341,22 @@ class _Writer:
             buf = n.args[0]
             assert isinstance(buf, Value)
             index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            off = pyexpr(flat_offset(index, _static(_tensor(buf).shape, "buffer size")),
-                         self.rtag)
+            flat = flat_offset(index, _static(_tensor(buf).shape, "buffer size"))
+            if self.contiguous is not None and sympy.expand(flat - self.contiguous) == 0:
+                off = "xflat"  # the buffer read in the loop's own order: contiguous lanes
+            else:
+                off = pyexpr(flat, self.rtag, self.alias)
             # the offsets broadcast to the block (a row value's load under a [X, R] mask)
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
                    f"mask={mask}, other=0)"
             return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
         if n.op == "loop.index":
-            e = pyexpr(parse_index(n.kwargs["index"]), self.rtag)
+            e = pyexpr(parse_index(n.kwargs["index"]), self.rtag, self.alias)
             return f"(tl.zeros({shape}, tl.int64) + {e})"
         if n.op == "loop.reduce":
             return self.reduce_ref(n, env).name
         if n.op == "prims.full":
-            return f"tl.full({shape}, {literal(n.kwargs['value'], dt)}, {compute_dtype(dt)})"
+            return f"tl.full({shape}, {literal(n.kwargs['value'], dt, True)}, {compute_dtype(dt)})"
         if n.op == "prims.convert_element_type":
             x = n.args[0]
             assert isinstance(x, Value)
@@ -281,13 +368,18 @@ class _Writer:
         if table is None or not tensors:
             raise CodegenError(f"{n.op} has no Triton template yet")
         odt = _tensor(tensors[-1]).dtype  # where: the branches' dtype decides the class
-        tmpl = table.get(dclass(odt))
+        tmpl = OPS_F64.get(n.op) if odt == DType.f64 else None
+        tmpl = tmpl or table.get(dclass(odt))
         if tmpl is None:
             raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
-        if self.interpret and ("libdevice" in tmpl or tmpl.startswith("_remainder")):
-            raise CodegenError(f"{n.op} needs libdevice, which Triton's interpreter lacks")
         ops = [env[a] if isinstance(a, Value) else literal(a, odt) for a in n.args]
-        text = tmpl.format(*ops)
+        if dclass(odt) == _I:  # typed as the tensor operands: an int literal is i32 to Triton
+            ops = [o if isinstance(a, Value) else f"tl.full([], {o}, {tl_dtype(odt)})"
+                   for o, a in zip(ops, n.args, strict=True)]
+        bits = 8 * odt.torch.itemsize
+        unsigned = odt in (DType.u8, DType.u16, DType.u32, DType.u64)
+        text = tmpl.format(*ops, bits=bits, ones=(1 << bits) - 1 if unsigned else -1,
+                           signed=not unsigned)
         if dt == DType.b8 or dclass(odt) == _B:
             return text
         return _round(dt, f"({text}).to({compute_dtype(dt)})" if dclass(dt) == _I else text)
@@ -331,6 +423,10 @@ def _decompose(w: _Writer, depth: int, flat: str, dims: list[int], var: str, sta
                tag: str = "") -> None:
     """Loop variables `var{start+k}` recovered from the flat row-major index `flat`."""
     stride = math.prod(dims)
+    if stride == 0:  # an empty loop: every lane is masked off, any index does
+        for k in range(len(dims)):
+            w.emit(depth, f"{var}{start + k}{tag} = {flat} * 0")
+        return
     for k, d in enumerate(dims):
         stride //= d
         e = flat if stride == 1 else f"({flat} // {stride})"
@@ -374,17 +470,25 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
         """Emit the body over one chunk of the row: (value, flat index, mask) names. Every
         pass over a row has its own names (r0_3, rv3, ...): Triton types a name that a loop
         assigns by its type before the loop."""
-        w.tags += 1
-        t = str(w.tags)
-        w.emit(d, f"rflat{t} = {roff}tl.arange(0, {blk})[None, :]" + (
-            ".to(tl.int64)" if w.wide else ""))
-        w.emit(d, f"rmask{t} = {xmask} & (rflat{t} < {rn})")
-        _decompose(w, d, f"rflat{t}", red.rranges, "r", 0, f"_{t}")
+        if w.shared:  # every pass over the row shares its indices (emitted once)
+            t = "s"
+            if w.cse is None:
+                w.cse = {}
+                _row_indices(w, d, red.rranges, blk, xmask, rn)
+        else:
+            w.tags += 1
+            t = str(w.tags)
+            w.emit(d, f"rflat{t} = {roff}tl.arange(0, {blk})[None, :]" + (
+                ".to(tl.int64)" if w.wide else ""))
+            w.emit(d, f"rmask{t} = {xmask} & (rflat{t} < {rn})")
+            _decompose(w, d, f"rflat{t}", red.rranges, "r", 0, f"_{t}")
         w.rtag = f"_{t}"
         (v,) = w.body(d, red.body, red.bufs, f"rmask{t}", rshape)
         w.rtag = ""
-        w.emit(d, f"rv{t} = tl.where(rmask{t}, {v}.to({ct}), {ident_v})")
-        return f"rv{t}", f"rflat{t}", f"rmask{t}"
+        w.tags += 1
+        rv = f"rv{w.tags}"
+        w.emit(d, f"{rv} = tl.where(rmask{t}, {v}.to({ct}), {ident_v})")
+        return rv, f"rflat{t}", f"rmask{t}"
 
     val = red.name if kind == value_kind else red.name + "_m"
     nan_fix = dclass(dt) == _F and value_kind in ("amax", "amin")
@@ -429,6 +533,14 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
               f"{rflat}.to(tl.int64), {big}), 1, keep_dims=True))")
 
 
+def _row_indices(w: _Writer, d: int, rranges: list[int], blk: int, xmask: str, rn: int
+                 ) -> None:
+    w.emit(d, "rflats = tl.arange(0, " + str(blk) + ")[None, :]" + (
+        ".to(tl.int64)" if w.wide else ""))
+    w.emit(d, f"rmasks = {xmask} & (rflats < {rn})")
+    _decompose(w, d, "rflats", rranges, "r", 0, "_s")
+
+
 def _reduce_call(op: str, x: str) -> str:
     if op == "_prod":
         return f"tl.reduce({x}, 1, _mul, keep_dims=True)"
@@ -444,7 +556,7 @@ class Rendered:
 def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret: bool = False
            ) -> Rendered:
     """The Triton module of kernel `name` computing `node` (loop.pointwise / loop.reduction);
-    `interpret`: for Triton's interpreter (ops that need libdevice raise CodegenError)."""
+    `interpret`: for Triton's interpreter (libdevice is interp_libdevice.py)."""
     w = _Writer(name, items, interpret=interpret)
     t = _tensor(node.results[0])
     ranges = _static(node.kwargs["ranges"], "range")  # type: ignore[arg-type]
@@ -472,7 +584,7 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     sym = kernel_symbol(name)
     sched: dict[str, int] = {}
     head = [f"# ember triton kernel {safe_text('@' + short(name))}: "
-            f"{safe_text(node.op)} over {ranges}", PRELUDE, "", "@triton.jit"]
+            f"{safe_text(node.op)} over {ranges}", prelude(interpret), "", "@triton.jit"]
     params = ", ".join([*ins, *outs, "XBLOCK: tl.constexpr"])
     w.emit(0, f"def {sym}({params}):")
     pid = "tl.program_id(0)" + (".to(tl.int64)" if w.wide else "")
@@ -483,6 +595,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         w.emit(1, f"xmask = xflat < {xn}")
         _decompose(w, 1, "xflat", ranges, "i", 0)
+        w.contiguous = sum(sympy.Symbol(f"i{k}") * math.prod(ranges[k + 1:])
+                           for k in range(len(ranges)))
         vals = w.body(1, body, ins, "xmask", "[XBLOCK]")
         for o, v, r in zip(outs, vals, node.results, strict=True):
             w.emit(1, f"tl.store({o} + xflat, {v}.to({tl_dtype(_tensor(r).dtype)}), "
@@ -505,6 +619,10 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
                  else 2 if elems >= 256 else 1, "grid": math.ceil(xn / xblock)}
         for k, red in enumerate(order):
             sched[f"R{k}BLOCK"] = red.block
+        rr = order[0].rranges
+        w.shared = all(r.persistent and r.rranges == rr for r in order) and (
+            main is not None or inner == rr)
+        sched["shared_row"] = int(w.shared)
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         w.emit(1, f"xmask = xflat < {xn}")
         _decompose(w, 1, "xflat", outer, "i", 0)
@@ -513,6 +631,13 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         if main is not None:
             w.emit(1, f"tl.store({outs[0]} + xflat, {main.name}.to({tl_dtype(t.dtype)}), "
                       f"mask=xmask)")
+        elif w.shared:  # the row's elements are the reduced ones: same indices, same values
+            sched["IBLOCK"] = iblock
+            w.alias = {f"i{len(outer) + k}": f"r{k}_s" for k in range(len(inner))}
+            vals = w.body(1, body, ins, "rmasks", f"[XBLOCK, {iblock}]")
+            for o, v, r in zip(outs, vals, node.results, strict=True):
+                w.emit(1, f"tl.store({o} + xflat * {ni} + rflats, "
+                          f"{v}.to({tl_dtype(_tensor(r).dtype)}), mask=rmasks)")
         else:
             sched["IBLOCK"] = iblock
             d = 1
