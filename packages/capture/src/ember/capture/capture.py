@@ -320,8 +320,11 @@ def _prune_inputs(tx: Tracer) -> None:
     keep = [i for i, p in enumerate(g.params) if id(p) in used]
     if len(keep) == len(g.params):
         return
+    read = {id(rec._param_of[f]) for f in rec.observed if f in rec._param_of}
     for i, p in enumerate(g.params):
-        if id(p) not in used:
+        # an input whose metadata was read (`x[:y.shape[0]]`) keeps its guard: the graph is
+        # wrong for another shape of it
+        if id(p) not in used and id(p) not in read:
             tx.guards.remove_for(rec.input_sources[i], GuardKind.TENSOR_MATCH)
     g.params = [g.params[i] for i in keep]
     rec.input_sources = [rec.input_sources[i] for i in keep]

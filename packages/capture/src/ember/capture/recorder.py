@@ -77,6 +77,8 @@ class Recorder:
         self._pending: list[tuple[str, Value, int, bool]] = []
         # dynamic inputs: source -> (symbolic shape, symbolic strides)
         self.sym_layouts: dict[Source, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+        # fakes whose metadata the function read (`y.shape`): kept guarded when pruned
+        self.observed: set[int] = set()
 
     # -- inputs -----------------------------------------------------------------------------
     def lift(self, real: torch.Tensor, source: Source) -> FakeTensor:

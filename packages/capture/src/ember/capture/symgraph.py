@@ -62,6 +62,7 @@ def symbolize(module: Module, env: ShapeEnv) -> None:
             n.kwargs = {k: _arg(env, a) for k, a in n.kwargs.items()}
             for r in n.results:
                 r.type = _type(env, r.type)
+            _check_clamp(n)
         g.result_types = [_type(env, t) for t in g.result_types]
         bound: set[str] = set()
         for p in g.params:
@@ -79,6 +80,27 @@ def symbolize(module: Module, env: ShapeEnv) -> None:
     for name, info in env.symbols.items():
         if name in used:
             module.add_symbol(Symbol(name, info.hint, info.lo, info.hi))
+
+
+def _check_clamp(n: Any) -> None:
+    """A slice bounded by a size symbol whose result dim is static was clamped to a static
+    size at the probe sizes (`x[:y.shape[0]]`, x static): no comparison went through a SymInt,
+    so no guard says when that holds, and smaller sizes would get the wrong shape."""
+    if n.op != "aten.slice.Tensor" or len(n.args) < 3 or not isinstance(n.results[0].type,
+                                                                         TensorType):
+        return
+    dim = n.args[1] if isinstance(n.args[1], int) else 0
+    bounds = [a for a in n.args[2:4] if isinstance(a, sympy.Expr) and a.free_symbols]
+    out = n.results[0].type.shape
+    if not bounds or not -len(out) <= dim < len(out) or not isinstance(out[dim], int):
+        return
+    start, end = (list(n.args[2:4]) + [None, None])[:2]
+    step = n.args[4] if len(n.args) > 4 else 1
+    if step == 1 and isinstance(start, int | sympy.Expr) and isinstance(end, int | sympy.Expr):
+        span = sympy.expand(sympy.sympify(end) - sympy.sympify(start))
+        if span.is_Integer and int(span) == out[dim]:
+            return  # `x[s0 - 1:s0]`: static by construction
+    raise NotSymbolic("a slice bounded by a size symbol is clamped at the probe sizes")
 
 
 def _arg_symbols(args: list[Any]) -> set[str]:
