@@ -99,13 +99,46 @@ def _readers(g: Graph, v: Value) -> list[Node]:
     return [n for n in g.nodes if v in list(n.operands())]
 
 
+Readers = Callable[[Value], list[Node]]
+
+
+class _ReaderIndex:
+    """The nodes reading each value, in graph order, kept up to date while vertical fusion
+    rewrites and removes nodes (it never reorders them). Scanning the graph for every lookup
+    made `fuse` cubic in the node count: 287 s of a 305 s mobilenetv2 compile."""
+
+    def __init__(self, g: Graph):
+        self.pos = {id(n): k for k, n in enumerate(g.nodes)}
+        self.of: dict[Value, list[Node]] = {}
+        self.reads: dict[int, set[Value]] = {}
+        for n in g.nodes:
+            self.add(n)
+
+    def __call__(self, v: Value) -> list[Node]:
+        return list(self.of.get(v, ()))
+
+    def add(self, n: Node) -> None:
+        vals = set(n.operands())
+        self.reads[id(n)] = vals
+        for v in vals:
+            lst = self.of.setdefault(v, [])
+            lst.append(n)
+            lst.sort(key=lambda x: self.pos[id(x)])
+
+    def drop(self, n: Node) -> None:
+        for v in self.reads.pop(id(n), set()):
+            self.of[v] = [x for x in self.of[v] if x is not n]
+
+
 def _at_outer(index: list[str], k: int) -> bool:
     return index[:k] == [f"i{j}" for j in range(k)]
 
 
-def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes: int = 64
-                  ) -> str | None:
-    """None if `fuse` may fuse `producer` into `consumer`, else the reason it may not."""
+def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes: int = 64,
+                  readers: Readers | None = None) -> str | None:
+    """None if `fuse` may fuse `producer` into `consumer`, else the reason it may not
+    (`readers`: an index of g's readers, else g is scanned)."""
+    read = readers if readers is not None else (lambda v: _readers(g, v))
     if producer.op not in KERNEL_OPS:
         return f"the producer is {producer.op}; only loop kernels are fused"
     if consumer.op not in KERNEL_OPS:
@@ -116,13 +149,13 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
     if r in g.outputs and not (producer.op == "loop.pointwise"
                                and consumer.kwargs["ranges"] == producer.kwargs["ranges"]
                                and (consumer.op == "loop.pointwise"
-                                    or not _readers(g, consumer.results[0]))):
+                                    or not read(consumer.results[0]))):
         return f"%{r.name} is a graph output and must be written anyway"
     pbody, cbody = _body(m, producer), _body(m, consumer)
     if producer.op == "loop.pointwise":
         if len(producer.results) > 1:
             return "the producer is a multi-output kernel"
-        readers = _readers(g, r)
+        readers = read(r)
         if [id(n) for n in readers] != [id(consumer)]:
             return f"%{r.name} has {len(readers)} readers (inlining would recompute it)"
         k = _reduce_depth(m, pbody)
@@ -296,24 +329,49 @@ def dependency_graph(g: Graph) -> nx.DiGraph:
 
 
 def _vertical(m: Module, g: Graph, max_nodes: int, reductions: bool, taken: set[str]) -> bool:
-    for p in list(g.nodes):
+    """Rules 1, 2 and 4 to a fixpoint, always fusing the first fusable producer in graph order.
+    After a fusion the scan resumes at the first node whose fusability it may have changed
+    (the consumers, and the producers of every buffer they or the fused producer read): nodes
+    before it were not fusable and still are not."""
+    rd = _ReaderIndex(g)
+    fused = False
+    k = 0
+    while k < len(g.nodes):
+        p = g.nodes[k]
+        done: list[Node] = []
         if p.op == "loop.pointwise":
-            readers = _readers(g, p.results[0])
-            if len(readers) == 1 and why_not_fused(m, g, p, readers[0], max_nodes) is None:
+            readers = rd(p.results[0])
+            if len(readers) == 1 and why_not_fused(m, g, p, readers[0], max_nodes,
+                                                   rd) is None:
                 if p.results[0] in g.outputs:
                     fuse_keeping(m, p, readers[0], taken)
                 else:
                     fuse_into(m, p, readers[0], taken)
-                g.nodes.remove(p)
-                return True
+                done = readers
         elif p.op == "loop.reduction" and reductions:
-            readers = _readers(g, p.results[0])
-            if readers and all(why_not_fused(m, g, p, c, max_nodes) is None for c in readers):
+            readers = rd(p.results[0])
+            if readers and all(why_not_fused(m, g, p, c, max_nodes, rd) is None
+                               for c in readers):
                 for c in readers:
                     fuse_into(m, p, c, taken)
-                g.nodes.remove(p)
-                return True
-    return False
+                done = readers
+        if not done:
+            k += 1
+            continue
+        fused = True
+        touched = set(rd.reads[id(p)])
+        rd.drop(p)
+        for c in done:
+            touched |= rd.reads[id(c)]
+            rd.drop(c)
+            rd.add(c)
+            touched |= rd.reads[id(c)]
+        g.nodes.remove(p)
+        first = min([rd.pos[id(c)] for c in done]
+                    + [rd.pos[id(v.node)] for v in touched
+                       if v.node is not None and id(v.node) in rd.reads])
+        k = next(j for j, n in enumerate(g.nodes) if rd.pos[id(n)] >= first)
+    return fused
 
 
 def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> bool:
@@ -403,11 +461,12 @@ def explain_fusion(m: Module, max_nodes: int = 64) -> list[str]:
     for g in m.graphs.values():
         if g.name in bodies:
             continue
+        rd = _ReaderIndex(g)
         for p in g.nodes:
             if p.op not in KERNEL_OPS:
                 continue
-            for c in _readers(g, p.results[0]):
-                why = why_not_fused(m, g, p, c, max_nodes)
+            for c in rd(p.results[0]):
+                why = why_not_fused(m, g, p, c, max_nodes, rd)
                 if why is not None:
                     names = ", ".join("%" + r.name for r in c.results)
                     out.append(f"@{g.name}: %{p.results[0].name} -> {names}: {why}")
