@@ -1,0 +1,187 @@
+"""The op database's "triton kernel" check, shared by test_opdb_triton.py, by the device script
+(benchmarks/gpu_cuda_suite.py, real launches on CUDA with bf16) and by whoever probes a family:
+
+    .venv/bin/python -m packages.inductor.tests.opdb_triton_check pointwise 20
+
+What it runs comes from the data file `opdb_triton.toml` next to this module (families, skipped
+ops, ops allowed to keep a kernel on the reference interpreter, each with the reason);
+ember.testing.coverage renders docs/ops.md's "triton kernel" column from it.
+
+Like the "cpu kernel" check (opdb_cpu_check.py, whose module builder and comparisons this
+reuses): one module holding a graph per op of a family (one sample each) is lowered to loops,
+fused and rendered as Triton kernels (`codegen-triton`), and each graph's outputs are compared
+with eager. The compiled graph must be kernels only: a loop kernel left to the reference
+interpreter (`triton_fallback`) fails unless the op is in the fallback table.
+
+On `device="cpu"` (CI, no GPU) the kernels run in Triton's interpreter (TRITON_INTERPRET=1 must
+be set before triton is imported; libdevice is numpy's there, interp_libdevice.py), and samples
+holding bf16 tensors are left out: the interpreter's bf16 arithmetic is wrong. On
+`device="cuda"` the samples are moved to the GPU, eager runs there, and bf16 is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import ember.inductor  # noqa: F401  (registers the passes and the kernels dialect)
+from ember.inductor.kernels import compile_module, compiled_runner
+from ember.ir import Graph, Interpreter, Module, Ref
+from ember.prims.decomp.random import run_with_philox
+from ember.testing.coverage import CheckScope, read_scope
+from ember.testing.harness import assert_outputs_close
+from ember.testing.opdb import OpEntry, Sample, load_all
+from packages.inductor.tests.opdb_cpu_check import (
+    KERNEL_OPS,
+    _check_one,
+    _clone,
+    _graph_name,
+    build,
+    prim_module,
+)
+
+PIPELINES = {"cpu": "lower-loops,fuse,codegen-triton{interpret=true},plan-buffers",
+             "cuda": "lower-loops,fuse,codegen-triton,plan-buffers"}
+SCOPE: CheckScope = read_scope(Path(__file__).with_name("opdb_triton.toml"))
+OPDB = load_all()
+
+
+def family_entries(family: str) -> list[OpEntry]:
+    """The entries of a family the check runs."""
+    return [e for e in OPDB.entries() if e.family == family and e.op not in SCOPE.skip
+            and "triton kernel" not in e.gaps]
+
+
+def _tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors(x)]
+    if isinstance(v, Mapping):
+        return [t for x in v.values() for t in _tensors(x)]
+    return []
+
+
+def _move(v: Any, device: str) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_move(x, device) for x in v)
+    return v
+
+
+def on_device(s: Sample, device: str) -> Sample:
+    """The sample with its tensors on `device` (strides kept where `.to` keeps them)."""
+    if device == "cpu":
+        return s
+    return Sample(_move(s.args, device), {k: _move(v, device) for k, v in s.kwargs.items()})
+
+
+def runnable(s: Sample, device: str) -> bool:
+    """Whether the check runs the sample on `device`: the interpreter computes bf16 wrongly."""
+    if device != "cpu":
+        return True
+    ts = _tensors(s.args) + _tensors(dict(s.kwargs))
+    return not any(t.dtype == torch.bfloat16 for t in ts) and not any(
+        v is torch.bfloat16 for v in [*s.args, *s.kwargs.values()])
+
+
+def not_kernels(compiled: Module, graph: str) -> list[str]:
+    """The nodes of a compiled graph that do not run compiled code, with the reasons."""
+    out = []
+    for n in compiled.graph(graph).nodes:
+        if n.op in KERNEL_OPS:
+            continue
+        ref = n.args[0] if n.args else None
+        body = compiled.items.get(ref.name) if isinstance(ref, Ref) else None
+        why = body.attrs.get("triton_fallback") if isinstance(body, Graph) else None
+        out.append(f"{n.op} ({why})" if why else n.op)
+    return out
+
+
+def check_family(entries: list[OpEntry], samples: Mapping[str, Sample], device: str = "cpu"
+                 ) -> dict[str, str]:
+    """op -> failure, for every entry whose compiled graph is not Triton kernels only (outside
+    the fallback table) or whose outputs differ from eager (random ops: from the reference)."""
+    samples = {op: on_device(s, device) for op, s in samples.items() if runnable(s, device)}
+    entries = [e for e in entries if e.op in samples]
+    m, inputs = build(entries, samples)
+    compiled = compile_module(m, PIPELINES[device])
+    reference = Interpreter(m)
+    failures: dict[str, str] = {}
+    for k, e in enumerate(entries):
+        name, s = _graph_name(k), samples[e.op]
+        if name not in inputs:
+            continue
+        left = not_kernels(compiled, name)
+        if left and e.op not in SCOPE.fallback:
+            failures[e.op] = f"{s!r}: not compiled: {', '.join(left)}"
+            continue
+        try:
+            got = list(compiled_runner(compiled)(name, _clone(inputs[name])).outputs)
+            _check_one(e, s, got)
+            if e.family == "random":
+                ref, _ = run_with_philox(reference, name, _clone(inputs[name]),
+                                         torch.initial_seed(), 0)
+                try:
+                    assert_outputs_close(e, got, list(ref.outputs))
+                except AssertionError as err:
+                    raise AssertionError(f"differs from the reference: {err}") from None
+        except AssertionError as err:
+            failures[e.op] = f"{s!r}: {str(err).splitlines()[0]}"
+    return failures
+
+
+def check_prims(samples: Mapping[str, list[torch.Tensor]], device: str = "cpu") -> None:
+    """Each prim compiled to Triton kernels only, against the prim's own (torch)
+    implementation; all in one module."""
+    samples = {p: [x.to(device) for x in xs] for p, xs in samples.items()}
+    m = prim_module(samples)
+    compiled = compile_module(m, PIPELINES[device])
+    for k, (prim, operands) in enumerate(samples.items()):
+        name = _graph_name(k)
+        left = not_kernels(compiled, name)
+        assert not left, f"{prim}: not compiled: {', '.join(left)}"
+        got = compiled_runner(compiled)(name, _clone(operands)).outputs
+        want = Interpreter(m).run(_clone(operands), name).outputs
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda msg: f"{prim}: {msg}")  # noqa: B023
+
+
+def probe(family: str, examples: int, device: str = "cpu") -> dict[str, str]:
+    """Draw `examples` samples per op of the family (outside hypothesis's search: a quick look
+    at what fails); op -> first failure."""
+    import traceback
+    import warnings
+
+    from hypothesis import strategies as st
+
+    warnings.filterwarnings("ignore", message=".*example.*")
+    entries = family_entries(family)
+    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
+    found: dict[str, str] = {}
+    for _ in range(examples):
+        samples = strategy.example()
+        try:
+            fails = check_family(entries, samples, device)
+        except Exception as err:  # a crash of the whole module: report it, keep probing
+            fails = {"<module>": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}\n"
+                                 f"{traceback.format_exc(limit=-4)}"}
+        for op, why in fails.items():
+            found.setdefault(op, why)
+    return found
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        sys.exit("set TRITON_INTERPRET=1 (no CUDA device here)")
+    fam = sys.argv[1]
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    dev = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    for op, why in sorted(probe(fam, n, dev).items()):
+        print(f"{op}: {why}")

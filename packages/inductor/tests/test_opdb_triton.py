@@ -1,0 +1,148 @@
+"""The op database's "triton kernel" check (issue 16): every op of every family the data file
+`opdb_triton.toml` lists, decomposed, lowered to loops, fused and rendered as Triton kernels,
+run in Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported) against eager,
+over the entry's hypothesis samples (f32, f16, f64, ints, bools; 0- and 1-sized dims,
+non-contiguous inputs; bf16 samples are left out here, the interpreter computes bf16 wrongly:
+benchmarks/gpu_cuda_suite.py runs the same check with bf16 on the GPU). The check is in
+opdb_triton_check.py.
+
+The interpreter costs tens of milliseconds per launch, so CI draws `EXAMPLES` examples per family
+(one module of a graph per op each; EMBER_OPDB_TRITON_EXAMPLES=n for more), and the long run
+(`python3 dev.py fuzz -- -k opdb_triton`) draws 25 per family. A kernel left to the reference
+interpreter (`triton_fallback`) fails unless the op is in the data file's [fallback] table; ops
+the check does not run are in its [skip] table, with the reason; docs/ops.md shows both.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton column needs the triton package")
+
+from ember.testing import coverage  # noqa: E402
+from ember.testing.opdb import Sample  # noqa: E402
+from packages.inductor.tests.opdb_cpu_check import SCOPE as CPU_SCOPE  # noqa: E402
+from packages.inductor.tests.opdb_triton_check import (  # noqa: E402
+    OPDB,
+    SCOPE,
+    check_family,
+    check_prims,
+    family_entries,
+    runnable,
+)
+from packages.inductor.tests.test_opdb_cpu import UNREACHED_PRIMS, _shift_operands  # noqa: E402
+
+FAMILIES = tuple(sorted(SCOPE.families))
+_RAW = os.environ.get("EMBER_OPDB_TRITON_EXAMPLES", "2")
+if not _RAW.isdigit() or int(_RAW) < 1:
+    raise ValueError(f"EMBER_OPDB_TRITON_EXAMPLES must be a positive integer, not {_RAW!r}")
+EXAMPLES = int(_RAW)
+LONG_EXAMPLES = 25
+_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+def _run_family(family: str, examples: int) -> None:
+    entries = family_entries(family)
+    assert entries
+    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
+
+    @settings(max_examples=examples, suppress_health_check=_HEALTH)
+    @given(strategy)
+    def run(samples: dict[str, Sample]) -> None:
+        failures = check_family(entries, samples)
+        assert not failures, "\n".join(f"{op}: {why}" for op, why in sorted(failures.items()))
+
+    run()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_triton_kernels_match_eager(family: str) -> None:
+    _run_family(family, EXAMPLES)
+
+
+@pytest.mark.fuzz
+@pytest.mark.skipif(os.environ.get("HYPOTHESIS_PROFILE") != "fuzz",
+                    reason="long; `python3 dev.py fuzz -- -k opdb_triton` runs it")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_triton_kernels_match_eager_long(family: str) -> None:
+    _run_family(family, LONG_EXAMPLES)
+
+
+def test_prims_no_entry_reaches() -> None:
+    """shift_left/shift_right (no entry decomposes to them), against the prims' torch
+    implementation, shifts past the width and negative ones included."""
+    @settings(max_examples=2, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.fixed_dictionaries({p: _shift_operands() for p in UNREACHED_PRIMS}))
+    def run(samples: dict[str, list[torch.Tensor]]) -> None:
+        check_prims(samples)
+
+    run()
+
+
+def test_integer_division_modulo_and_power() -> None:
+    """Integer div (trunc and floor), fmod, remainder and pow (negative exponents, overflow
+    wrapping as eager's), in every integer width, with the divisor's sign mixed."""
+    ops = ("aten.div.Tensor_mode", "aten.fmod.Tensor", "aten.remainder.Tensor",
+           "aten.pow.Tensor_Tensor", "aten.floor_divide.default")
+    entries = [OPDB[op] for op in ops]
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
+        lo = 0 if dtype == torch.uint8 else -40
+        a = torch.randint(lo, 40, (3, 7), generator=g).to(dtype)
+        b = torch.randint(1, 9, (3, 7), generator=g).to(dtype)
+        if dtype != torch.uint8:
+            b = b * torch.where(torch.rand(3, 7, generator=g) > 0.5, 1, -1).to(dtype)
+        e = torch.randint(-3 if dtype != torch.uint8 else 0, 12, (3, 7), generator=g).to(dtype)
+        samples = {"aten.div.Tensor_mode": Sample((a, b), {"rounding_mode": "trunc"}),
+                   "aten.fmod.Tensor": Sample((a, b)), "aten.remainder.Tensor": Sample((a, b)),
+                   "aten.pow.Tensor_Tensor": Sample((a, e)),
+                   "aten.floor_divide.default": Sample((a, b))}
+        assert not check_family(entries, samples), dtype
+
+
+def test_found_bugs_stay_fixed() -> None:
+    """Samples that failed once: an empty tensor (the index decomposition divided by zero), f64
+    literals (rounded to f32 by Triton), f64 sqrt (tl.sqrt_rn takes f32 only), bitwise_not of
+    u8 (the interpreter's ~ fails on unsigned types)."""
+    samples = {
+        "aten.abs.default": Sample((torch.randn(4, 0, 1),)),
+        "aten.rsub.Scalar": Sample((torch.randn(6, dtype=torch.float64)[::2], 2),
+                                   {"alpha": -0.01847798004746437}),
+        "aten.sqrt.default": Sample((torch.rand(3, dtype=torch.float64),)),
+        "aten.bitwise_not.default": Sample((torch.arange(5, dtype=torch.uint8),)),
+    }
+    failures = check_family([OPDB[op] for op in samples], samples)
+    assert not failures, failures
+
+
+def test_bf16_is_left_to_the_device() -> None:
+    x = torch.randn(3, dtype=torch.bfloat16)
+    assert not runnable(Sample((x,)), "cpu") and runnable(Sample((x,)), "cuda")
+    assert not runnable(Sample((3,), {"dtype": torch.bfloat16}), "cpu")
+
+
+def test_every_family_is_checked() -> None:
+    assert {e.family for e in OPDB.entries()} <= SCOPE.families
+
+
+def test_tables_name_real_entries() -> None:
+    for table in (SCOPE.skip, SCOPE.fallback):
+        for op, why in table.items():
+            assert op in OPDB and OPDB[op].family in SCOPE.families and why, op
+    assert not set(SCOPE.skip) & set(SCOPE.fallback)
+    assert set(SCOPE.skip) <= set(CPU_SCOPE.skip) | {"aten.digamma.default"}
+
+
+def test_docs_read_the_same_table() -> None:
+    """docs/ops.md's "triton kernel" column is rendered from the data file this test runs."""
+    assert coverage.check_scopes()["triton kernel"] == SCOPE
+    text = coverage.render_ops(OPDB, coverage.check_scopes())
+    for op, why in SCOPE.skip.items():
+        assert f"no: {why}" in next(ln for ln in text.splitlines() if f"`{op}`" in ln)
