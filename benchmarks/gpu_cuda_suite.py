@@ -1,0 +1,575 @@
+"""The CUDA target on the H200 in one call (issue 16): kernel bandwidth, schedule variants, the
+op database's Triton column with real launches and bf16, and a small bf16 model suite (eager vs
+torch.compile vs ember).
+
+Run from the repository root on a machine with CUDA and triton, without installing ember:
+
+    PYTHONPATH=.:$(ls -d packages/*/src | tr '\\n' :).devlibs python3 benchmarks/gpu_cuda_suite.py
+
+Sections, in this order (each writes its rows to OUT/suite.jsonl as it finishes, so a run cut
+short still reports what it did; `--budget S` stops starting new work after S seconds):
+
+1. **copy**: the device-to-device copy bandwidth (1 GiB read + 1 GiB written), the ceiling.
+2. **kernels**: memory-bound cases (softmax, layernorm+gelu, a pointwise chain, a row sum;
+   16384 x 4096, f32 and bf16): eager, torch.compile and ember, each checked against eager
+   and timed by triton.testing.do_bench (CUDA events, median); ember's kernel alone too (its
+   loaded launch() on preallocated outputs); bytes = each input read once, each output
+   written once; TB/s and % of copy.
+3. **variants**: ember's softmax and layernorm kernels re-launched with other XBLOCK/num_warps
+   (the schedule is in the kernel block: the launch line is rewritten), to choose the default.
+4. **models**: bf16, batch 2, random weights: an MLP, a conv net, HF decoders and encoders
+   built from configs, timm/torchvision CNNs where installed. Correctness (relative error of
+   ember's and torch.compile's outputs against eager's), cold compile seconds, median ms, and
+   what ember ran (graphs, Triton kernels, externs, kernels left to the reference, fallbacks).
+5. **opdb**: the op database's "triton kernel" check (packages/inductor/tests/
+   opdb_triton_check.py) on cuda: every family in a process pool, EXAMPLES draws each, plus a
+   bf16 pass (each drawn sample's f32 tensors cast to bf16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+START = time.perf_counter()
+ROWS, COLS = 16384, 4096
+OUT = Path(os.environ.get("OUT", "/tmp/gpu_cuda_suite"))
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def emit(row: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "suite.jsonl").open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    print(json.dumps({k: v for k, v in row.items() if k not in ("trace", "sources")},
+                     default=str)[:600], flush=True)
+
+
+def bench(fn: Callable[[], Any]) -> float:
+    import triton.testing
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+# ---- 1. copy ---------------------------------------------------------------------------------
+
+def copy_bandwidth() -> float:
+    x = torch.randn(1 << 28, device="cuda")
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    tbs = 2 * x.numel() * 4 / (ms * 1e-3) / 1e12
+    emit({"section": "copy", "bytes": 2 * x.numel() * 4, "ms": ms, "TBps": round(tbs, 3)})
+    return tbs
+
+
+# ---- 2. kernels ------------------------------------------------------------------------------
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def layernorm_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b))
+
+
+def pointwise(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * 2.0 + y).sin() * x - y.abs()
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(-1)
+
+
+KERNEL_CASES: dict[str, Callable[..., torch.Tensor]] = {
+    "softmax": softmax, "layernorm_gelu": layernorm_gelu, "pointwise": pointwise,
+    "row_sum": row_sum}
+
+
+def kernel_inputs(case: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+    if case == "layernorm_gelu":
+        return r(ROWS, COLS), r(COLS), r(COLS)
+    if case == "pointwise":
+        return r(ROWS, COLS), r(ROWS, COLS)
+    return (r(ROWS, COLS),)
+
+
+def moved_bytes(args: tuple[torch.Tensor, ...], out: torch.Tensor) -> int:
+    return sum(a.numel() * a.element_size() for a in args) + out.numel() * out.element_size()
+
+
+def compiled_module(cf: Any) -> Any:
+    cf = getattr(cf, "compiled", cf)
+    return getattr(cf, "_last_compiled", None)
+
+
+def what_ran(cf: Any) -> dict[str, Any]:
+    from ember.ir import Graph
+    inner = getattr(cf, "compiled", cf)
+    m = compiled_module(cf)
+    hist = getattr(inner, "history", None)
+    out: dict[str, Any] = {
+        "fallbacks": [f"{f.kind}: {f.reason}" for f in hist.fallbacks] if hist else [],
+        "notes": list(hist.notes)[:6] if hist else []}
+    if m is None:
+        out["compiled"] = False
+        return out
+    out["triton_kernels"] = sum(1 for k in m.kernels.values() if k.lang == "triton")
+    out["externs"] = sorted({str(n.kwargs.get("op")) for g in m.graphs.values()
+                             for n in g.nodes if n.op == "kernels.extern"})
+    out["on_reference"] = {name: str(g.attrs["triton_fallback"])[:160]
+                           for name, g in m.items.items()
+                           if isinstance(g, Graph) and "triton_fallback" in g.attrs}
+    return out
+
+
+def kernel_only(cf: Any, args: tuple[torch.Tensor, ...], out: torch.Tensor
+                ) -> tuple[float | None, str]:
+    """ms of ember's single Triton kernel launched alone (preallocated output), its source."""
+    from ember.inductor.launch import load_module
+    from ember.ir import Ref
+    m = compiled_module(cf)
+    if m is None or len(m.kernels) != 1:
+        return None, ""
+    (name, k), = m.kernels.items()
+    g = next(iter(m.graphs.values()))
+    calls = [n for n in g.nodes if n.op == "kernels.call" and isinstance(n.args[0], Ref)]
+    if len(calls) != 1 or any(a not in g.params for a in calls[0].args[1:]):
+        return None, k.source  # the kernel reads something other than the inputs as given
+    ins = [args[g.params.index(a)] for a in calls[0].args[1:]]  # type: ignore[arg-type]
+    fn = load_module(m)[name].fn
+    dst = torch.empty_like(out)
+    return bench(lambda: fn(*ins, dst)), k.source
+
+
+def run_kernel_case(case: str, dtype: torch.dtype, copy_tbs: float) -> dict[str, Any]:
+    import ember.runtime
+    fn = KERNEL_CASES[case]
+    args = kernel_inputs(case, dtype)
+    row: dict[str, Any] = {"section": "kernels", "case": case,
+                           "dtype": str(dtype).replace("torch.", ""), "shape": [ROWS, COLS]}
+    with torch.no_grad():
+        want = fn(*args)
+        nbytes = moved_bytes(args, want)
+        row["bytes"] = nbytes
+        cf = ember.runtime.compile(fn, dynamic=False)
+        t0 = time.perf_counter()
+        got = cf(*args)
+        torch.cuda.synchronize()
+        row["ember_compile_s"] = round(time.perf_counter() - t0, 2)
+        row.update(what_ran(cf))
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        try:
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            row["ok"] = True
+        except AssertionError as e:
+            row["ok"], row["error"] = False, str(e).splitlines()[:3]
+        tc = torch.compile(fn)
+        t0 = time.perf_counter()
+        tc(*args)
+        torch.cuda.synchronize()
+        row["tc_compile_s"] = round(time.perf_counter() - t0, 2)
+        row["eager_ms"] = bench(lambda: fn(*args))
+        row["tc_ms"] = bench(lambda: tc(*args))
+        row["ember_ms"] = bench(lambda: cf(*args))
+        kms, src = kernel_only(cf, args, want)
+        row["ember_kernel_ms"] = kms
+        row["sources"] = {case: src}
+    for who in ("eager", "tc", "ember", "ember_kernel"):
+        ms = row.get(f"{who}_ms")
+        if ms:
+            tbs = nbytes / (ms * 1e-3) / 1e12
+            row[f"{who}_TBps"] = round(tbs, 3)
+            row[f"{who}_pct_copy"] = round(100 * tbs / copy_tbs, 1)
+    return row
+
+
+# ---- 3. schedule variants --------------------------------------------------------------------
+
+def relaunch(source: str, xblock: int, warps: int) -> str:
+    """The kernel block with its launch line rewritten for XBLOCK/num_warps (grid to match)."""
+    sched = ast.literal_eval(re.search(r"^SCHEDULE = (\{.*\})$", source, re.M).group(1))  # type: ignore[union-attr]
+    xn = sched["grid"] * sched["XBLOCK"]
+    grid = math.ceil(xn / xblock)
+    return re.sub(r"\[\(\d+,\)\]\((.*), XBLOCK=\d+, num_warps=\d+\)",
+                  lambda mt: f"[({grid},)]({mt.group(1)}, XBLOCK={xblock}, num_warps={warps})",
+                  source)
+
+
+def run_variants(case: str, dtype: torch.dtype, source: str, copy_tbs: float
+                 ) -> list[dict[str, Any]]:
+    from ember.inductor.targets.cuda.codegen import load_triton
+    from ember.ir import Kernel, Module
+    args = kernel_inputs(case, dtype)
+    want = KERNEL_CASES[case](*args)
+    nbytes = moved_bytes(args, want)
+    rows = []
+    for xblock, warps in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16)):
+        src = relaunch(source, xblock, warps)
+        k = Kernel("variant", "triton", src)
+        row: dict[str, Any] = {"section": "variants", "case": case,
+                               "dtype": str(dtype).replace("torch.", ""), "XBLOCK": xblock,
+                               "num_warps": warps}
+        try:
+            fn = load_triton(Module(), [k])["variant"].fn
+            dst = torch.empty_like(want)
+            fn(*args, dst)
+            tol = 1e-4 if dtype == torch.float32 else 2e-2
+            row["ok"] = bool(torch.allclose(dst.float(), want.float(), atol=tol, rtol=tol))
+            ms = bench(lambda: fn(*args, dst))  # noqa: B023
+            row["ms"] = ms
+            row["pct_copy"] = round(100 * nbytes / (ms * 1e-3) / 1e12 / copy_tbs, 1)
+        except Exception as e:  # noqa: BLE001  (a variant that does not compile is a result)
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        emit(row)
+        rows.append(row)
+    return rows
+
+
+# ---- 4. models -------------------------------------------------------------------------------
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        c = 3
+        for width in (32, 64, 128):
+            layers += [nn.Conv2d(c, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
+                       nn.Conv2d(width, width, 3, stride=2, padding=1), nn.BatchNorm2d(width),
+                       nn.ReLU()]
+            c = width
+        self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(c, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def model_list() -> list[tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
+    def mlp() -> tuple[Any, tuple[Any, ...]]:
+        m = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024),
+                          nn.LayerNorm(1024))
+        return m, (torch.randn(64, 1024),)
+
+    def convnet() -> tuple[Any, tuple[Any, ...]]:
+        return ConvNet(), (torch.randn(2, 3, 64, 64),)
+
+    out: list[tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]] = [
+        ("mlp", mlp), ("convnet", convnet)]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import zoo_models
+    by_name = {m.name: m for m in zoo_models.ZOO}
+    for name in ("llama", "gpt2", "bert", "gpt-neox", "qwen2", "vit", "resnet18",
+                 "mobilenet_v2", "deit_tiny_patch16_224", "mixer_s16_224"):
+        zm = by_name.get(name)
+        if zm is not None:
+            out.append((name, lambda zm=zm: zm.build(zoo_models.FULL)))  # type: ignore[misc]
+    return out
+
+
+def to_device(v: Any, dtype: torch.dtype) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.to("cuda", dtype) if v.is_floating_point() else v.to("cuda")
+    return v
+
+
+def rel_err(a: Any, b: Any) -> float:
+    fa = [x for x in (a if isinstance(a, (tuple, list)) else [a]) if isinstance(x, torch.Tensor)]
+    fb = [x for x in (b if isinstance(b, (tuple, list)) else [b]) if isinstance(x, torch.Tensor)]
+    if hasattr(a, "logits"):
+        fa, fb = [a.logits], [b.logits]
+    elif hasattr(a, "last_hidden_state"):
+        fa, fb = [a.last_hidden_state], [b.last_hidden_state]
+    num = sum(float((x.float() - y.float()).norm()) ** 2 for x, y in zip(fa, fb, strict=True))
+    den = sum(float(y.float().norm()) ** 2 for y in fb)
+    return math.sqrt(num) / max(math.sqrt(den), 1e-30)
+
+
+def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> dict[str, Any]:
+    import ember.runtime
+    dtype = torch.bfloat16
+    row: dict[str, Any] = {"section": "models", "model": name, "dtype": "bfloat16"}
+    torch.manual_seed(0)
+    try:
+        model, args = build()
+    except Exception as e:  # noqa: BLE001  (a library missing on the device: reported)
+        row["skipped"] = f"{type(e).__name__}: {str(e)[:160]}"
+        return row
+    model = model.to("cuda", dtype).eval() if isinstance(model, nn.Module) else model
+    args = tuple(to_device(a, dtype) for a in args)
+    with torch.no_grad():
+        want = model(*args)
+        ref32 = None
+        try:  # the f32 model as the reference for both compilers' errors
+            m32 = model.float()
+            ref32 = m32(*(to_device(a, torch.float32) for a in args))
+            model.to(dtype)
+        except Exception:  # noqa: BLE001
+            model.to(dtype)
+        cf = ember.runtime.compile(model, dynamic=False)
+        t0 = time.perf_counter()
+        try:
+            got = cf(*args)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            row["ember_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            row["trace"] = traceback.format_exc(limit=6)
+            got = None
+        row["ember_compile_s"] = round(time.perf_counter() - t0, 2)
+        row.update(what_ran(cf))
+        tc = torch.compile(model)
+        t0 = time.perf_counter()
+        tgot = tc(*args)
+        torch.cuda.synchronize()
+        row["tc_compile_s"] = round(time.perf_counter() - t0, 2)
+        row["eager_vs_f32"] = rel_err(want, ref32) if ref32 is not None else None
+        row["tc_vs_eager"] = rel_err(tgot, want)
+        if got is not None:
+            row["ember_vs_eager"] = rel_err(got, want)
+            row["ember_vs_f32"] = rel_err(got, ref32) if ref32 is not None else None
+        row["eager_ms"] = bench(lambda: model(*args))
+        row["tc_ms"] = bench(lambda: tc(*args))
+        if got is not None:
+            row["ember_ms"] = bench(lambda: cf(*args))
+            row["ember_speedup"] = round(row["eager_ms"] / row["ember_ms"], 3)
+        row["tc_speedup"] = round(row["eager_ms"] / row["tc_ms"], 3)
+    return row
+
+
+# ---- 5. the op database's Triton column on cuda ----------------------------------------------
+
+def _bf16(s: Any) -> Any:
+    from ember.testing.opdb import Sample
+
+    def cast(v: Any) -> Any:
+        if isinstance(v, torch.Tensor) and v.dtype == torch.float32:
+            return v.to(torch.bfloat16)
+        if isinstance(v, (list, tuple)):
+            return type(v)(cast(x) for x in v)
+        return v
+    return Sample(cast(s.args), {k: cast(v) for k, v in s.kwargs.items()})
+
+
+def opdb_family(family: str, examples: int) -> dict[str, Any]:
+    """One family on cuda: `examples` drawn samples per op, each also cast to bf16."""
+    import warnings
+
+    from hypothesis import strategies as st
+
+    warnings.filterwarnings("ignore")
+    from packages.inductor.tests.opdb_triton_check import check_family, family_entries
+    t0 = time.perf_counter()
+    entries = family_entries(family)
+    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
+    found: dict[str, str] = {}
+    runs = 0
+    for _ in range(examples):
+        drawn = strategy.example()
+        for samples in (drawn, {op: _bf16(s) for op, s in drawn.items()}):
+            try:
+                fails = check_family(entries, samples, "cuda")
+            except Exception as e:  # noqa: BLE001
+                fails = {"<module>": f"{type(e).__name__}: {str(e)[:300]}"}
+            runs += 1
+            for op, why in fails.items():
+                found.setdefault(op, why[:400])
+    return {"section": "opdb", "family": family, "ops": len(entries), "runs": runs,
+            "failures": found, "s": round(time.perf_counter() - t0, 1)}
+
+
+def run_opdb(examples: int, workers: int, budget: float) -> list[dict[str, Any]]:
+    import multiprocessing as mp
+
+    from packages.inductor.tests.opdb_triton_check import SCOPE
+    rows = []
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+    futs = {pool.submit(opdb_family, f, examples): f for f in sorted(SCOPE.families)}
+    done: set[str] = set()
+    try:
+        for fut in as_completed(futs, timeout=max(10.0, budget - elapsed())):
+            try:
+                row = fut.result()
+            except Exception as e:  # noqa: BLE001
+                row = {"section": "opdb", "family": futs[fut],
+                       "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            done.add(futs[fut])
+            emit(row)
+            rows.append(row)
+    except TimeoutError:
+        for fam in sorted(set(futs.values()) - done):
+            row = {"section": "opdb", "family": fam, "error": "out of time"}
+            emit(row)
+            rows.append(row)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return rows
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -> str:
+    lines = ["# ember's CUDA target on the H200 (benchmarks/gpu_cuda_suite.py)", "",
+             ", ".join(f"{k} {v}" for k, v in env.items()), "",
+             f"Copy bandwidth (1 GiB read + 1 GiB written, do_bench median): {copy_tbs:.2f} TB/s.",
+             "Times: triton.testing.do_bench medians (CUDA events), ms.", ""]
+    ks = [r for r in rows if r["section"] == "kernels"]
+    if ks:
+        lines += [f"## Memory-bound kernels ({ROWS}x{COLS}; bytes: inputs read once, output "
+                  "written once)", "",
+                  "| case | dtype | ok | eager % copy | torch.compile % copy | ember % copy | "
+                  "ember kernel alone % copy | ember ms | tc ms | Triton kernels |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ks:
+            lines.append(f"| {r['case']} | {r['dtype']} | {r.get('ok')} | "
+                         f"{r.get('eager_pct_copy')} | {r.get('tc_pct_copy')} | "
+                         f"{r.get('ember_pct_copy')} | {r.get('ember_kernel_pct_copy')} | "
+                         f"{r.get('ember_ms', 0):.4f} | {r.get('tc_ms', 0):.4f} | "
+                         f"{r.get('triton_kernels')} |")
+    vs = [r for r in rows if r["section"] == "variants"]
+    if vs:
+        lines += ["", "## Schedule variants (ember's kernel re-launched)", "",
+                  "| case | dtype | XBLOCK | num_warps | ok | ms | % copy |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in vs:
+            lines.append(f"| {r['case']} | {r['dtype']} | {r['XBLOCK']} | {r['num_warps']} | "
+                         f"{r.get('ok')} | {r.get('ms', r.get('error'))} | "
+                         f"{r.get('pct_copy')} |")
+    ms_ = [r for r in rows if r["section"] == "models"]
+    if ms_:
+        lines += ["", "## Models (bf16, random weights, inference)", "",
+                  "| model | ember rel err vs eager | tc rel err vs eager | eager ms | tc ms | "
+                  "ember ms | tc speedup | ember speedup | tc compile s | ember compile s | "
+                  "Triton kernels | on reference | fallbacks |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ms_:
+            if "skipped" in r:
+                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 11)
+                continue
+
+            def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
+                v = r.get(k)
+                return fmt.format(v) if isinstance(v, (int, float)) else str(v or "")
+            lines.append(
+                f"| {r['model']} | {f('ember_vs_eager')} | {f('tc_vs_eager')} | "
+                f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
+                f"{f('ember_speedup')} | {f('tc_compile_s')} | {f('ember_compile_s')} | "
+                f"{r.get('triton_kernels', '')} | {len(r.get('on_reference', {}))} | "
+                f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''} |")
+        sp = [(r["tc_speedup"], r.get("ember_speedup")) for r in ms_ if "tc_speedup" in r]
+        if sp and all(e for _, e in sp):
+            g_tc = math.exp(sum(math.log(t) for t, _ in sp) / len(sp))
+            g_em = math.exp(sum(math.log(e) for _, e in sp if e) / len(sp))
+            lines += ["", f"Geomean speedup over eager ({len(sp)} models): torch.compile "
+                          f"{g_tc:.2f}x, ember {g_em:.2f}x."]
+    ops = [r for r in rows if r["section"] == "opdb"]
+    if ops:
+        lines += ["", "## The op database's Triton column on cuda (real launches; each drawn "
+                  "sample also cast to bf16)", "",
+                  "| family | ops | module runs | failing ops | s |", "|---|---|---|---|---|"]
+        for r in ops:
+            lines.append(f"| {r['family']} | {r.get('ops')} | {r.get('runs')} | "
+                         f"{len(r.get('failures', {})) if 'failures' in r else r.get('error')} "
+                         f"| {r.get('s')} |")
+        fails = [(r["family"], op, why) for r in ops for op, why in r.get("failures", {}).items()]
+        if fails:
+            lines += ["", "Failures:", ""]
+            lines += [f"- {fam} `{op}`: {why[:300]}" for fam, op, why in fails]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds; no new work after")
+    ap.add_argument("--sections", default="copy,kernels,variants,models,opdb")
+    ap.add_argument("--examples", type=int, default=2, help="opdb draws per family")
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--models", default="", help="comma-separated model names (default all)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_cuda_suite: no CUDA device", file=sys.stderr)
+        return 2
+    import triton
+    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": triton.__version__, "python": platform.python_version(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "ember commit": os.environ.get("EMBER_COMMIT", "?")}
+    emit({"section": "env", **env})
+    sections = a.sections.split(",")
+    rows: list[dict[str, Any]] = []
+    copy_tbs = copy_bandwidth() if "copy" in sections else 4.18
+    sources: dict[tuple[str, torch.dtype], str] = {}
+    if "kernels" in sections:
+        for case in KERNEL_CASES:
+            for dtype in (torch.float32, torch.bfloat16):
+                if elapsed() > a.budget:
+                    break
+                try:
+                    row = run_kernel_case(case, dtype, copy_tbs)
+                except Exception as e:  # noqa: BLE001
+                    row = {"section": "kernels", "case": case, "dtype": str(dtype),
+                           "error": f"{type(e).__name__}: {str(e)[:300]}",
+                           "trace": traceback.format_exc(limit=6)}
+                sources[(case, dtype)] = row.get("sources", {}).get(case, "")
+                emit(row)
+                rows.append(row)
+    if "variants" in sections:
+        for case in ("softmax", "layernorm_gelu"):
+            for dtype in (torch.float32, torch.bfloat16):
+                src = sources.get((case, dtype))
+                if src and elapsed() < a.budget:
+                    rows += run_variants(case, dtype, src, copy_tbs)
+    torch.cuda.empty_cache()
+    pool_rows: list[dict[str, Any]] = []
+    if "opdb" in sections:  # in the background while the models run (mostly CPU: compiles)
+        import threading
+        th = threading.Thread(target=lambda: pool_rows.extend(
+            run_opdb(a.examples, a.workers, a.budget + 60)), daemon=True)
+        th.start()
+    if "models" in sections:
+        wanted = set(a.models.split(",")) if a.models else None
+        for name, build in model_list():
+            if wanted is not None and name not in wanted:
+                continue
+            if elapsed() > a.budget:
+                emit({"section": "models", "model": name, "skipped": "out of time"})
+                continue
+            try:
+                row = run_model(name, build)
+            except Exception as e:  # noqa: BLE001
+                row = {"section": "models", "model": name,
+                       "error": f"{type(e).__name__}: {str(e)[:300]}",
+                       "trace": traceback.format_exc(limit=6)}
+            emit(row)
+            rows.append(row)
+            torch.cuda.empty_cache()
+    if "opdb" in sections:
+        th.join(timeout=max(5.0, a.budget + 60 - elapsed()))
+        rows += pool_rows
+    md = markdown(rows, env, copy_tbs)
+    (OUT / "suite.md").write_text(md)
+    print(md, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # the op pool's workers may still run: do not wait for them
