@@ -278,8 +278,8 @@ def model_list() -> list[tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import zoo_models
     by_name = {m.name: m for m in zoo_models.ZOO}
-    for name in ("llama", "gpt2", "bert", "gpt-neox", "qwen2", "vit", "resnet18",
-                 "mobilenet_v2", "deit_tiny_patch16_224", "mixer_s16_224"):
+    for name in ("hf/llama", "hf/gpt2", "hf/bert", "tv/resnet18", "timm/deit_tiny_patch16_224",
+                 "hf/gpt-neox", "timm/mixer_s16_224", "hf/vit", "tv/mobilenet_v2", "hf/qwen2"):
         zm = by_name.get(name)
         if zm is not None:
             out.append((name, lambda zm=zm: zm.build(zoo_models.FULL)))  # type: ignore[misc]
@@ -376,6 +376,9 @@ def opdb_family(family: str, examples: int) -> dict[str, Any]:
     from hypothesis import strategies as st
 
     warnings.filterwarnings("ignore")
+    # creation ops and constants the samples or decompositions make without a device: on cuda,
+    # as the samples' tensors (a module's graphs all run on one device)
+    torch.set_default_device("cuda")
     from packages.inductor.tests.opdb_triton_check import check_family, family_entries
     t0 = time.perf_counter()
     entries = family_entries(family)
