@@ -16,6 +16,7 @@ import ember.inductor  # noqa: F401  (registers the passes, the CPU target and t
 from ember.inductor import launch
 from ember.inductor.backend import compile_module, compiled_runner
 from ember.inductor.fusion import why_not_fused
+from ember.inductor.indexing import index_text
 from ember.inductor.kernels import buffer_type
 from ember.inductor.launch import LoadedKernel, out_buffer, register_loader, unregister_loader
 from ember.inductor.targets import (
@@ -61,7 +62,7 @@ def _render(name: str, node: Node, body: Graph) -> str | None:
     identity = [f"i{k}" for k in range(t.rank)]
     env = {p: f"in{k}" for k, p in enumerate(body.params)}
     for n in body.nodes:
-        if n.op == "loop.load" and n.kwargs.get("index") == identity:
+        if n.op == "loop.load" and [index_text(s) for s in n.kwargs["index"]] == identity:  # type: ignore[union-attr]
             env[n.results[0]] = env[n.args[0]]  # type: ignore[index]
         elif n.op in _PY_OPS:
             args = [env[a] if a in env else repr(a) for a in n.args]  # type: ignore[index]
