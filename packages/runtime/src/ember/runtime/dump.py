@@ -206,11 +206,41 @@ def dump_stages(ir_path: Path, stages: Sequence[tuple[str, str]], producer: str 
     text), as STEM.stageNN.PASS.ir beside STEM.ir (`ember opt -p` of the stages from STEM.ir
     gives the same files)."""
     stem = ir_path.name.removesuffix(".ir")
+    updates = _input_updates(ir_path)
     for i, (stage, text) in enumerate(stages):
         name = stage.split("{", 1)[0]  # the pass name: the options' text stays in the file
         path = ir_path.parent / f"{stem}.stage{i:02d}.{name}.ir"
+        if updates is not None:
+            text = _with_updates(text, *updates)
         body = with_header(text, producer or "a pipeline", f"after {stage}")
         _guarded(ir_path.parent, functools.partial(_write_text, path, body))
+
+
+def _input_updates(ir_path: Path) -> tuple[str, Any] | None:
+    """(graph name, its input_updates) of the captured graph dumped at `ir_path`, if it writes
+    its inputs: the pipeline's stages return the updates as plain results, and a stage dump
+    states them again (as NAME.kernels.ir does), so its replay names them as the capture's."""
+    from ember.ir import parse
+
+    try:
+        g = parse(ir_path.read_text()).graph()
+    except Exception:  # an unreadable dump: the stages are written as they are
+        return None
+    raw = g.attrs.get("input_updates")
+    return None if raw is None else (g.name, raw)
+
+
+def _with_updates(text: str, graph: str, updates: Any) -> str:
+    from ember.ir import parse
+
+    try:
+        m = parse(text)
+        if graph not in m.graphs or "input_updates" in m.graph(graph).attrs:
+            return text
+        m.graph(graph).attrs["input_updates"] = updates
+        return str(m)
+    except Exception:  # a stage that does not read back (printed as a note): as it is
+        return text
 
 
 def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
