@@ -127,6 +127,27 @@ class SymTensorMeta:
 
 
 @dataclass(frozen=True)
+class SymIntMeta:
+    """A CONSTANT_MATCH for a Python int argument that is a size expression: an int, binding
+    its symbol where this is the symbol's first appearance (`binds`), else equal to it."""
+
+    expr: Any  # a sympy expression
+    binds: tuple[tuple[str, int, int | float], ...] = ()
+
+    def code(self, x: str) -> str:
+        if self.binds:
+            name, lo, hi = self.binds[0]
+            top = "" if hi == math.inf else f" and {py_var(name)} <= {hi}"
+            return f"type({x}) is int and ({py_var(name)} := {x}) >= {lo}{top}"
+        return f"type({x}) is int and {x} == {pyexpr(self.expr)}"
+
+    def __repr__(self) -> str:
+        ranges = "".join(f", {n} in [{lo}, {'inf' if hi == math.inf else hi}]"
+                         for n, lo, hi in self.binds)
+        return f"{to_text(self.expr)}{ranges}"
+
+
+@dataclass(frozen=True)
 class ShapeRelation:
     """A relation between size symbols that held at capture (SHAPE guard)."""
 
@@ -186,6 +207,8 @@ class Guard:
                     f"and {x}.shape == {m.shape!r} and {x}.stride() == {m.stride!r} "
                     f"and {dev} and {x}.requires_grad is {m.requires_grad!r}")
         if k is GuardKind.CONSTANT_MATCH:
+            if isinstance(e, SymIntMeta):
+                return e.code(x)
             if e is None or isinstance(e, bool):
                 return f"{x} is {e!r}"
             if isinstance(e, float) and math.isnan(e):

@@ -114,6 +114,7 @@ class ShapeEnv:
     symbols: dict[str, SymInfo] = field(default_factory=dict)
     known: dict[int, sympy.Expr] = field(default_factory=dict)  # probe value -> expression
     relations: list[sympy.Basic] = field(default_factory=list)
+    int_args: dict[str, str] = field(default_factory=dict)  # symbol -> the int argument it is
 
     def dim_symbol(self, hint: int, lo: int, hi: int | float, where: str
                    ) -> sympy.Symbol | None:
@@ -437,6 +438,22 @@ def as_sym(v: Any) -> Any:
     return v
 
 
+def int_argument(value: int, where: str) -> int:
+    """A Python int argument of the call as a SymInt where the policy makes it dynamic (its
+    symbol is bound by the argument's guard, and by a size-carrier input in the graph)."""
+    env, policy = current_env(), current_policy()
+    if env is None or policy is None:
+        return value
+    rng = policy.int_range(where, value)
+    if rng is None:
+        return value
+    s = env.dim_symbol(value, rng[0], rng[1], where)
+    if s is None:
+        return value
+    env.int_args.setdefault(s.name, where)
+    return SymInt(env.probe_of(s.name), s, env)
+
+
 def concrete(v: Any, why: str) -> Any:
     """`v` where a plain int is needed (a loop count): a SymInt makes its symbols static."""
     if isinstance(v, SymInt):
@@ -507,6 +524,10 @@ class Policy:
 
     def dims(self, where: str, real: Any) -> dict[int, tuple[int, int | float]]:
         raise NotImplementedError
+
+    def int_range(self, where: str, value: int) -> tuple[int, int | float] | None:
+        """The range of Python int argument `where` made a size symbol, or None (static)."""
+        return None
 
 
 _POLICY: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("ember_dyn_policy",

@@ -11,15 +11,25 @@ made symbolic (the caller captures with static shapes instead).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
+import torch
 
-from ember.capture.guards import Guard, GuardKind, ShapeRelation, SymTensorMeta, TensorMeta
+from ember.capture.guards import (
+    Guard,
+    GuardKind,
+    ShapeRelation,
+    SymIntMeta,
+    SymTensorMeta,
+    TensorMeta,
+)
 from ember.capture.result import Captured, OutAlias, OutResult
-from ember.capture.symbolic import ShapeEnv
+from ember.capture.sources import RefFn, Source
+from ember.capture.symbolic import ShapeEnv, SymInt
 from ember.ir import Module, TensorType, Value
+from ember.ir.dtypes import DType
 from ember.ir.graph import Symbol
 
 
@@ -83,23 +93,29 @@ def symbolize(module: Module, env: ShapeEnv) -> None:
 
 
 def _check_clamp(n: Any) -> None:
-    """A slice bounded by a size symbol whose result dim is static was clamped to a static
-    size at the probe sizes (`x[:y.shape[0]]`, x static): no comparison went through a SymInt,
-    so no guard says when that holds, and smaller sizes would get the wrong shape."""
+    """A slice bounded by a size symbol whose result is not `end - start` was clamped at the
+    probe sizes (`x[:y.shape[0]]` with x static, or `x[:n]` with n's probe above x's): no
+    comparison went through a SymInt, so no guard says when that holds, and other sizes would
+    get the wrong shape. Such a capture stays static."""
     if n.op != "aten.slice.Tensor" or len(n.args) < 3 or not isinstance(n.results[0].type,
                                                                          TensorType):
         return
+    base = n.args[0].type if isinstance(n.args[0], Value) else None
     dim = n.args[1] if isinstance(n.args[1], int) else 0
     bounds = [a for a in n.args[2:4] if isinstance(a, sympy.Expr) and a.free_symbols]
     out = n.results[0].type.shape
-    if not bounds or not -len(out) <= dim < len(out) or not isinstance(out[dim], int):
+    if not bounds or not isinstance(base, TensorType) or not -len(out) <= dim < len(out):
         return
-    start, end = (list(n.args[2:4]) + [None, None])[:2]
+    size = sympy.sympify(base.shape[dim])
+    start, end = (list(n.args[2:4]) + [0, 2 ** 63 - 1])[:2]
     step = n.args[4] if len(n.args) > 4 else 1
-    if step == 1 and isinstance(start, int | sympy.Expr) and isinstance(end, int | sympy.Expr):
-        span = sympy.expand(sympy.sympify(end) - sympy.sympify(start))
-        if span.is_Integer and int(span) == out[dim]:
-            return  # `x[s0 - 1:s0]`: static by construction
+    start, end = sympy.sympify(0 if start is None else start), sympy.sympify(
+        2 ** 63 - 1 if end is None else end)
+    if end.is_Integer and int(end) >= 2 ** 62:
+        end = size
+    start, end = (size + v if v.could_extract_minus_sign() else v for v in (start, end))
+    if step == 1 and sympy.expand(end - start - sympy.sympify(out[dim])) == 0:
+        return  # the unclamped length: `x[s0 - 1:s0]`, `x[:, -s0:]`, `x[:s0]` of an s0 dim
     raise NotSymbolic("a slice bounded by a size symbol is clamped at the probe sizes")
 
 
@@ -113,8 +129,49 @@ def _arg_symbols(args: list[Any]) -> set[str]:
     return out
 
 
+def size_carrier(n: int) -> torch.Tensor:
+    """The graph input that binds a Python int argument's size symbol: a tensor of n bytes
+    (uninitialized; only its shape is read), since graphs bind symbols from input shapes."""
+    return torch.empty(n, dtype=torch.uint8)
+
+
+@dataclass(frozen=True)
+class SizeCarrierSource(Source):
+    """The size carrier of the int argument at `of`."""
+
+    of: Source
+
+    def expr(self, ref: RefFn) -> str:
+        return f"{ref(size_carrier, 'F')}({self.of.expr(ref)})"
+
+    def name(self) -> str:
+        return f"{self.of.name()}_size"
+
+
+def _add_carriers(cap: Captured, env: ShapeEnv) -> Captured:
+    """A size-carrier input for each int argument's symbol that no tensor input binds."""
+    g = cap.graph
+    bound = {s.name for p in g.params if isinstance(p.type, TensorType)
+             for d in p.type.shape if not isinstance(d, int) for s in d.free_symbols}
+    sources, examples = list(cap.input_sources), list(cap.input_examples)
+    for guard in cap.guards:
+        e = guard.expected
+        if guard.kind is not GuardKind.CONSTANT_MATCH or not isinstance(e, SymInt) or \
+                not e.expr.is_Symbol or e.expr.name in bound or guard.source is None:
+            continue
+        name = e.expr.name
+        bound.add(name)
+        src = SizeCarrierSource(guard.source)
+        g.params.append(Value(src.name(), TensorType(DType.u8, (e.expr,), None, "cpu")))
+        sources.append(src)
+        examples.append(size_carrier(env.symbols[name].hint))
+    return replace(cap, input_sources=sources, input_examples=examples)
+
+
 def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
     """The symbolic form of `cap` (recorded at probe sizes)."""
+    if env.int_args:
+        cap = _add_carriers(cap, env)
     symbolize(cap.module, env)
     plan: list[OutResult | OutAlias] = []
     for e in cap.plan:
@@ -143,6 +200,14 @@ def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
             g = Guard(g.kind, g.source, SymTensorMeta(m.cls, m.dtype, m.device, tuple(shape),
                                                       tuple(stride), m.requires_grad,
                                                       tuple(binds)), g.other)
+        elif g.kind is GuardKind.CONSTANT_MATCH and isinstance(g.expected, SymInt):
+            x = g.expected.expr
+            binds = []
+            if x.is_Symbol and x.name not in seen:
+                seen.add(x.name)
+                info = env.symbols[x.name]
+                binds.append((x.name, info.lo, info.hi))
+            g = Guard(g.kind, g.source, SymIntMeta(x, tuple(binds)), g.other)
         guards.append(g)
     for rel in env.relations:
         names = {s.name for s in rel.free_symbols}

@@ -20,8 +20,15 @@ import torch
 from ember.capture.customops import OP_TYPES
 from ember.capture.errors import unhandled
 from ember.capture.guards import Guard, GuardKind, TensorMeta
-from ember.capture.sources import ArgSource, AttrSource, GetItemSource, Source
-from ember.capture.symbolic import SymInt, SymSize
+from ember.capture.sources import (
+    ArgSource,
+    AttrSource,
+    GetItemSource,
+    KwargSource,
+    Source,
+    describe,
+)
+from ember.capture.symbolic import SymInt, SymSize, int_argument
 from ember.capture.variables import (
     ConstVar,
     DictVar,
@@ -66,6 +73,8 @@ def is_trusted_module(name: str | None) -> bool:
 
 def wrap(tx: Tracer, value: Any, source: Source | None) -> Var:
     """The symbolic value for a real one; with a source, guarded."""
+    if type(value) is int and isinstance(source, ArgSource | KwargSource):
+        value = int_argument(value, describe(source))  # (a SymInt where it is dynamic)
     if type(value) in SCALARS or type(value) in SYMBOLIC:  # a size of a dynamic dim too
         if source is not None:
             tx.guard(Guard(GuardKind.CONSTANT_MATCH, source, value))

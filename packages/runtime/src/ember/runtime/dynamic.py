@@ -73,6 +73,19 @@ class DynamicPolicy(Policy):
         self.mode = mode
         self.seen: dict[str, tuple[int, ...]] = {}  # argument -> its shape at the last capture
         self.changed: dict[str, set[int]] = {}  # argument -> dims seen with two sizes
+        self.ints: dict[str, int] = {}  # Python int argument -> its value at the last capture
+        self.changed_ints: set[str] = set()  # int arguments seen with two values
+
+    def int_range(self, where: str, value: int) -> tuple[int, int | float] | None:
+        """A Python int argument is a size symbol under dynamic=True, and under dynamic=None
+        once a capture saw it change (as a dim is); 0 and 1 stay static."""
+        old = self.ints.get(where)
+        self.ints[where] = value
+        if old is not None and old != value:
+            self.changed_ints.add(where)
+        if self.mode is False or value < 2 or (not self.mode and where not in self.changed_ints):
+            return None
+        return (2, math.inf)
 
     def dims(self, where: str, real: Any) -> dict[int, tuple[int, int | float]]:
         if self.mode is False or not isinstance(real, torch.Tensor) or \
