@@ -126,10 +126,14 @@ def what_ran(cf: Any) -> dict[str, Any]:
     from ember.ir import Graph
     inner = getattr(cf, "compiled", cf)
     m = compiled_module(cf)
+    body = getattr(cf, "__dict__", {}).get("_ember_body")  # a module with hooks: its forward
+    if m is None and body is not None:
+        m = getattr(body, "_last_compiled", None)
     hist = getattr(inner, "history", None)
     out: dict[str, Any] = {
         "fallbacks": [f"{f.kind}: {f.reason}" for f in hist.fallbacks] if hist else [],
-        "notes": list(hist.notes)[:6] if hist else []}
+        "notes": list(hist.notes)[:6] if hist else [], "hooked": body is not None,
+        "history": repr(hist)[:300]}
     if m is None:
         out["compiled"] = False
         return out
@@ -376,9 +380,6 @@ def opdb_family(family: str, examples: int) -> dict[str, Any]:
     from hypothesis import strategies as st
 
     warnings.filterwarnings("ignore")
-    # creation ops and constants the samples or decompositions make without a device: on cuda,
-    # as the samples' tensors (a module's graphs all run on one device)
-    torch.set_default_device("cuda")
     from packages.inductor.tests.opdb_triton_check import check_family, family_entries
     t0 = time.perf_counter()
     entries = family_entries(family)

@@ -21,6 +21,7 @@ holding bf16 tensors are left out: the interpreter's bf16 arithmetic is wrong. O
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -110,6 +111,14 @@ def check_family(entries: list[OpEntry], samples: Mapping[str, Sample], device: 
     the fallback table) or whose outputs differ from eager (random ops: from the reference)."""
     samples = {op: on_device(s, device) for op, s in samples.items() if runnable(s, device)}
     entries = [e for e in entries if e.op in samples]
+    # creation ops (no tensor operand) make their tensors on the default device: the device
+    # checked, in the graphs and in eager, so that a module's graphs all run on one device
+    with torch.device(device) if device != "cpu" else contextlib.nullcontext():
+        return _check(entries, samples, device)
+
+
+def _check(entries: list[OpEntry], samples: Mapping[str, Sample], device: str
+           ) -> dict[str, str]:
     m, inputs = build(entries, samples)
     compiled = compile_module(m, PIPELINES[device])
     reference = Interpreter(m)
