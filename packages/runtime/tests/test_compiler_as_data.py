@@ -138,10 +138,12 @@ def test_verify_each_catches_a_bad_pass(breaking_pass: str) -> None:
 # ---- named pipelines -----------------------------------------------------------------------
 
 def test_named_pipelines_expand() -> None:
-    assert expand_pipeline("inductor") == ("decompose{keep_attention=true},cse,dce,conv-nhwc,"
+    assert expand_pipeline("inductor") == ("decompose{keep_attention=true},cse,dce,"
+                                           "window-reduce,conv-nhwc,"
                                            "lower-loops,fuse,schedule-cpu,codegen-cpp,"
                                            "plan-buffers")
-    assert expand_pipeline("to-prims,inductor-cpu") == ("decompose,cse,dce,conv-nhwc,"
+    assert expand_pipeline("to-prims,inductor-cpu") == ("decompose,cse,dce,window-reduce,"
+                                                        "conv-nhwc,"
                                                         "lower-loops,fuse,schedule-cpu,"
                                                         "codegen-cpp,plan-buffers")
     from ember.inductor.kernels import DEFAULT_PIPELINE

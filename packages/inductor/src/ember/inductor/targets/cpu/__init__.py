@@ -1,7 +1,8 @@
 """The CPU target: C++/OpenMP kernels built by g++ (docs/inductor.md).
 
 Registers, for device kind "cpu": the `cpp` loader (codegen.py: g++ through the compile cache,
-cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `conv-nhwc`, the target-neutral
+cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `window-reduce` (pool.py:
+pooling's stacked windows as elementwise chains), `conv-nhwc`, the target-neutral
 `lower-loops` and `fuse`, `schedule-cpu` (schedule.py: the kernels' schedules as attributes),
 `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
 `decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
@@ -18,6 +19,7 @@ from ember.inductor.launch import register_loader
 from ember.inductor.targets import Rule, register_target
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
+from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
 from ember.ir import Node
 from ember.ir.passes import register_pipeline
@@ -25,7 +27,8 @@ from ember.prims.decomp.passes import FUSED_ATTENTION
 
 FRONT = "decompose{keep_attention=true},cse,dce"
 INDUCTOR_CPU = register_pipeline(
-    "inductor-cpu", "conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,plan-buffers",
+    "inductor-cpu",
+    "window-reduce,conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,plan-buffers",
     "prims -> loop kernels, fused, scheduled, as C++ kernel blocks with planned buffers (CPU)"
 ).text
 # compile()'s default on CPU graphs: the inductor backend runs the pipeline of the graph's
