@@ -4,6 +4,7 @@ captures and matches eager, with no graph break where none is expected."""
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any, Optional
 
 import torch
@@ -227,3 +228,71 @@ def test_multihead_attention_takes_its_decomposable_path() -> None:
     with torch.no_grad():
         h = _no_break(f, torch.randn(2, 5, 8))
     assert "_native_multi_head_attention" not in str(h.graphs[0])
+
+
+# -- torch.autograd.Function.apply (transformers' Bloom GELU; zoo run 2026-12-01) --------------
+class _TanhGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.scale = 0.5
+        return x * ctx.scale * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(1.702 * x)  # a custom backward: not forward's derivative
+
+
+class _Scale(torch.autograd.Function):  # the new style: forward without ctx, setup_context
+    @staticmethod
+    def forward(x: torch.Tensor, k: float) -> torch.Tensor:
+        return x * k
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.k = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> Any:
+        return g * ctx.k, None
+
+
+def test_autograd_function_apply_without_gradients_is_inlined() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _Scale.apply(_TanhGelu.apply(x), 3.0) + 1
+
+    with torch.no_grad():
+        _no_break(f, torch.randn(4, 3))
+    _no_break(f, torch.randn(4, 3))  # grad mode on, no input requiring grad: nothing to record
+
+
+def test_autograd_function_apply_with_gradients_breaks_and_keeps_its_backward() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return _TanhGelu.apply(x * 2).sum()
+
+    x = torch.randn(5, requires_grad=True)
+    c = er.compile(f, backend="eager")
+    c(x).backward()
+    want = torch.autograd.grad(f(x), x)[0]
+    torch.testing.assert_close(x.grad, want)
+    assert any("custom backward" in b.reason for b in er.explain(c).breaks)
+
+
+# -- a function its library marks constant (transformers' install probes; zoo: hf/wav2vec2) -----
+def _installed(name: str) -> bool:
+    try:  # vars() on a module inside try/except: capture can neither trace it nor break here
+        return vars(importlib.import_module(name))["__name__"] == name
+    except ImportError:
+        return False
+
+
+_installed._dynamo_marked_constant = True  # type: ignore[attr-defined]
+_probe = functools.lru_cache(_installed)  # marked under the cache, as transformers does
+
+
+def test_function_marked_constant_is_called_at_capture() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if _probe("math") and not _probe("no_such_module_zz") else x
+
+    _no_break(f, torch.randn(3))

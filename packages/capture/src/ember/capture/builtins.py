@@ -554,6 +554,43 @@ def _log_api_usage(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var])
     return ConstVar(None)
 
 
+def _needs_grad(tx: Tracer, v: Var) -> bool:
+    if isinstance(v, TensorVar):
+        return tx.grad_enabled and bool(v.fake.requires_grad)
+    if isinstance(v, TupleVar | ListVar):
+        return any(_needs_grad(tx, i) for i in v.items)
+    if isinstance(v, DictVar):
+        return any(_needs_grad(tx, i) for i in v.items.values())
+    return False
+
+
+@builtin(vars(torch.autograd.Function)["apply"].__func__)
+def _autograd_function_apply(tx: Tracer, fn: Any, args: list[Var],
+                             kwargs: dict[str, Var]) -> Var:
+    """`MyFunction.apply(*args)` where no gradient is recorded (grad mode off, or no tensor
+    argument requires grad): its forward is inlined with a fresh context object, as TorchDynamo
+    does; nothing can call its backward. With gradients, differentiating forward's ops would
+    replace the user's backward, so apply runs eagerly at a graph break."""
+    from ember.capture.calls import construct
+    from ember.capture.lookups import guard_class_attr
+
+    if not args or not isinstance(args[0], ConstVar) or not isinstance(args[0].value, type):
+        raise unhandled("torch.autograd.Function.apply on something other than a class")
+    cls, inputs = args[0].value, args[1:]
+    if any(_needs_grad(tx, a) for a in [*inputs, *kwargs.values()]):
+        raise unhandled(f"{cls.__qualname__}.apply with gradients recorded (its custom "
+                        f"backward runs eagerly)")
+    guard_class_attr(tx, cls, "forward")
+    guard_class_attr(tx, cls, "setup_context")
+    forward = tx.wrap(cls.forward, None)  # (a staticmethod: the function itself)
+    if cls.setup_context is not torch.autograd.function._SingleLevelFunction.setup_context:
+        return tx.call(forward, inputs, kwargs)  # setup_context only prepares a backward
+    ctx = construct(tx, torch.autograd.function.FunctionCtx, [], {})
+    assert isinstance(ctx, NewObjectVar)
+    ctx.attrs["needs_input_grad"] = ConstVar(tuple(False for _ in inputs))
+    return tx.call(forward, [ctx, *inputs], kwargs)
+
+
 builtin(contextvars.ContextVar.set)(contexts.contextvar_set)
 builtin(contextvars.ContextVar.get)(contexts.contextvar_get)
 builtin(contextvars.ContextVar.reset)(contexts.contextvar_reset)

@@ -63,6 +63,8 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
             return h(tx, fn.fn, args, kwargs)
         if is_torch_op(fn.fn):
             return run_real(tx, fn.fn, args, kwargs)
+        if getattr(fn.fn, "_dynamo_marked_constant", False):
+            return _assumed_constant(tx, fn.fn, args, kwargs)
         return tx.inline(fn, args, kwargs)
     if isinstance(fn, NestedFunctionVar):
         return tx.inline(fn, args, kwargs)
@@ -93,6 +95,21 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
     if isinstance(fn, ConstVar):
         return _call_const(tx, fn.value, args, kwargs)
     raise unhandled(f"calling {fn.describe()}")
+
+
+def _assumed_constant(tx: Tracer, f: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """A function its library marks as constant for compilers (`assume_constant_result`, e.g.
+    transformers' install probes `is_torch_available()`): called for real at capture on
+    constant arguments, its constant result unguarded, as TorchDynamo does."""
+    from ember.capture.wrap import SCALARS
+
+    if not all(pyops.deep_const(a) for a in [*args, *kwargs.values()]):
+        return tx.inline(FunctionVar(f), args, kwargs)
+    res = pyops.real(lambda: f(*[unwrap(a) for a in args],
+                               **{k: unwrap(v) for k, v in kwargs.items()}))
+    if type(res) not in SCALARS:  # only plain values can stand unguarded
+        return tx.inline(FunctionVar(f), args, kwargs)
+    return ConstVar(res)
 
 
 def _call_method(tx: Tracer, m: MethodVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
