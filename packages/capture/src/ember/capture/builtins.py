@@ -574,9 +574,11 @@ def _autograd_function_apply(tx: Tracer, fn: Any, args: list[Var],
     from ember.capture.calls import construct
     from ember.capture.lookups import guard_class_attr
 
-    if not args or not isinstance(args[0], ConstVar) or not isinstance(args[0].value, type):
-        raise unhandled("torch.autograd.Function.apply on something other than a class")
-    cls, inputs = args[0].value, args[1:]
+    if not args or not isinstance(args[0], ConstVar) or not isinstance(args[0].value, type) \
+            or not issubclass(args[0].value, torch.autograd.Function):
+        raise unhandled("torch.autograd.Function.apply on something other than its subclass")
+    cls: Any = args[0].value
+    inputs = args[1:]
     if any(_needs_grad(tx, a) for a in [*inputs, *kwargs.values()]):
         raise unhandled(f"{cls.__qualname__}.apply with gradients recorded (its custom "
                         f"backward runs eagerly)")
