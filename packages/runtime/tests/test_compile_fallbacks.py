@@ -157,12 +157,20 @@ def test_user_exception_propagates_as_in_eager() -> None:
     assert len(h.graphs) == 1  # the 2-row call captured a graph
 
 
-def test_module_hooks_fall_back() -> None:
+def test_submodule_hooks_break_the_graph() -> None:
+    # the compiled module's own hooks run around its compiled forward (test_distributed.py);
+    # a submodule's are not inlined by capture: a graph break there, with its reason
     m = nn.Linear(3, 3)
     seen = []
     m.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
-    check_against_eager(m, torch.randn(2, 3), expect_fallback="hooks")
+    model = nn.Sequential(nn.ReLU(), m)
+    x = torch.randn(2, 3)
+    want = model(x)
+    c = er.compile(model)
+    torch.testing.assert_close(c(x), want)
     assert seen == [(2, 3), (2, 3)]  # eager's, and the compiled copy's (run eagerly)
+    h = er.explain(c)
+    assert any("hooks on module Linear" in b.reason for b in h.breaks), str(h)
 
 
 def test_break_in_torch_code_reports_torchs_own_line() -> None:

@@ -47,6 +47,14 @@ from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
+from ember.runtime.distributed import (
+    CompiledDDP,
+    has_own_hooks,
+    hooked_forward,
+    is_ddp,
+    run_with_hooks,
+    split_training,
+)
 from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs, dump_stages
 from ember.runtime.dynamic import DynamicPolicy
 from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
@@ -247,14 +255,21 @@ class CompiledFunction:
         return eager
 
     def _training(self, module: Module, example_inputs: Sequence[Any],
-                  compile_graph: Callable[[Module], tuple[GraphRunner, str]]) -> Runner:
+                  compile_graph: Callable[[Module], tuple[GraphRunner, str]], *,
+                  no_grad: set[int] | None = None, split: bool = True) -> Runner:
         """A graph that records gradients: its joint graph partitioned into @forward and
         @backward, each compiled by `compile_graph` (-> runner, what it compiled to), behind a
         torch.autograd.Function (training.py). Where the joint graph cannot be built (an op
-        without a VJP rule) the eager backend runs the graph: a "training" fallback."""
+        without a VJP rule) the eager backend runs the graph: a "training" fallback. Inside
+        DDP's forward, the graph is first cut at DDP's gradient buckets (distributed.py)."""
+        if split:
+            pieces = split_training(self, module, example_inputs, compile_graph)
+            if pieces is not None:
+                return pieces
         eager = self._eager_instead(module, example_inputs)
         try:
-            plan = plan_training(module, example_inputs, self._no_grad_results,
+            plan = plan_training(module, example_inputs,
+                                 self._no_grad_results if no_grad is None else no_grad,
                                  self.opts.decompositions, self.partitioner)
         except VJPError as e:
             m = re.search(r"no VJP rule for ([\w.]+)", str(e))
@@ -627,7 +642,22 @@ class CompiledModule(nn.Module):
         object.__setattr__(self, "_ember_compiled", compiled)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._modules["_orig_mod"]
+        if has_own_hooks(mod):  # (FSDP2's) run as nn.Module.__call__ runs them, eagerly
+            return run_with_hooks(mod, self._hooked_body(), args, kwargs)
         return self._ember_compiled(*args, **kwargs)
+
+    def _hooked_body(self) -> CompiledFunction:
+        """The module's forward alone, compiled like the module (its hooks run around it)."""
+        body = self.__dict__.get("_ember_body")
+        if body is None:
+            cf = self._ember_compiled
+            body = CompiledFunction(hooked_forward(self._modules["_orig_mod"]),
+                                    backend=cf._args[0], fullgraph=cf.fullgraph, mode=cf.mode,
+                                    dynamic=cf.dynamic, options=cf._args[1])
+            body.history = cf.history  # one history: explain shows both
+            object.__setattr__(self, "_ember_body", body)
+        return body  # type: ignore[no-any-return]
 
     @property
     def compiled(self) -> CompiledFunction:
@@ -649,6 +679,8 @@ def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool |
     Without `model_or_fn`, returns a decorator.
     """
     def make(target: Any) -> Any:
+        if is_ddp(target):  # DDP's forward as it is, the module it wraps compiled
+            return CompiledDDP(target, make(target.module))
         cf = CompiledFunction(target, backend=backend, fullgraph=fullgraph, mode=mode,
                               dynamic=dynamic, options=options)
         if isinstance(target, nn.Module):
@@ -673,6 +705,8 @@ def compiled_function_of(obj: Any) -> CompiledFunction | None:
     if isinstance(obj, CompiledModule):
         cf: CompiledFunction = obj.compiled  # (mypy applies CompiledFunction.__get__ here)
         return cf
+    if isinstance(obj, CompiledDDP):
+        return compiled_function_of(obj._ember_inner)
     func = obj.__func__ if isinstance(obj, types.MethodType) else None
     if isinstance(func, CompiledFunction):
         return func  # a compiled method, bound to an instance

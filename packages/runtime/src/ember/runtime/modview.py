@@ -37,18 +37,24 @@ def _forwarded(name: str) -> property:
 
 def _setattr(self: nn.Module, name: str, value: Any) -> None:
     mods = self.__dict__.get("_modules")
-    if mods is None or "_orig_mod" not in mods or name in _OWN or name in self.__dict__:
+    # `__class__` too is the compiled module's own (FSDP2's fully_shard swaps the class of the
+    # module it shards: the compiled one, never the original behind it)
+    if mods is None or "_orig_mod" not in mods or name in _OWN or name in self.__dict__ \
+            or name == "__class__":
         nn.Module.__setattr__(self, name, value)  # (nn.Module's own state: training, hooks)
     else:
         setattr(mods["_orig_mod"], name, value)
 
 
-def compiled_module(base: type, mod: nn.Module, compiled: Any) -> nn.Module:
+def compiled_module(base: Any, mod: nn.Module, compiled: Any) -> Any:
     """An instance of a fresh subclass of (`base`, type(mod)) holding `mod` and `compiled`;
     `base` is CompiledModule, whose `__init__` only initializes nn.Module state."""
-    cls = type(mod)
-    if "__slots__" in cls.__dict__ or cls.__getattribute__ is not nn.Module.__getattribute__:
-        return base(mod, compiled)  # (a class that customizes these: a plain wrapper)
+    cls: Any = type(mod)
+    if "__slots__" in cls.__dict__ or cls.__getattribute__ is not nn.Module.__getattribute__ \
+            or cls.__new__ is not object.__new__:
+        # (a class that customizes these: a plain wrapper. FSDP2's classes build an instance
+        # of the class they wrap in __new__, which would drop the compiled module's own)
+        return base(mod, compiled)
     ns: dict[str, Any] = {
         "__module__": cls.__module__, "__qualname__": cls.__qualname__,
         "__setattr__": _setattr, "__doc__": cls.__doc__,
@@ -69,9 +75,11 @@ def compiled_module(base: type, mod: nn.Module, compiled: Any) -> nn.Module:
         pass
     ns["forward"] = forward
     try:
-        view = type(cls.__name__, (base, cls), ns)
+        view: Any = type(cls.__name__, (base, cls), ns)
     except TypeError:  # (a layout or metaclass conflict: a plain wrapper)
         return base(mod, compiled)
-    obj: nn.Module = view.__new__(view)
+    obj = view.__new__(view)
+    if type(obj) is not view:
+        return base(mod, compiled)
     base.__init__(obj, mod, compiled)
     return obj
