@@ -5,6 +5,8 @@ from the `ember.backends` entry point group; a custom backend runs under the bui
 
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -209,3 +211,32 @@ def test_stage_dumps_of_a_graph_that_writes_its_inputs_replay_with_its_names(
         assert got.keys() == want.keys(), p.name
         for k in want:
             torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5)
+
+
+def test_supports_training_is_honest() -> None:
+    """A backend declares `supports_training` exactly when compile() runs a graph that records
+    gradients through it as forward and backward graphs: ember's inductor and aot_eager do,
+    and their gradients are eager's with no fallback; `ember backends` says so."""
+    declared = {n for n, b in default_backends().all().items()
+                if getattr(b, "supports_training", False)}
+    assert {"inductor", "aot_eager"} <= declared
+    for name in sorted(declared & {"inductor", "aot_eager"}):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+        ref = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 2))
+        ref.load_state_dict(m.state_dict())
+        x = torch.randn(3, 5)
+        c = er.compile(m, backend=name)
+        c(x).pow(2).sum().backward()
+        ref(x).pow(2).sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad)
+        rep = er.explain(c)
+        assert not rep.fallbacks, (name, rep.fallback_summary)
+    lines = {}
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["backends"]) == 0
+    for ln in out.getvalue().splitlines():
+        lines[ln.split()[0]] = ln
+    assert "[training" in lines["inductor"] and "[training" in lines["aot_eager"]

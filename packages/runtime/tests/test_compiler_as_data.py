@@ -292,3 +292,35 @@ def test_lowering_tables_by_name(tmp_path: Path) -> None:
             er.compile(fn, options={"pipeline": "to-prims,lower-loops{table=nope}"})
     finally:
         LOWERING_TABLES.pop("test-no-exp")
+
+
+def test_lowering_tables_entry_point_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ember.lowerings`: a dict entry point is a table under its name, a callable registers
+    its own, a broken one is a warning naming it and leaves the others."""
+    import ember.inductor.lowering_plugins as lp
+    from ember.inductor.lowering import LOWERING_TABLES, LOWERINGS
+
+    class EP:
+        def __init__(self, name: str, obj: object) -> None:
+            self.name, self.value, self.obj = name, f"test:{name}", obj
+
+        def load(self) -> object:
+            if isinstance(self.obj, Exception):
+                raise self.obj
+            return self.obj
+
+    def adds(register: object) -> None:
+        register("t-called", dict(LOWERINGS))  # type: ignore[operator]
+
+    eps = [EP("t-dict", dict(LOWERINGS)), EP("t-fn", adds), EP("t-broken", ImportError("x"))]
+    monkeypatch.setattr(lp, "entry_points", lambda *, group: eps if group == lp.GROUP else [])
+    monkeypatch.setattr(lp, "_loaded", set())
+    try:
+        with pytest.warns(lp.LoweringPluginWarning, match="t-broken.*ImportError"):
+            assert lp.lowering_table("t-dict") is not None
+        assert {"t-dict", "t-called"} <= set(lp.lowering_tables())
+        with pytest.raises(ValueError, match="unknown lowering table 'nope'"):
+            er.compile(lambda x: x + 1, options={"pipeline": "to-prims,lower-loops{table=nope}"})
+    finally:
+        LOWERING_TABLES.pop("t-dict", None)
+        LOWERING_TABLES.pop("t-called", None)

@@ -165,3 +165,27 @@ def test_every_entry_point_loads_whatever_is_imported_first(first: str) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["['example',", "'example-fuse']", "['example',",
                                    "'example-interp']", "True"], proc.stdout
+
+
+def test_plugin_lowering_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The entry point group `ember.lowerings`: the plugin's table (exp left to an extern call)
+    is listed by `ember passes` and picked by `lower-loops{table=...}` from compile() and from
+    `ember opt`, with no registration in the test."""
+    from ember.inductor.lowering_plugins import lowering_tables
+
+    assert "example-no-exp" in lowering_tables()
+    assert main(["passes"]) == 0
+    assert "example-no-exp" in capsys.readouterr().out.split("lowering tables", 1)[1]
+    pipeline = "to-prims,lower-loops{table=example-no-exp},fuse,codegen-cpp,plan-buffers"
+    x = torch.randn(3, 4)
+    fn = lambda x: torch.exp(x) * 2 + 1  # noqa: E731
+    c = er.compile(fn, options={"pipeline": pipeline, "dump_dir": str(tmp_path)})
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), fn(x))
+    compiled = next(tmp_path.glob("*.kernels.ir")).read_text()
+    assert 'kernels.extern(' in compiled and 'op="prims.exp"' in compiled
+    ir = next(p for p in tmp_path.glob("*.ir") if ".kernels" not in p.name)
+    out = tmp_path / "loops.ir"
+    assert main(["opt", str(ir), "-p", "to-prims,lower-loops{table=example-no-exp}",
+                 "-o", str(out)]) == 0
+    assert 'op="prims.exp"' in out.read_text()

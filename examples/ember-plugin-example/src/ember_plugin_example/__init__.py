@@ -1,5 +1,6 @@
 """An example ember plugin: gelu decomposed through erfc (not erf), a fusion pass that never
-fuses a reduction into its readers, the pipeline `example` that uses both, and two backends:
+fuses a reduction into its readers, the pipeline `example` that uses both, a lowering table
+`example-no-exp` (exp left to an extern call, not a loop), and two backends:
 `example` (that pipeline, compiled to C++ under the inductor's policy) and `example-interp` (the
 backend protocol written out: prepare once, then a runner per call)."""
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import ember.inductor  # noqa: F401  (the inductor's passes: fuse, lower-loops, ...)
 from ember.inductor.fusion import fuse
+from ember.inductor.lowering import LOWERINGS
 from ember.ir import Interpreter, Module, RunResult, Value
 from ember.ir.backends import Backend, Runner
 from ember.ir.passes import NamedPipeline, run_pipeline
@@ -33,6 +35,11 @@ def gelu_erfc(ctx: DecompContext, self: Value, approximate: str = "none") -> Val
 
 # a variant of ember's own table differing in one op; ember's table is left as it was
 GELU_ERFC = DECOMPOSITIONS.copy("example-erfc").replace("aten.gelu.default", gelu_erfc)
+
+
+# a lowering table: ember's rules but exp's, so prims.exp stays an extern call (torch's exp)
+# instead of a loop; `lower-loops{table=example-no-exp}` picks it
+EXP_EXTERN = {k: v for k, v in LOWERINGS.items() if k != "prims.exp"}
 
 
 def _fuse_pointwise_only(module: Module, *, max_nodes: int = 64) -> Module:

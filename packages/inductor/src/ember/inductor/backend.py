@@ -182,7 +182,10 @@ def register_backend() -> None:
     if "inductor" not in default_backends().all():
         default_backends().add(Backend(
             "inductor", "the pipeline of the graph's device's target (cpu: "
-            f"{pipeline_text()}), then run the compiled kernels", _inductor_backend))
+            f"{pipeline_text()}), then run the compiled kernels", _inductor_backend,
+            # compile() builds a graph that records gradients into forward and backward graphs
+            # (ember.autograd) and runs both through this pipeline (runtime/training.py)
+            supports_training=True))
 
 
 def pipeline_text() -> str:

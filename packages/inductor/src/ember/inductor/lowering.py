@@ -517,7 +517,9 @@ def register_lowering_table(name: str, rules: dict[str, Rule], *, replace: bool 
                "values, views as index rewrites, the rest extern; table=NAME picks a "
                "registered lowering table")
 def lower_loops(module: Module, *, table: str = "default") -> Module:
-    rules = LOWERING_TABLES.get(table)
+    from ember.inductor.lowering_plugins import lowering_table  # (it imports this module)
+
+    rules = lowering_table(table)  # plugins' tables too (entry point group ember.lowerings)
     if rules is None:
         raise PipelineError(f"lower-loops: unknown lowering table {table!r} (known: "
                             f"{', '.join(sorted(LOWERING_TABLES))})")

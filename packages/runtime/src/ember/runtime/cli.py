@@ -414,6 +414,11 @@ def cmd_passes(a: argparse.Namespace) -> int:
     print("decomposition tables (decompose{table=NAME}):")
     for name, t in decomposition_tables().all().items():
         print(f"{name:<16}{len(t)} ops")
+    from ember.inductor.lowering_plugins import lowering_tables
+
+    print("lowering tables (lower-loops{table=NAME}):")
+    for name, rules in lowering_tables().items():
+        print(f"{name:<16}{len(rules)} prims")
     return 0
 
 

@@ -74,6 +74,7 @@ def _check_tables(stages: list[PipelineStage]) -> None:
     """Table names in stages exist now, so a typo is an error at compile(), not a fallback to
     eager at the first call."""
     from ember.inductor.lowering import LOWERING_TABLES
+    from ember.inductor.lowering_plugins import lowering_table
 
     for st in stages:
         table = st.options.get("table")
@@ -81,7 +82,7 @@ def _check_tables(stages: list[PipelineStage]) -> None:
             continue
         if st.pass_.name == "decompose":
             decomposition_table(table)
-        elif st.pass_.name == "lower-loops" and table not in LOWERING_TABLES:
+        elif st.pass_.name == "lower-loops" and lowering_table(table) is None:
             raise KeyError(f"lower-loops: unknown lowering table {table!r} (known: "
                            f"{', '.join(sorted(LOWERING_TABLES))})")
 

@@ -1,0 +1,63 @@
+"""Lowering tables from plugins: the entry point group `ember.lowerings`.
+
+A lowering table maps prims to their loop-IR rules (ember.inductor.lowering.LOWERINGS is the
+default; `register_lowering_table` adds one by name, selected with `lower-loops{table=NAME}`).
+A third-party package ships one through the group, as decomposition tables ship through
+`ember.decompositions`: an entry point names a dict (prim -> rule), registered under the entry
+point's name, or a callable that takes `register_lowering_table` and registers its tables.
+The group is read on the first lookup of a table that is not registered (lower-loops, compile's
+pipeline check, `ember passes`), once; a broken entry point is skipped with a
+LoweringPluginWarning naming it (it must not take the other tables down).
+"""
+
+from __future__ import annotations
+
+import warnings
+from importlib.metadata import entry_points
+
+from ember.inductor.lowering import LOWERING_TABLES, Rule, register_lowering_table
+from ember.ir.plugins import still_importing
+
+GROUP = "ember.lowerings"
+_loaded: set[tuple[str, str]] = set()  # entry points already loaded (name, value)
+
+
+class LoweringPluginWarning(UserWarning):
+    """An `ember.lowerings` entry point could not be loaded: its tables are missing."""
+
+
+def load_lowering_plugins() -> None:
+    """Register the tables of the `ember.lowerings` entry points not loaded before."""
+    for ep in entry_points(group=GROUP):
+        key = (ep.name, str(getattr(ep, "value", "")))
+        if key in _loaded or still_importing(ep):  # importing ember: next lookup
+            continue
+        _loaded.add(key)
+        try:
+            obj = ep.load()
+            if isinstance(obj, dict):
+                if ep.name not in LOWERING_TABLES:
+                    register_lowering_table(ep.name, obj)
+            elif callable(obj):
+                obj(register_lowering_table)
+            else:
+                raise TypeError(f"{type(obj).__name__} is neither a lowering table (a dict of "
+                                f"prim -> rule) nor a callable")
+        except Exception as e:
+            warnings.warn(f"{GROUP} entry point {ep.name} ({key[1]}) failed to load: "
+                          f"{type(e).__name__}: {e}", LoweringPluginWarning, stacklevel=2)
+
+
+def lowering_tables() -> dict[str, dict[str, Rule]]:
+    """Every registered lowering table, the plugins' included."""
+    load_lowering_plugins()
+    return dict(sorted(LOWERING_TABLES.items()))
+
+
+def lowering_table(name: str) -> dict[str, Rule] | None:
+    """The table registered as `name` (plugins looked up on a miss), or None."""
+    rules = LOWERING_TABLES.get(name)
+    if rules is None:
+        load_lowering_plugins()
+        rules = LOWERING_TABLES.get(name)
+    return rules
