@@ -46,6 +46,7 @@ from ember.ir import (
     TensorType,
     Value,
     default_registry,
+    symbol,
 )
 from ember.ir.passes import register_pass
 
@@ -109,7 +110,7 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     while any(k.name == name for k in kernels):  # two loop nodes may share one body
         name += "_"
     try:
-        source = render(name, n, body, m.items, interpret).source
+        rendered = render(name, n, body, m.items, interpret)
     except CodegenError as e:
         body.attrs["triton_fallback"] = str(e)
         stack = [body]  # the bodies of fused reductions run on the reference too
@@ -122,11 +123,13 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
                     fallback.append(sub)
                     stack.append(sub)
         return n
-    kernels.append(Kernel(name, LANG, source))
+    kernels.append(Kernel(name, LANG, rendered.source))
     types = [r.type for r in n.results]
     assert all(isinstance(t, TensorType) for t in types)
     kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
                           "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
+    if rendered.sizes:  # the size symbols the kernel takes after its buffers (the call's ABI)
+        kw["sizes"] = [symbol(s) for s in rendered.sizes]
     dev = _device(n)
     if dev != "cpu":
         kw["device"] = dev

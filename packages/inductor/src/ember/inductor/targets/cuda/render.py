@@ -224,16 +224,28 @@ def _tensor(v: Value) -> TensorType:
     return v.type
 
 
-def _static(dims: Sequence[Any], what: str) -> list[int]:
-    out: list[int] = []
+def _dims(dims: Sequence[Any]) -> list[Any]:
+    """Sizes as ints where static, sympy expressions over size symbols where not."""
+    out: list[Any] = []
     for d in dims:
         if isinstance(d, sympy.Expr) and d.is_Integer:
             d = int(d)
-        if isinstance(d, bool) or not isinstance(d, int):
-            raise CodegenError(f"{what} {d} is symbolic (the Triton target takes static sizes "
-                               f"for now)")
+        if isinstance(d, bool) or not isinstance(d, (int, sympy.Expr)):
+            raise CodegenError(f"size {short(str(d))} is not a number or an expression")
         out.append(d)
     return out
+
+
+def _is_static(e: Any) -> bool:
+    return isinstance(e, int)
+
+
+def _numel(dims: Sequence[Any]) -> Any:
+    n = math.prod(dims)
+    return int(n) if isinstance(n, sympy.Expr) and n.is_Integer else n
+
+
+_PY_SIZE = set("0123456789+* ()")
 
 
 def pyexpr(e: Any, rtag: str = "", alias: dict[str, str] | None = None) -> str:
@@ -241,6 +253,8 @@ def pyexpr(e: Any, rtag: str = "", alias: dict[str, str] | None = None) -> str:
     Triton table); the reduced variables r0, ... are named r0{rtag}, ...; `alias` renames
     variables (a row's inner variables that are its reduced ones)."""
     def name(n: str) -> str:
+        if alias and n in alias:  # a size symbol: a kernel argument
+            return alias[n]
         if not (n[:1] in "ir" and n[1:].isdigit()):
             raise CodegenError(f"index symbol {short(n)!r} is not a loop variable")
         out = n + rtag if n[0] == "r" else n
@@ -254,7 +268,7 @@ def literal(v: object, dt: DType, scalar: bool = False) -> str:
     value), except an f64 operand, a 0-d f64 tensor (its literal would be rounded to f32);
     `scalar`: the value argument of tl.full, a Python number for every dtype."""
     if isinstance(v, sympy.Expr) and not v.is_number:
-        raise CodegenError("a symbolic number operand (the Triton target takes static sizes)")
+        raise CodegenError("a symbolic number operand outside a kernel body")
     x: Any = torch.tensor(v, dtype=dt.torch).item()
     if isinstance(x, bool):
         return "1" if x else "0"
@@ -307,6 +321,17 @@ class _Writer:
     alias: dict[str, str] = field(default_factory=dict)
     cse: dict[str, str] | None = None
     contiguous: Any = None  # pointwise: the flat index as an expression of the loop variables
+    sizes: list[str] = field(default_factory=list)  # size symbols: kernel arguments
+
+    def sz(self, e: Any) -> str:
+        """A size as Triton code (a static one as its number)."""
+        return str(e) if _is_static(e) else pyexpr(e, "", self.alias)
+
+    def number(self, v: Any, dt: DType, scalar: bool = False) -> str:
+        """A number operand: a literal, or a size expression as a value of `dt`."""
+        if isinstance(v, sympy.Expr) and not v.is_number:
+            return f"({self.sz(v)} + tl.zeros([], {compute_dtype(dt)}))"
+        return literal(v, dt, scalar)
 
     def emit(self, depth: int, text: str) -> None:
         self.lines.append("    " * depth + text)
@@ -341,7 +366,7 @@ class _Writer:
             buf = n.args[0]
             assert isinstance(buf, Value)
             index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            flat = flat_offset(index, _static(_tensor(buf).shape, "buffer size"))
+            flat = flat_offset(index, _dims(_tensor(buf).shape))
             if self.contiguous is not None and sympy.expand(flat - self.contiguous) == 0:
                 off = "xflat"  # the buffer read in the loop's own order: contiguous lanes
             else:
@@ -356,7 +381,10 @@ class _Writer:
         if n.op == "loop.reduce":
             return self.reduce_ref(n, env).name
         if n.op == "prims.full":
-            return f"tl.full({shape}, {literal(n.kwargs['value'], dt, True)}, {compute_dtype(dt)})"
+            val = n.kwargs["value"]
+            if isinstance(val, sympy.Expr) and not val.is_number:
+                return f"(tl.zeros({shape}, {compute_dtype(dt)}) + {self.number(val, dt)})"
+            return f"tl.full({shape}, {literal(val, dt, True)}, {compute_dtype(dt)})"
         if n.op == "prims.convert_element_type":
             x = n.args[0]
             assert isinstance(x, Value)
@@ -372,7 +400,7 @@ class _Writer:
         tmpl = tmpl or table.get(dclass(odt))
         if tmpl is None:
             raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
-        ops = [env[a] if isinstance(a, Value) else literal(a, odt) for a in n.args]
+        ops = [env[a] if isinstance(a, Value) else self.number(a, odt) for a in n.args]
         if dclass(odt) == _I:  # typed as the tensor operands: an int literal is i32 to Triton
             ops = [o if isinstance(a, Value) else f"tl.full([], {o}, {tl_dtype(odt)})"
                    for o, a in zip(ops, n.args, strict=True)]
@@ -406,7 +434,7 @@ def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
         sub = w.items.get(ref.name) if isinstance(ref, Ref) else None
         if not isinstance(ref, Ref) or not isinstance(sub, Graph) or len(sub.outputs) != 1:
             raise CodegenError("a loop.reduce without a one-value body")
-        if _static(n.kwargs["ranges"], "reduce range") != outer:  # type: ignore[arg-type]
+        if _dims(n.kwargs["ranges"]) != outer:  # type: ignore[arg-type]
             raise CodegenError("fused reductions over different outer ranges")
         sbufs = tuple(env[a] for a in n.args[1:] if isinstance(a, Value))
         key = (ref.name, sbufs, n.kwargs.get("reduction"))
@@ -414,7 +442,7 @@ def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
             continue
         _collect(w, sub, sbufs, outer, order)
         red = _Red(sub, sbufs, str(n.kwargs["reduction"]),
-                   _static(n.kwargs["reduce_ranges"], "reduce range"))  # type: ignore[arg-type]
+                   _dims(n.kwargs["reduce_ranges"]))  # type: ignore[arg-type]
         w.reds[key] = red
         order.append(red)
 
@@ -422,16 +450,15 @@ def _collect(w: _Writer, g: Graph, bufs: Sequence[str], outer: list[int],
 def _decompose(w: _Writer, depth: int, flat: str, dims: list[int], var: str, start: int,
                tag: str = "") -> None:
     """Loop variables `var{start+k}` recovered from the flat row-major index `flat`."""
-    stride = math.prod(dims)
-    if stride == 0:  # an empty loop: every lane is masked off, any index does
+    if _numel(dims) == 0:  # an empty loop: every lane is masked off, any index does
         for k in range(len(dims)):
             w.emit(depth, f"{var}{start + k}{tag} = {flat} * 0")
         return
     for k, d in enumerate(dims):
-        stride //= d
-        e = flat if stride == 1 else f"({flat} // {stride})"
+        stride = _numel(dims[k + 1:])
+        e = flat if stride == 1 else f"({flat} // ({w.sz(stride)}))"
         if k > 0:
-            e = f"({e} % {d})"
+            e = f"({e} % ({w.sz(d)}))"
         w.emit(depth, f"{var}{start + k}{tag} = {e}")
 
 
@@ -453,7 +480,7 @@ def _int_ident(red: str, dt: DType) -> str:
 
 def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> None:
     """Emit red.name = the reduction of red.body over its row, shape [XBLOCK, 1]."""
-    rn = math.prod(red.rranges)
+    rn = w.sz(_numel(red.rranges))
     dt = _tensor(red.body.outputs[0]).dtype
     kind = red.reduction
     value_kind = {"argmax": "amax", "argmin": "amin"}.get(kind, kind)
@@ -521,7 +548,7 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
         return
     # argmax/argmin: the first index where the value is the max/min (a NaN where it is NaN)
     big = rn
-    w.emit(depth, f"{red.name} = tl.full([XBLOCK, 1], {big}, tl.int64)")
+    w.emit(depth, f"{red.name} = tl.zeros([XBLOCK, 1], tl.int64) + {big}")
     loop = not red.persistent
     d = depth + 1 if loop else depth
     if loop:
@@ -551,6 +578,7 @@ def _reduce_call(op: str, x: str) -> str:
 class Rendered:
     source: str
     schedule: dict[str, int]
+    sizes: list[str] = field(default_factory=list)  # size symbols the kernel takes, in order
 
 
 def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret: bool = False
@@ -559,12 +587,21 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     `interpret`: for Triton's interpreter (libdevice is interp_libdevice.py)."""
     w = _Writer(name, items, interpret=interpret)
     t = _tensor(node.results[0])
-    ranges = _static(node.kwargs["ranges"], "range")  # type: ignore[arg-type]
+    ranges = _dims(node.kwargs["ranges"])  # type: ignore[arg-type]
+    free: set[sympy.Symbol] = set()
     for v in [*node.args[1:], *node.results]:
         if isinstance(v, Value):
             tl_dtype(_tensor(v).dtype)
-            numel = math.prod(_static(_tensor(v).shape, "buffer size"))
-            w.wide |= numel >= INT32_LIMIT
+            numel = _numel(_dims(_tensor(v).shape))
+            free |= set() if _is_static(numel) else numel.free_symbols
+            w.wide |= not _is_static(numel) or numel >= INT32_LIMIT  # a symbolic size: int64
+    for key in ("ranges", "reduce_ranges"):
+        free |= {f for d in _dims(node.kwargs.get(key) or []) if not _is_static(d)  # type: ignore[union-attr]
+                 for f in d.free_symbols}
+    w.sizes = sorted(str(f) for f in free)
+    if any(not (s[:1] == "s" and s[1:].isdigit()) for s in w.sizes):
+        raise CodegenError(f"sizes over symbols {w.sizes} (size symbols are s0, s1, ...)")
+    w.alias = {s: s for s in w.sizes}
     nin = len(node.args) - 1
     nout = len(node.results)
     ins = [f"in{k}" for k in range(nin)]
@@ -573,29 +610,34 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     main: _Red | None = None
     if node.op == "loop.reduction":
         main = _Red(body, tuple(ins), str(node.kwargs["reduction"]),
-                    _static(node.kwargs["reduce_ranges"], "reduce range"))  # type: ignore[arg-type]
+                    _dims(node.kwargs["reduce_ranges"]))  # type: ignore[arg-type]
         _collect(w, body, ins, ranges, order)
         order.append(main)
         outer = ranges
     else:
         outer = _outer(w, body, ins, ranges, order)
-    xn = math.prod(outer)
-    w.wide |= xn >= INT32_LIMIT
+    xn = _numel(outer)
+    static = _is_static(xn)
+    w.wide |= not static or xn >= INT32_LIMIT
+    xn_t = w.sz(xn)
     sym = kernel_symbol(name)
     sched: dict[str, int] = {}
     head = [f"# ember triton kernel {safe_text('@' + short(name))}: "
             f"{safe_text(node.op)} over {ranges}", prelude(interpret), "", "@triton.jit"]
-    params = ", ".join([*ins, *outs, "XBLOCK: tl.constexpr"])
+    # sizes are run-time ints on the GPU (one compile for every size); the interpreter's
+    # range() takes only Python ints, so there they are constexpr
+    sizes = [f"{s}: tl.constexpr" if interpret else s for s in w.sizes]
+    params = ", ".join([*ins, *outs, *sizes, "XBLOCK: tl.constexpr"])
     w.emit(0, f"def {sym}({params}):")
     pid = "tl.program_id(0)" + (".to(tl.int64)" if w.wide else "")
     if not order:  # plain pointwise: 1-D over the flattened output
-        xblock = min(PMAX, next_pow2(xn))
+        xblock = min(PMAX, next_pow2(xn)) if static else PMAX
         sched = {"XBLOCK": xblock, "num_warps": max(1, min(8, xblock // 256)),
-                 "grid": math.ceil(xn / xblock)}
+                 "grid": math.ceil(xn / xblock) if static else -1}
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
-        w.emit(1, f"xmask = xflat < {xn}")
+        w.emit(1, f"xmask = xflat < {xn_t}")
         _decompose(w, 1, "xflat", ranges, "i", 0)
-        w.contiguous = sum(sympy.Symbol(f"i{k}") * math.prod(ranges[k + 1:])
+        w.contiguous = sum(sympy.Symbol(f"i{k}") * _numel(ranges[k + 1:])
                            for k in range(len(ranges)))
         vals = w.body(1, body, ins, "xmask", "[XBLOCK]")
         for o, v, r in zip(outs, vals, node.results, strict=True):
@@ -604,19 +646,21 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     else:
         widest = 1
         for k, red in enumerate(order):
-            rn = math.prod(red.rranges)
-            red.persistent = rn <= RMAX
+            rn = _numel(red.rranges)
+            red.persistent = _is_static(rn) and rn <= RMAX
             red.block = next_pow2(rn) if red.persistent else RMAX // 4
             red.name = f"red{k}"
             widest = max(widest, red.block)
         inner = ranges[len(outer):] if main is None else []
-        ni = math.prod(inner)
-        iblock = min(next_pow2(ni), RMAX) if main is None else 1
+        ni = _numel(inner)
+        iblock = 1 if main is not None else min(next_pow2(ni), RMAX) if _is_static(ni) \
+            else RMAX // 4
         widest = max(widest, iblock)
-        xblock = max(1, min(next_pow2(xn), 64, RMAX // widest))
+        xblock = max(1, min(next_pow2(xn) if static else 64, 64, RMAX // widest))
         elems = xblock * widest
         sched = {"XBLOCK": xblock, "num_warps": 8 if elems >= 4096 else 4 if elems >= 1024
-                 else 2 if elems >= 256 else 1, "grid": math.ceil(xn / xblock)}
+                 else 2 if elems >= 256 else 1,
+                 "grid": math.ceil(xn / xblock) if static else -1}
         for k, red in enumerate(order):
             sched[f"R{k}BLOCK"] = red.block
         rr = order[0].rranges
@@ -624,7 +668,7 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
             main is not None or inner == rr)
         sched["shared_row"] = int(w.shared)
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        w.emit(1, f"xmask = xflat < {xn}")
+        w.emit(1, f"xmask = xflat < {xn_t}")
         _decompose(w, 1, "xflat", outer, "i", 0)
         for red in order:
             _row_reduce(w, 1, red, "xmask", "[XBLOCK, 1]")
@@ -633,7 +677,7 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
                       f"mask=xmask)")
         elif w.shared:  # the row's elements are the reduced ones: same indices, same values
             sched["IBLOCK"] = iblock
-            w.alias = {f"i{len(outer) + k}": f"r{k}_s" for k in range(len(inner))}
+            w.alias.update({f"i{len(outer) + k}": f"r{k}_s" for k in range(len(inner))})
             vals = w.body(1, body, ins, "rmasks", f"[XBLOCK, {iblock}]")
             for o, v, r in zip(outs, vals, node.results, strict=True):
                 w.emit(1, f"tl.store({o} + xflat * {ni} + rflats, "
@@ -641,26 +685,35 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         else:
             sched["IBLOCK"] = iblock
             d = 1
-            if ni > iblock:
-                w.emit(1, f"for ioff in range(0, {ni}, {iblock}):")
+            loop = not _is_static(ni) or ni > iblock
+            ni_t = w.sz(ni)
+            if loop:
+                w.emit(1, f"for ioff in range(0, {ni_t}, {iblock}):")
                 d = 2
-            start = "ioff + " if ni > iblock else ""
+            start = "ioff + " if loop else ""
             w.emit(d, f"iflat = {start}tl.arange(0, {iblock})[None, :]" + (
                 ".to(tl.int64)" if w.wide else ""))
-            w.emit(d, f"imask = xmask & (iflat < {ni})")
+            w.emit(d, f"imask = xmask & (iflat < {ni_t})")
             _decompose(w, d, "iflat", inner, "i", len(outer))
             vals = w.body(d, body, ins, "imask", f"[XBLOCK, {iblock}]")
             for o, v, r in zip(outs, vals, node.results, strict=True):
-                w.emit(d, f"tl.store({o} + xflat * {ni} + iflat, "
+                w.emit(d, f"tl.store({o} + xflat * ({ni_t}) + iflat, "
                           f"{v}.to({tl_dtype(_tensor(r).dtype)}), mask=imask)")
-    args = ", ".join([*ins, *outs])
-    launch = ["", "", f"SCHEDULE = {sched!r}", "", "",
-              f"def launch({args}):",
-              f"    {sym}[({sched['grid']},)]({args}, XBLOCK={sched['XBLOCK']}, "
-              f"num_warps={sched['num_warps']})", ""]
-    if xn == 0 or sched["grid"] == 0:
+    args = ", ".join([*ins, *outs, *w.sizes])
+    launch = ["", "", f"SCHEDULE = {sched!r}", "", "", f"def launch({args}):"]
+    grid = str(sched["grid"])
+    if not static:  # the grid from the sizes the call passes (Python: products and sums)
+        py = str(xn)
+        if not set(py) <= _PY_SIZE | set("s"):
+            raise CodegenError(f"a grid over {short(py)} (products and sums of sizes only)")
+        launch += [f"    grid = (({py}) + {sched['XBLOCK']} - 1) // {sched['XBLOCK']}",
+                   "    if grid <= 0:", "        return None  # no elements"]
+        grid = "grid"
+    launch += [f"    {sym}[({grid},)]({args}, XBLOCK={sched['XBLOCK']}, "
+               f"num_warps={sched['num_warps']})", ""]
+    if static and (xn == 0 or sched["grid"] == 0):
         launch[-2] = "    return None  # no elements"
-    return Rendered("\n".join([*head, *w.lines, *launch]), sched)
+    return Rendered("\n".join([*head, *w.lines, *launch]), sched, w.sizes)
 
 
 def _outer(w: _Writer, body: Graph, ins: list[str], ranges: list[int],
@@ -669,7 +722,7 @@ def _outer(w: _Writer, body: Graph, ins: list[str], ranges: list[int],
     outer: list[int] | None = None
     for n in body.nodes:
         if n.op == "loop.reduce":
-            o = _static(n.kwargs["ranges"], "reduce range")  # type: ignore[arg-type]
+            o = _dims(n.kwargs["ranges"])  # type: ignore[arg-type]
             if outer is not None and o != outer:
                 raise CodegenError("fused reductions over different outer ranges")
             outer = o
