@@ -148,6 +148,13 @@ def test_ember_backend_falls_back_with_a_warning() -> None:
     torch.testing.assert_close(got, want)
     assert not g.ran_compiled and g.fallback is not None
     assert "_set_grad_enabled" in g.fallback
+    # counted as an eager run, once per graph, in the summary explain() gives
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the graph runs eagerly from now on, without warning
+        g(x.detach().clone().requires_grad_())
+    rep = er.explain(g.compiled)
+    assert rep.fallback_kinds == {"capture": 1}, str(rep)
+    assert "1 fallback(s): 1 capture" in str(rep) and "_set_grad_enabled" in str(rep)
 
 
 def test_ember_backend_trains_compiled() -> None:

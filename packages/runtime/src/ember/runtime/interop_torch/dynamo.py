@@ -43,6 +43,8 @@ import torch
 from torch import fx
 
 from ember.runtime.compile import CaptureError, CompiledFunction
+from ember.runtime.fallbacks import record
+from ember.runtime.history import Fallback
 
 OPTIONS = ("backend", "cache_limit")
 # compile.py's note for a graph that ember's eager backend ran instead of the inductor's code
@@ -101,6 +103,13 @@ class EmberGraph:
             out = self.compiled(*args)
         except CaptureError as e:  # raised before anything ran: running eagerly is safe
             self.fallback = str(e)
+            # counted as compile()'s own capture fallbacks are (explain() of g.compiled), with
+            # this warning in place of the FallbackWarning: it names the FX graph
+            history = self.compiled.history
+            history.warned.add("capture")
+            code = self.gm.forward.__code__
+            record(history, Fallback(f"{e}; the FX graph runs eagerly", code.co_filename,
+                                     code.co_firstlineno, kind="capture"), self.compiled.name)
             warnings.warn(f"ember backend: {e}; the FX graph runs eagerly", stacklevel=2)
             return self.gm.forward(*args)
         notes = self.compiled.history.notes
