@@ -407,3 +407,46 @@ def test_training_step_peak_memory_is_eagers() -> None:
         peaks.append(_peak_step_bytes(step))
     eager, ember = peaks
     assert ember <= eager * 1.02, (ember, eager)
+
+
+def test_warm_training_compile_comes_from_the_cache(tmp_path: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new compiled object for the same graph reads the plan and both compiled graphs from
+    the training compile cache: no decomposition, joint graph, partition or pipeline runs."""
+    import importlib
+
+    from ember.inductor import cache
+
+    compile_mod = importlib.import_module("ember.runtime.compile")
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    calls = {"plan": 0, "pipeline": 0}
+    plan, pipeline = compile_mod.plan_training, compile_mod.CompiledFunction._run_pipeline
+
+    def counted_plan(*a: Any, **k: Any) -> Any:
+        calls["plan"] += 1
+        return plan(*a, **k)
+
+    def counted_pipeline(self: Any, m: Any) -> Any:
+        calls["pipeline"] += 1
+        return pipeline(self, m)
+
+    monkeypatch.setattr(compile_mod, "plan_training", counted_plan)
+    monkeypatch.setattr(compile_mod.CompiledFunction, "_run_pipeline", counted_pipeline)
+    torch.manual_seed(0)
+    model = _mlp()
+    x, _ = _data(0)
+    grads = []
+    for _ in range(2):
+        cache.forget_loaded()  # as a new process would: the C++ comes from the kernel cache
+        c = er.compile(lambda x: model(x).square().mean(), backend="inductor")
+        model.zero_grad()
+        c(x).backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+        notes = er.explain(c).notes
+    assert calls == {"plan": 1, "pipeline": 2}, calls  # the first compile only
+    assert any("from the training compile cache" in n for n in notes), notes
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+    ref = [g.clone() for g in grads[0]]
+    model.zero_grad()
+    model(x).square().mean().backward()
+    torch.testing.assert_close(ref, [p.grad for p in model.parameters()], **TOL)

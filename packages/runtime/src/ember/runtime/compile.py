@@ -68,8 +68,11 @@ from ember.runtime.training import (
     TrainingRunner,
     check_partitioner,
     interpreter_runner,
+    load_training,
     needs_training,
     plan_training,
+    store_training,
+    training_cache_key,
 )
 from ember.runtime.writeback import Epilogue, backend_module
 
@@ -267,10 +270,23 @@ class CompiledFunction:
             if pieces is not None:
                 return pieces
         eager = self._eager_instead(module, example_inputs)
+        o = self.opts
+        # the training compile cache (training.py): the inductor's own pipeline only
+        key = training_cache_key(
+            module, example_inputs, self._no_grad_results if no_grad is None else no_grad,
+            self.partitioner, o.pipeline) if (
+                compile_graph == self._inductor_graph and o.decompositions is None
+                and not o.dump_each and not o.verify_each) else None
+        hit = load_training(key) if key else None
         try:
-            plan = plan_training(module, example_inputs,
-                                 self._no_grad_results if no_grad is None else no_grad,
-                                 self.opts.decompositions, self.partitioner)
+            if hit is not None:
+                plan = hit[0]
+                compiled = {id(plan.forward): hit[1], id(plan.backward): hit[2]}
+                compile_graph = lambda m: self._inductor_graph(m, compiled[id(m)])  # noqa: E731
+            else:
+                plan = plan_training(module, example_inputs,
+                                     self._no_grad_results if no_grad is None else no_grad,
+                                     self.opts.decompositions, self.partitioner)
         except VJPError as e:
             m = re.search(r"no VJP rule for ([\w.]+)", str(e))
             return eager("training", f"the joint forward/backward graph cannot be built: {e}",
@@ -287,9 +303,12 @@ class CompiledFunction:
         except Exception as e:
             return eager("backend", f"backend {self.backend_name!r} cannot compile the "
                          f"training graphs: {type(e).__name__}: {e}")
+        if key and hit is None:
+            store_training(key, plan, fwd.__dict__["compiled"], bwd.__dict__["compiled"])
         self.history.note(f"graph @{module.graph().name}: training: backend "
                           f"{self.backend_name!r} runs its forward as {fwd_what} and its "
-                          f"backward as {bwd_what}; {plan.report.text()}")
+                          f"backward as {bwd_what}; {plan.report.text()}"
+                          + ("; from the training compile cache" if hit is not None else ""))
         self.partitions.append(plan.report)
         return TrainingRunner(plan, fwd, bwd, len(example_inputs))
 
@@ -410,9 +429,14 @@ class CompiledFunction:
         self.history.note(f"{name}: backend {spec.name!r} ran it ({spec.summary})")
         return self._judged(module, example_inputs, runner, f"backend {spec.name!r}")
 
-    def _inductor_graph(self, module: Module) -> tuple[GraphRunner, str]:
-        """One graph of a training pair (prims) through the inductor's pipeline."""
-        compiled = self._run_pipeline(module)
+    def _inductor_graph(self, module: Module, compiled: Module | None = None
+                        ) -> tuple[GraphRunner, str]:
+        """One graph of a training pair (prims) through the inductor's pipeline (`compiled`:
+        its pipeline's output from the training compile cache; only its C++ is loaded)."""
+        if compiled is None:
+            compiled = self._run_pipeline(module)
+        elif compiled.kernels:
+            load_module(compiled)
         runner = compiled_runner(compiled)
         graph = module.graph().name
         slow = interpreter_reason(compiled, graph)
@@ -422,6 +446,7 @@ class CompiledFunction:
         def run(inputs: Sequence[Any]) -> list[Any]:
             return list(runner(graph, inputs).outputs)
 
+        run.__dict__["compiled"] = compiled  # what the training compile cache stores
         return run, summary(compiled)
 
     def _run_pipeline(self, module: Module) -> Module:

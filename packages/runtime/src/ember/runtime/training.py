@@ -23,8 +23,15 @@ pipeline, so the backward is one more prims graph) and `TrainingRunner` runs the
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +40,7 @@ from ember.autograd.joint import joint_graph, partition_joint, requires_grad_val
 from ember.autograd.partition import POLICIES, PartitionReport
 from ember.autograd.stop import strip_stop_gradients, training_table
 from ember.inductor.wrapper import BoxedInputs
-from ember.ir import Interpreter, Module
+from ember.ir import Interpreter, Module, parse
 from ember.ir.passes import run_pipeline
 from ember.prims.decomp.random import run_with_philox
 from ember.prims.decomp.table import DecompositionTable, active_table, using_decompositions
@@ -77,8 +84,7 @@ def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results
     with using_decompositions(training_table(table or active_table())):
         prims = run_pipeline(module, "decompose,cse,dce")
     g = prims.graph()
-    wrt = [i for i, x in enumerate(example_inputs)
-           if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()]
+    wrt = _grad_inputs(example_inputs)
     rg = requires_grad_values(g, wrt)
     tangents = [i for i, o in enumerate(g.outputs) if o in rg and i not in no_grad_results]
     joint = joint_graph(prims, inputs=wrt, outputs=tangents)
@@ -87,6 +93,127 @@ def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results
     strip_stop_gradients(bwd)
     return TrainingPlan(_only(prims, fwd), _only(prims, bwd), len(g.outputs), tangents, wrt,
                         len(fwd.outputs) - len(g.outputs), report)
+
+
+# ---- the training compile cache ----------------------------------------------------------------
+# A warm compile of a training graph (a new process, or a new compiled object) would otherwise
+# decompose, differentiate and partition it and run both graphs through the target's pipeline
+# again: only the C++ came from the kernel cache. The cache keeps the outcome per captured graph:
+# the plan and the two compiled (kernels.*) modules as ir-v1 text, parsed on a hit (text only,
+# never unpickled), in the kernel cache's private directory. The key covers the captured graph's
+# text, the inputs that get gradients, the partitioner, the pipeline, the versions and the CPU, and
+# a digest of ember's own compiler source, so an edit to any pass is a miss, not a stale hit.
+TRAINING_CACHE_FORMAT = 1
+
+
+@functools.cache
+def _code_digest() -> str:
+    import ember.autograd
+    import ember.inductor
+    import ember.ir
+    import ember.prims
+    import ember.runtime
+
+    h = hashlib.sha256()
+    for pkg in (ember.ir, ember.prims, ember.autograd, ember.inductor, ember.runtime):
+        root = Path(str(pkg.__file__)).parent
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _fn_id(fn: Any) -> str:
+    code = getattr(fn, "__code__", None)
+    body = hashlib.sha256(code.co_code).hexdigest()[:12] if code is not None else ""
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}" \
+        f":{body}"
+
+
+def _rules_digest() -> str:
+    """The VJP rules and decompositions in force: a rule replaced at run time (a plugin, a test's
+    monkeypatch) changes the key even where no source file changed."""
+    from ember.autograd.vjp import VJP_RULES
+
+    table = active_table()
+    h = hashlib.sha256()
+    for op in sorted(VJP_RULES):
+        h.update(f"{op}={_fn_id(VJP_RULES[op])};".encode())
+    for op in sorted(table.ops()):
+        h.update(f"{op}={_fn_id(table.get(op))};".encode())
+    return h.hexdigest()
+
+
+def _grad_inputs(example_inputs: Sequence[Any]) -> list[int]:
+    return [i for i, x in enumerate(example_inputs)
+            if isinstance(x, torch.Tensor) and x.requires_grad and x.is_floating_point()]
+
+
+def training_cache_key(module: Module, example_inputs: Sequence[Any],
+                       no_grad_results: set[int], partitioner: str, pipeline: str
+                       ) -> str | None:
+    """The cache key of a training compile (None: the graph cannot be printed)."""
+    from ember.inductor.cache import cpu_id, versions
+
+    try:
+        text = str(module)
+    except Exception:  # a graph the printer refuses is compiled, just not cached
+        return None
+    h = hashlib.sha256()
+    for part in (str(TRAINING_CACHE_FORMAT), _code_digest(), _rules_digest(), versions(), cpu_id(),
+                 str(torch.get_num_threads()), pipeline, partitioner,
+                 repr(sorted(no_grad_results)), repr(_grad_inputs(example_inputs)), text):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:40]
+
+
+def _entry(key: str) -> Path:
+    from ember.inductor.cache import cache_dir
+
+    return cache_dir() / f"{key}.training.json"
+
+
+def load_training(key: str) -> tuple[TrainingPlan, Module, Module] | None:
+    """The cached plan and its compiled @forward/@backward modules (also the plan's), or None (a
+    miss; an entry that is not the user's own private file, or does not parse, is a miss too)."""
+    from ember.inductor.cache import file_distrust
+
+    path = _entry(key)
+    if not path.exists() or file_distrust(path) is not None:
+        return None
+    try:
+        e = json.loads(path.read_text())
+        p = e["plan"]
+        fwd, bwd = parse(e["forward"]), parse(e["backward"])
+        # the plan's graphs are the compiled ones (same graph names): the prims graphs are
+        # not needed once compiled, and parsing them again would cost half the hit
+        plan = TrainingPlan(fwd, bwd, int(p["n_results"]), [int(i) for i in p["tangents"]],
+                            [int(i) for i in p["grad_inputs"]], int(p["n_saved"]),
+                            PartitionReport(**p["report"]))
+        return plan, fwd, bwd
+    except Exception:  # a damaged entry: compiled again (and stored over)
+        return None
+
+
+def store_training(key: str, plan: TrainingPlan, forward: Module, backward: Module) -> None:
+    """Store a training compile (written to a temporary file, then moved into place)."""
+    try:
+        data = json.dumps({
+            "plan": {"n_results": plan.n_results, "tangents": plan.tangents,
+                     "grad_inputs": plan.grad_inputs, "n_saved": plan.n_saved,
+                     "report": dataclasses.asdict(plan.report)},
+            "forward": str(forward), "backward": str(backward)})
+        path = _entry(key)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")  # mode 0600
+    except Exception:  # an unwritable cache costs the next warm compile, never this one
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def interpreter_runner(module: Module) -> GraphRunner:
