@@ -39,7 +39,7 @@ def test_every_prim_has_a_rule_or_a_reason() -> None:
 def test_coverage_check_fails_for_a_new_prim(monkeypatch: pytest.MonkeyPatch) -> None:
     """The coverage test is a test: a prim without a rule or reason makes it fail."""
     fake = PRIMS[0].__class__("fake_op", "test", "fake_op(x)", "", PRIMS[0].shape,
-                              PRIMS[0].dtype, PRIMS[0].ref)
+                              PRIMS[0].dtype, PRIMS[0].ref, aliasing="alias")
     monkeypatch.setattr(f"{__name__}.PRIMS", (*PRIMS, fake))
     with pytest.raises(AssertionError, match="prims.fake_op"):
         test_every_prim_has_a_rule_or_a_reason()
