@@ -560,7 +560,7 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
               f"{rflat}.to(tl.int64), {big}), 1, keep_dims=True))")
 
 
-def _row_indices(w: _Writer, d: int, rranges: list[int], blk: int, xmask: str, rn: int
+def _row_indices(w: _Writer, d: int, rranges: list[Any], blk: int, xmask: str, rn: str
                  ) -> None:
     w.emit(d, "rflats = tl.arange(0, " + str(blk) + ")[None, :]" + (
         ".to(tl.int64)" if w.wide else ""))
@@ -596,8 +596,9 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
             free |= set() if _is_static(numel) else numel.free_symbols
             w.wide |= not _is_static(numel) or numel >= INT32_LIMIT  # a symbolic size: int64
     for key in ("ranges", "reduce_ranges"):
-        free |= {f for d in _dims(node.kwargs.get(key) or []) if not _is_static(d)  # type: ignore[union-attr]
-                 for f in d.free_symbols}
+        dims = node.kwargs.get(key)
+        free |= {f for d in _dims(dims if isinstance(dims, list) else [])
+                 if not _is_static(d) for f in d.free_symbols}
     w.sizes = sorted(str(f) for f in free)
     if any(not (s[:1] == "s" and s[1:].isdigit()) for s in w.sizes):
         raise CodegenError(f"sizes over symbols {w.sizes} (size symbols are s0, s1, ...)")
