@@ -93,3 +93,22 @@ def test_compiled_model_generate_and_pipeline(name: str) -> None:
     assert len(out[0]["generated_token_ids"]) == 4 + 8
     after = er.explain(model)
     assert after.calls == 45 + 8 and after.fallbacks == [], str(after)
+
+
+def test_compiled_model_generate_static_cache_at_most_3_graphs() -> None:
+    """Issue 17 #4 through the compiled whole model with a static cache: 45 new tokens,
+    eager's tokens, <= 3 captures (the DynamicCache case is the test above)."""
+    pytest.importorskip("transformers")
+    model, _ = tiny_hf_model("gpt2")
+    model.generation_config.eos_token_id = None
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(4))
+    kw: dict[str, Any] = dict(max_length=50, do_sample=False, pad_token_id=0,
+                              cache_implementation="static")
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        cm = er.compile(model, backend="eager")
+        got = cm.generate(ids, **kw)
+    assert torch.equal(got, want) and got.shape == (2, 50)
+    rep = er.explain(cm)
+    assert rep.calls == 45 and rep.graph_count <= 3, str(rep)
+    assert rep.fallbacks == [] and rep.breaks == [], str(rep)
