@@ -40,8 +40,8 @@ from ember.testing.opdb import OpEntry, Sample, load_all
 from packages.inductor.tests.opdb_cpu_check import (
     KERNEL_OPS,
     _check_one,
-    _eager_rejects,
     _clone,
+    _eager_rejects,
     _graph_name,
     build,
     prim_module,
