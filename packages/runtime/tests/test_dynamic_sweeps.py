@@ -105,3 +105,18 @@ def test_done_when_sweep(name: str, dynamic: bool | None) -> None:
     compiled = [n for n in notes if "the inductor backend compiled it to" in n]
     assert compiled and not [n for n in notes if "interpreter" in n], notes
     assert "symbol s0" in rep.graphs[-1].ir  # the last graph is size-generic
+
+
+def slice_by_other(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x[:y.shape[0]] * 2
+
+
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_a_size_read_from_an_input_the_graph_does_not_take(dynamic: bool | None) -> None:
+    """y is pruned from the graph (only its size is read) but keeps its guard, and the slice
+    the probe sizes clamp to x's static length is not taken for a symbolic one."""
+    cf = compile(slice_by_other, dynamic=dynamic, backend="eager")
+    x = torch.randn(10, 3)
+    for n in (3, 4, 5, 12):
+        y = torch.randn(n)
+        torch.testing.assert_close(cf(x, y), slice_by_other(x, y))

@@ -140,6 +140,7 @@ def _unwrap_any(v: Var) -> Any:
 
 
 def _tensor_attr(tx: Tracer, obj: TensorVar, name: str) -> Var:
+    tx.recorder.observed.add(id(obj.fake))
     if name in _TENSOR_REFUSED:
         raise unhandled(f"{_TENSOR_REFUSED[name]} of a tensor")
     f = _lookup(torch.Tensor, name)

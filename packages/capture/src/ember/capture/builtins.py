@@ -85,6 +85,8 @@ def _len(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     _noargs(kwargs, "len")
     if len(args) != 1:
         raise UserError(TypeError(f"len() takes exactly one argument ({len(args)} given)"))
+    if isinstance(args[0], TensorVar):
+        tx.recorder.observed.add(id(args[0].fake))
     return ConstVar(pyops.length(tx, args[0]))
 
 
