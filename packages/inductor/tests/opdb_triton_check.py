@@ -47,8 +47,8 @@ from packages.inductor.tests.opdb_cpu_check import (
     prim_module,
 )
 
-PIPELINES = {"cpu": "lower-loops,fuse,codegen-triton{interpret=true},plan-buffers",
-             "cuda": "lower-loops,fuse,codegen-triton,plan-buffers"}
+PIPELINES = {"cpu": "lower-loops,fuse,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
+             "cuda": "lower-loops,fuse,schedule-cuda,codegen-triton,plan-buffers"}
 SCOPE: CheckScope = read_scope(Path(__file__).with_name("opdb_triton.toml"))
 OPDB = load_all()
 

@@ -312,3 +312,23 @@ def test_symbolic_sizes_are_kernel_arguments(name: str) -> None:
     assert srcs and not any("s0: tl.constexpr" in k or "s1: tl.constexpr" in k for k in srcs)
     assert any("grid = ((" in k for k in srcs)
     verify(parse(str(gpu)))
+
+
+# ---- schedule-cuda: the schedule as attributes ------------------------------------------------
+
+def test_schedule_attributes_dump_edit_and_replay() -> None:
+    x = torch.randn(4, 100)
+    c = capture(lambda a: torch.softmax(a, -1), (x,), {})
+    scheduled = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,schedule-cuda")  # type: ignore[arg-type]
+    text = str(scheduled)
+    assert "cuda_xblock=4" in text and "cuda_warps=2" in text and "cuda_persistent=1" in text
+    edited = text.replace("cuda_warps=2", "cuda_warps=4").replace(
+        "cuda_persistent=1", "cuda_persistent=0, cuda_rblock=32")
+    m = run_pipeline(parse(edited), "codegen-triton{interpret=true},plan-buffers")
+    src = next(iter(m.kernels.values())).source
+    assert "num_warps=4)" in src and "for roff in range(0, 100, 32):" in src
+    load_module(m)
+    torch.testing.assert_close(compiled_runner(m)(None, [x]).outputs[0], torch.softmax(x, -1))
+    bad = parse(text.replace("cuda_warps=2", "cuda_warps=3"))
+    with pytest.raises(PipelineError, match="cuda_warps=3 is not valid"):
+        run_pipeline(bad, "codegen-triton{interpret=true}")

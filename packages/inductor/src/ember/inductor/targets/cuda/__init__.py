@@ -2,8 +2,8 @@
 
 Registers the `triton` loader (codegen.py: each block a Python module of Triton source, loaded
 from the private kernel cache; it runs on cuda, and on cpu tensors in Triton's interpreter),
-the pass `codegen-triton` and the pipelines `inductor-cuda` (prims -> kernels.*: `lower-loops`,
-`fuse`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
+the passes `schedule-cuda` and `codegen-triton` and the pipelines `inductor-cuda` (prims ->
+kernels.*: `lower-loops`, `fuse`, `schedule-cuda`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
 graphs, run by TRITON_INTERPRET=1: how the target is tested without a GPU). Externs (matmul,
 convolution, attention) are torch's own CUDA kernels.
 
@@ -25,10 +25,12 @@ from ember.ir.passes import register_pipeline
 
 FRONT = "decompose,cse,dce"
 INDUCTOR_CUDA = register_pipeline(
-    "inductor-cuda", "lower-loops,fuse,codegen-triton,plan-buffers",
-    "prims -> loop kernels, fused, as Triton kernel blocks with planned buffers (CUDA)").text
+    "inductor-cuda", "lower-loops,fuse,schedule-cuda,codegen-triton,plan-buffers",
+    "prims -> loop kernels, fused, scheduled (cuda_* attributes), as Triton kernel blocks with "
+    "planned buffers (CUDA)").text
 INDUCTOR_CUDA_INTERPRET = register_pipeline(
-    "inductor-cuda-interpret", "lower-loops,fuse,codegen-triton{interpret=true},plan-buffers",
+    "inductor-cuda-interpret",
+    "lower-loops,fuse,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
     "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
     "(TRITON_INTERPRET=1; testing without a GPU)").text
 

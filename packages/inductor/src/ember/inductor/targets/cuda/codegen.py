@@ -34,7 +34,7 @@ from ember.inductor.body import body_names
 from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
 from ember.inductor.launch import LoadedKernel, LoadError
 from ember.inductor.targets import TargetError, device_kind, graph_devices
-from ember.inductor.targets.cuda.render import CodegenError, render
+from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
     Arg,
     Graph,
@@ -151,6 +151,39 @@ def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results:
     return new
 
 
+@register_pass("schedule-cuda", "write each loop kernel's Triton schedule as attributes "
+               "(cuda_xblock, cuda_warps, cuda_persistent, cuda_rblock): they dump, can be "
+               "edited, and codegen-triton renders them")
+def schedule_cuda(module: Module) -> Module:
+    """The default schedule of every loop kernel, as its node's cuda_* attributes; a node that
+    already has them (an edited dump) keeps them. A kernel the tables cannot express gets
+    none (codegen-triton leaves it to the reference)."""
+    out = module.clone()
+    bodies = body_names(out)
+    for g in out.graphs.values():
+        if g.name in bodies:
+            continue
+        for n in g.nodes:
+            ref = n.args[0] if n.args else None
+            if n.op not in ("loop.pointwise", "loop.reduction") or not isinstance(ref, Ref):
+                continue
+            body = out.items.get(ref.name)
+            if not isinstance(body, Graph):
+                continue
+            try:
+                sched = render(ref.name, n, body, out.items).schedule
+            except CodegenError:
+                continue
+            kw = {"cuda_xblock": sched["XBLOCK"], "cuda_warps": sched["num_warps"]}
+            if "persistent" in sched:  # a rows kernel
+                kw["cuda_persistent"] = sched["persistent"]
+                if not sched["persistent"]:
+                    kw["cuda_rblock"] = RMAX // 4
+            for k, v in kw.items():
+                n.kwargs.setdefault(k, v)
+    return out
+
+
 # ---- the loader ------------------------------------------------------------------------------
 
 _LOADED: dict[str, Any] = {}  # source digest -> its module's launch function
@@ -223,4 +256,4 @@ def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
     return table
 
 
-__all__ = ["LANG", "codegen_triton", "load_triton"]
+__all__ = ["LANG", "codegen_triton", "load_triton", "schedule_cuda"]

@@ -196,6 +196,29 @@ def prelude(interpret: bool) -> str:
     return PRELUDE.replace("from triton.language.extra import libdevice", INTERP_LIBDEVICE)
 
 
+# schedule-cuda's attributes of a loop node (they dump, can be edited, and replay)
+SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock")
+
+
+def read_schedule(node: Node) -> dict[str, int]:
+    """The node's cuda_* schedule attributes, checked (ScheduleError names a bad one)."""
+    from ember.inductor.schedule import ScheduleError
+    out: dict[str, int] = {}
+    for k in SCHED_KEYS:
+        v = node.kwargs.get(k)
+        if v is None:
+            continue
+        ok = isinstance(v, int) and not isinstance(v, bool) and (
+            v in (0, 1) if k == "cuda_persistent" else v in (1, 2, 4, 8, 16, 32)
+            if k == "cuda_warps" else v >= 1 and v & (v - 1) == 0 and v <= 1 << 16)
+        if not ok:
+            raise ScheduleError(f"{node.op}: {k}={v!r} is not valid (cuda_xblock, cuda_rblock: "
+                                f"powers of two; cuda_warps: 1..32, a power of two; "
+                                f"cuda_persistent: 0 or 1)")
+        out[k] = int(v)  # type: ignore[arg-type]
+    return out
+
+
 class CodegenError(NotImplementedError):
     """A kernel the Triton tables cannot express yet (it runs on the reference interpreter)."""
 
@@ -586,6 +609,7 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     """The Triton module of kernel `name` computing `node` (loop.pointwise / loop.reduction);
     `interpret`: for Triton's interpreter (libdevice is interp_libdevice.py)."""
     w = _Writer(name, items, interpret=interpret)
+    user = read_schedule(node)
     t = _tensor(node.results[0])
     ranges = _dims(node.kwargs["ranges"])  # type: ignore[arg-type]
     free: set[sympy.Symbol] = set()
@@ -632,8 +656,9 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     w.emit(0, f"def {sym}({params}):")
     pid = "tl.program_id(0)" + (".to(tl.int64)" if w.wide else "")
     if not order:  # plain pointwise: 1-D over the flattened output
-        xblock = min(PMAX, next_pow2(xn)) if static else PMAX
-        sched = {"XBLOCK": xblock, "num_warps": max(1, min(8, xblock // 256)),
+        xblock = user.get("cuda_xblock", min(PMAX, next_pow2(xn)) if static else PMAX)
+        sched = {"XBLOCK": xblock,
+                 "num_warps": user.get("cuda_warps", max(1, min(8, xblock // 256))),
                  "grid": math.ceil(xn / xblock) if static else -1}
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         w.emit(1, f"xmask = xflat < {xn_t}")
@@ -648,8 +673,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         widest = 1
         for k, red in enumerate(order):
             rn = _numel(red.rranges)
-            red.persistent = _is_static(rn) and rn <= RMAX
-            red.block = next_pow2(rn) if red.persistent else RMAX // 4
+            red.persistent = _is_static(rn) and bool(user.get("cuda_persistent", rn <= RMAX))
+            red.block = next_pow2(rn) if red.persistent else user.get("cuda_rblock", RMAX // 4)
             red.name = f"red{k}"
             widest = max(widest, red.block)
         inner = ranges[len(outer):] if main is None else []
@@ -657,13 +682,16 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         iblock = 1 if main is not None else min(next_pow2(ni), RMAX) if _is_static(ni) \
             else RMAX // 4
         widest = max(widest, iblock)
-        xblock = max(1, min(next_pow2(xn) if static else 64, 64, RMAX // widest))
+        xblock = user.get("cuda_xblock",
+                          max(1, min(next_pow2(xn) if static else 64, 64, RMAX // widest)))
         elems = xblock * widest
-        sched = {"XBLOCK": xblock, "num_warps": 8 if elems >= 4096 else 4 if elems >= 1024
-                 else 2 if elems >= 256 else 1,
+        sched = {"XBLOCK": xblock, "num_warps": user.get(
+                     "cuda_warps", 8 if elems >= 4096 else 4 if elems >= 1024
+                     else 2 if elems >= 256 else 1),
                  "grid": math.ceil(xn / xblock) if static else -1}
         for k, red in enumerate(order):
             sched[f"R{k}BLOCK"] = red.block
+        sched["persistent"] = int(all(r.persistent for r in order))
         rr = order[0].rranges
         w.shared = all(r.persistent and r.rranges == rr for r in order) and (
             main is not None or inner == rr)
