@@ -44,7 +44,7 @@ class WrapperUnsupported(Exception):
     """The graph needs the interpreter (the reason is the message)."""
 
 
-class BoxedInputs(list):  # type: ignore[type-arg]
+class BoxedInputs(list[Any]):
     """Inputs handed over to a compiled graph (AOTAutograd's boxed calling convention): the
     generated call empties the list once it has unpacked it, and drops each input after its last
     use, so a training backward frees each saved tensor as soon as it is done with it."""
