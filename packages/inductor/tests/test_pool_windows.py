@@ -78,3 +78,63 @@ def test_pools_match_eager(k: int, s: int, pad: int, ceil: bool, avg: bool,
     from ember.runtime import compile as ember_compile
     got = ember_compile(fn, backend="inductor")(x)
     torch.testing.assert_close(got, fn(x), equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+# ---- layout choice: a convolution's multi-reader input is computed channels-last ----------------
+
+class _Residual(torch.nn.Module):
+    """conv -> relu -> max pool, whose result feeds both a convolution and a residual add (the
+    ResNet stem and block shape)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c1 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.max_pool2d(torch.relu(self.c0(x)), 3, 2, 1)
+        z = torch.relu(self.c1(y) + y)
+        return self.c2(z) + z
+
+
+def test_multi_reader_conv_inputs_are_written_channels_last() -> None:
+    """The pool's and the residual's results are written NHWC once (no NCHW buffer copied to
+    NHWC for the next convolution), and the net matches eager."""
+    from ember.inductor.targets.cpu import conv
+
+    torch.manual_seed(0)
+    net = _Residual().eval()
+    x = torch.randn(2, 3, 12, 12)
+    from ember.runtime import compile as ember_compile
+    with torch.no_grad():
+        torch.testing.assert_close(ember_compile(net, backend="inductor")(x), net(x),
+                                   rtol=1e-4, atol=1e-4)
+    src = """ember.ir 1.0
+
+graph @f(%x: f32[1, 4, 6, 6], %w: f32[4, 4, 3, 3], %b: f32[1, 4, 6, 6]) -> (f32[1, 4, 6, 6], f32[1, 4, 6, 6]) {
+  %y = prims.add(%x, %b) : f32[1, 4, 6, 6]
+  %c = prims.convolution(%y, %w, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[1, 4, 6, 6]
+  %z = prims.mul(%y, %b) : f32[1, 4, 6, 6]
+  return (%c, %z)
+}
+"""
+    m = run_pipeline(parse(src), "conv-nhwc", verify_each=True)
+    g = m.graph("f")
+    y = next(r for n in g.nodes for r in n.results if r.name == "y")
+    assert y.node is not None and y.node.op == "prims.permute"
+    assert y.node.kwargs["dims"] == conv.TO_NCHW
+    compiled = compile_module(parse(src))
+    copies = [n for n in compiled.graph("f").nodes
+              if n.op == "kernels.call" and any(r.name.endswith(".nhwc") for r in n.results)]
+    assert copies == []
+    ins = [torch.randn(1, 4, 6, 6), torch.randn(4, 4, 3, 3), torch.randn(1, 4, 6, 6)]
+    got = compiled_runner(compiled)(None, ins).outputs
+    want = _reference(parse(src), ins)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _reference(m: Module, ins: list[torch.Tensor]) -> list[torch.Tensor]:
+    from ember.ir import Interpreter
+    return list(Interpreter(m).run(ins).outputs)

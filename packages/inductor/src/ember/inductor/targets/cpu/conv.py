@@ -42,6 +42,7 @@ from ember.ir import (
     default_registry,
 )
 from ember.ir.passes import register_pass
+from ember.prims import PRIMS_BY_OP
 
 CONV_OP = "loop.conv2d"
 _OWN_KW = ("steps", "relu")  # the rest are prims.convolution's attributes
@@ -60,7 +61,81 @@ def conv_nhwc(module: Module) -> Module:
     out = module.clone()
     for g in out.graphs.values():
         _rewrite(g)
+        _channels_last_producers(g)
     return out
+
+
+TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
+
+
+def _channels_last_producers(g: Graph) -> None:
+    """Layout choice: a convolution's input made by an elementwise prim (a residual add+ReLU,
+    a max pool's maximum chain) or a channel concatenate, and also read elsewhere, is computed
+    channels-last: the node runs on NHWC permutes of its operands and its NCHW value is a
+    permute of that result. Lowered, the kernel writes the NHWC buffer the convolution reads
+    as it is, and the other readers index it through the permute, where before the NCHW
+    buffer was written and then copied to NHWC for the convolution (a whole extra pass over
+    the activation). A single-reader input needs none of this: it fuses into the copy."""
+    readers: dict[Value, int] = {}
+    for n in g.nodes:
+        for v in set(n.operands()):
+            readers[v] = readers.get(v, 0) + 1
+    names = {r.name for n in g.nodes for r in n.results} | {p.name for p in g.params}
+    swap: dict[int, list[Node]] = {}
+    for c in g.nodes:
+        x = c.args[0] if c.op == CONV_OP and c.args else None
+        p = x.node if isinstance(x, Value) else None
+        if not isinstance(x, Value) or p is None or id(p) in swap or len(p.results) != 1 \
+                or readers.get(x, 0) < 2 or x in g.outputs \
+                or not isinstance(x.type, TensorType) or x.type.rank != 4:
+            continue
+        prim = PRIMS_BY_OP.get(p.op)
+        cat = p.op == "prims.concatenate" and p.kwargs.get("dim") == 1 and len(p.args) == 1 \
+            and isinstance(p.args[0], list)
+        if not cat and (prim is None or not prim.elementwise):
+            continue
+        operands = p.args[0] if cat else p.args
+        assert isinstance(operands, list)
+        if not all(isinstance(a, (int, float)) or (
+                isinstance(a, Value) and isinstance(a.type, TensorType) and a.type.rank == 4
+                and (cat or list(a.type.shape) == list(x.type.shape))) for a in operands):
+            continue
+        nodes: list[Node] = []
+        args = [_permuted(a, TO_NHWC, p, nodes, names) if isinstance(a, Value) else a
+                for a in operands]
+        xt = x.type
+        y = Value(_fresh(f"{x.name}.nhwc_out", names),
+                  TensorType(xt.dtype, tuple(xt.shape[d] for d in TO_NHWC), None, xt.device))
+        node = Node(p.op, [args] if cat else args, {**p.kwargs, "dim": 3} if cat
+                    else dict(p.kwargs), [y], p.loc, p.pos)
+        y.node = node
+        nodes.append(node)
+        _permuted(y, TO_NCHW, p, nodes, names, x)
+        swap[id(p)] = nodes
+    if swap:
+        g.nodes = [m for n in g.nodes for m in swap.get(id(n), [n])]
+
+
+def _permuted(v: Value, dims: list[int], at: Node, nodes: list[Node], names: set[str],
+              result: Value | None = None) -> Value:
+    """`prims.permute(v, dims=)` appended to `nodes` (result: a new value, or `result`)."""
+    t = v.type
+    assert isinstance(t, TensorType)
+    out = result or Value(_fresh(f"{v.name}.cl", names),
+                          TensorType(t.dtype, tuple(t.shape[d] for d in dims), None, t.device))
+    node = Node("prims.permute", [v], {"dims": dims}, [out], at.loc, at.pos)
+    out.node = node
+    nodes.append(node)
+    return out
+
+
+def _fresh(base: str, names: set[str]) -> str:
+    name, k = base, 0
+    while name in names:
+        k += 1
+        name = f"{base}.{k}"
+    names.add(name)
+    return name
 
 
 def _rewrite(g: Graph) -> None:
