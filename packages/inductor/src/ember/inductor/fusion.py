@@ -155,9 +155,9 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
     if producer.op == "loop.pointwise":
         if len(producer.results) > 1:
             return "the producer is a multi-output kernel"
-        readers = read(r)
-        if [id(n) for n in readers] != [id(consumer)]:
-            return f"%{r.name} has {len(readers)} readers (inlining would recompute it)"
+        rs = read(r)
+        if [id(n) for n in rs] != [id(consumer)]:
+            return f"%{r.name} has {len(rs)} readers (inlining would recompute it)"
         k = _reduce_depth(m, pbody)
     else:
         k = len(producer.kwargs["ranges"])  # type: ignore[arg-type]
