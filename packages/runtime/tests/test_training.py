@@ -450,3 +450,26 @@ def test_warm_training_compile_comes_from_the_cache(tmp_path: Any,
     model.zero_grad()
     model(x).square().mean().backward()
     torch.testing.assert_close(ref, [p.grad for p in model.parameters()], **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_in_place_op_on_a_compiled_result_as_in_eager(backend: str) -> None:
+    # the inductor reuses a dead buffer (layer norm's) for the residual add's result: returned
+    # as a view of it, autograd refused `out += 1` on an autograd.Function's output
+    torch.manual_seed(0)
+    ln, fc1, fc2 = nn.LayerNorm(16), nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return x + fc2(F.gelu(fc1(ln(x))))
+
+    x = torch.randn(8, 16, requires_grad=True)
+    want = block(x)
+    want += 1
+    want.square().sum().backward()
+    want_grads = [x.grad, fc1.weight.grad]
+    x.grad = fc1.weight.grad = None
+    got = er.compile(block, backend=backend)(x)
+    got += 1
+    got.square().sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close([x.grad, fc1.weight.grad], want_grads)

@@ -667,7 +667,7 @@ class CompiledModule(nn.Module):
         object.__setattr__(self, "_ember_compiled", compiled)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        mod = self._modules["_orig_mod"]
+        mod: Any = self._modules["_orig_mod"]
         if has_own_hooks(mod):  # (FSDP2's) run as nn.Module.__call__ runs them, eagerly
             return run_with_hooks(mod, self._hooked_body(), args, kwargs)
         return self._ember_compiled(*args, **kwargs)
@@ -677,12 +677,13 @@ class CompiledModule(nn.Module):
         body = self.__dict__.get("_ember_body")
         if body is None:
             cf = self._ember_compiled
-            body = CompiledFunction(hooked_forward(self._modules["_orig_mod"]),
+            orig: Any = self._modules["_orig_mod"]
+            body = CompiledFunction(hooked_forward(orig),
                                     backend=cf._args[0], fullgraph=cf.fullgraph, mode=cf.mode,
                                     dynamic=cf.dynamic, options=cf._args[1])
             body.history = cf.history  # one history: explain shows both
             object.__setattr__(self, "_ember_body", body)
-        return body  # type: ignore[no-any-return]
+        return body
 
     @property
     def compiled(self) -> CompiledFunction:

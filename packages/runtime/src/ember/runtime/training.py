@@ -239,6 +239,10 @@ class _Step(torch.autograd.Function):
         # an input returned as is would make autograd treat the result as that input
         ins = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
         res = [o.clone() if isinstance(o, torch.Tensor) and id(o) in ins else o for o in res]
+        # a result that views a buffer of the graph's own (a reused one): returned as a view,
+        # autograd would refuse the caller's in-place op on it (`out += 1`, fine in eager)
+        res = [o.detach() if isinstance(o, torch.Tensor) and o._base is not None
+               and id(o._base) not in ins else o for o in res]
         ctx.runner = runner
         ctx.others = [None if isinstance(s, torch.Tensor) else s for s in saved]
         ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
