@@ -12,8 +12,8 @@ whose parameters are the buffers it reads and whose one result is the value of o
 0-dim tensor. Inside a body, `loop.load(%x, index=[i0, i1 * 2])` reads one element (one index
 expression per dim of `%x`, see `indexing.py`; ir-v1.0 text writes each as a STRING,
 `index=["i0", "i1 * 2"]`, which still reads), `loop.index(index=i0 + 1)` is an index as an i64
-value, and every other node is an elementwise prim on 0-dim values (`prims.add`, `prims.where`,
-`prims.convert_element_type`, `prims.full(shape=[], ...)`). Reductions combine the body's value
+value (on `device=`, the kernel's; cpu by default), and every other node is an elementwise prim
+on 0-dim values (`prims.add`, `prims.where`, `prims.convert_element_type`, `prims.full(shape=[], ...)`). Reductions combine the body's value
 over `reduce_ranges` (variables r0, r1, ...) with `reduction` = sum, prod, amax, amin, argmax or
 argmin (argmax/argmin over one reduced dim; i64 result). Inside a pointwise body,
 `loop.reduce(@body, %bufs..., ranges=[outer], reduce_ranges=, reduction=)` is a reduction fused
@@ -197,14 +197,17 @@ def _check_in_domain(ctx: InferContext) -> None:
 
 def _index_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
     index = kw.get("index")
-    if args or not _is_index(index):
-        raise OpTypeError("loop.index takes index= (one index expression) only")
+    device = kw.get("device", "cpu")
+    if args or not _is_index(index) or not isinstance(device, str):
+        raise OpTypeError("loop.index takes index= (one index expression) and an optional "
+                          "device= (a device string) only")
     try:
         parse_index(index)
     except IndexParseError as e:
         raise OpTypeError(f"loop.index: {e}") from None
     _check_in_domain(ctx)
-    return [TensorType(DType.i64, ())]
+    # the kernel's device: elementwise prims refuse operands of mixed devices
+    return [TensorType(DType.i64, (), None, device)]
 
 
 def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -461,7 +464,8 @@ LOOP_OPS = (
           _reduce_infer, _no_direct_run("loop.reduce"), aliasing="alias"),
     OpDef("loop.load", "inside a body: one element of a buffer at index expressions",
           _load_infer, _no_direct_run("loop.load"), aliasing="alias"),
-    OpDef("loop.index", "inside a body: an index expression as an i64 value",
+    OpDef("loop.index", "inside a body: an index expression as an i64 value (on device=, "
+          "cpu by default)",
           _index_infer, _no_direct_run("loop.index"), aliasing="alias"),
     OpDef("loop.extern", "a buffer computed by another op's implementation (matmul, sort, ...)",
           _extern_infer, _extern_run, aliasing="alias"),

@@ -320,13 +320,28 @@ def _rev(lw: _Lowering, n: Node) -> None:
                    for k, v in enumerate(_ivars(n))])
 
 
+def _device(n: Node) -> str:
+    """n's (first result's) device: the values a rule makes inside its kernel's body (indices,
+    constants) carry it, since elementwise prims refuse operands of mixed devices."""
+    t = n.results[0].type
+    return t.device if isinstance(t, TensorType) else "cpu"
+
+
+def _index(bb: BodyBuilder, e: Dim, device: str, name: str) -> Value:
+    """`loop.index(index=e)` on `device` (cpu, the default, is left unwritten)."""
+    kw: dict[str, Arg] = {"index": index_value(e)}
+    if device != "cpu":
+        kw["device"] = device
+    return bb.b.op("loop.index", [], kw, name=name)
+
+
 def _iota(lw: _Lowering, n: Node) -> None:
     start, step = _attr(n, "start", 0), _attr(n, "step", 1)
     dtype = n.kwargs["dtype"]
 
     def emit(bb: BodyBuilder, loads: list[Value]) -> Value:
         e = simplify_dim(as_sympy(start) + as_sympy(step) * ivar(0))
-        v = bb.b.op("loop.index", [], {"index": index_value(e)}, name=f"{n.results[0].name}.i")
+        v = _index(bb, e, _device(n), f"{n.results[0].name}.i")
         if dtype == DType.i64:
             return v
         return bb.b.op("prims.convert_element_type", [v], {"dtype": dtype},
@@ -351,11 +366,11 @@ def _clamp(e: sympy.Expr, lo: int, hi: int, need_lo: bool, need_hi: bool) -> Dim
 
 
 def _in_range(bb: BodyBuilder, var: sympy.Symbol, lo: int | None, hi: int | None,
-              name: str) -> Value | None:
-    """`lo <= var < hi` as a b8 body value (None: always true)."""
+              name: str, device: str) -> Value | None:
+    """`lo <= var < hi` as a b8 body value on `device` (None: always true)."""
     conds = []
     if lo is not None or hi is not None:
-        v = bb.b.op("loop.index", [], {"index": index_value(var)}, name=f"{name}.i")
+        v = _index(bb, var, device, f"{name}.i")
         if lo is not None:
             conds.append(bb.b.op("prims.ge", [v, lo], {}, name=f"{name}.ge"))
         if hi is not None:
@@ -395,7 +410,8 @@ def _concatenate(lw: _Lowering, n: Node) -> None:
             if val is None:
                 val = ld
                 continue
-            cond = _in_range(bb, o[dim], None, off + sz, f"{n.results[0].name}.{k}")
+            cond = _in_range(bb, o[dim], None, off + sz, f"{n.results[0].name}.{k}",
+                             t.device)
             val = bb.b.op("prims.where", [cond, ld, val], {}, name=f"{n.results[0].name}.{k}")
         assert val is not None
         return val
@@ -431,7 +447,7 @@ def _pad(lw: _Lowering, n: Node) -> None:
         for k, ((lo, hi, _), size) in enumerate(zip(config, xt.shape, strict=True)):
             idx.append(_clamp(o[k] - lo, 0, int(size) - 1, lo > 0, hi > 0))
             c = _in_range(bb, o[k], lo if lo > 0 else None, lo + int(size) if hi > 0 else None,
-                          f"{name}.d{k}")
+                          f"{name}.d{k}", t.device)
             if c is not None:
                 cond = c if cond is None else bb.b.op("prims.bitwise_and", [cond, c], {},
                                                       name=f"{name}.d{k}.and")
