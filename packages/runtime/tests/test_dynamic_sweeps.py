@@ -120,3 +120,25 @@ def test_a_size_read_from_an_input_the_graph_does_not_take(dynamic: bool | None)
     for n in (3, 4, 5, 12):
         y = torch.randn(n)
         torch.testing.assert_close(cf(x, y), slice_by_other(x, y))
+
+
+CONV_BN = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, bias=False),
+                              torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 4, 3, padding=1)).eval()
+
+
+def test_a_symbolic_batch_keeps_the_convolutions_fast_path() -> None:
+    """The size-generic graph compiles to the specialized one's kernels (channels-last oneDNN
+    convolutions with BatchNorm and ReLU folded), not to the plain convolution."""
+    notes = {}
+    for dynamic in (False, True):
+        cf = compile(CONV_BN, dynamic=dynamic)
+        with torch.no_grad():
+            for n in (5, 9):
+                x = torch.randn(n, 3, 12, 12)
+                torch.testing.assert_close(cf(x), CONV_BN(x), atol=1e-4, rtol=1e-4)
+        h = compiled_function_of(cf)
+        assert h is not None and explain(cf).fallbacks == []
+        notes[dynamic] = [n for n in h.history.notes if "compiled it to" in n]
+    assert "symbol s0" in explain(cf).graphs[-1].ir
+    assert notes[True][-1] == notes[False][-1], notes

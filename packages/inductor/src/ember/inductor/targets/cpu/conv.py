@@ -49,10 +49,11 @@ _OWN_KW = ("steps", "relu")  # the rest are prims.convolution's attributes
 
 
 def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
-    """oneDNN's fast path: a 4-d f32 input with concrete, non-zero sizes."""
+    """oneDNN's fast path: a 4-d f32 input with non-zero sizes and concrete channels (a batch
+    or image size may be a size symbol: size-generic graphs keep the fast path)."""
     sizes = (*x.shape, *t.shape)
-    return x.rank == 4 and x.dtype == DType.f32 and all(isinstance(d, int) for d in sizes) \
-        and 0 not in sizes
+    return x.rank == 4 and x.dtype == DType.f32 and isinstance(x.shape[1], int) \
+        and isinstance(t.shape[1], int) and 0 not in sizes
 
 
 @register_pass("conv-nhwc", "CPU: 2-d f32 convolutions, with a per-channel affine epilogue "
