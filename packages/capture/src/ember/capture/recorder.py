@@ -37,7 +37,7 @@ from ember.capture.sources import (
     param_name,
 )
 from ember.capture.symbolic import Layout, current_env, current_policy, symbolic_layout
-from ember.ir import DType, GraphBuilder, Loc, Module, TensorType, Value
+from ember.ir import BOOL, F64, I64, DType, GraphBuilder, Loc, Module, TensorType, Type, Value
 from ember.ir.types import device_text
 
 _LIFT = ("aten::lift_fresh", "aten::lift_fresh_copy")
@@ -268,9 +268,14 @@ class Recorder:
             return self._mutation(func, args, kwargs)
         out = func(*args, **kwargs)
         results = _flat_results(out)
+        types: list[Type] | None = None
+        at: list[int] | None = None
         if results is None:
-            raise unhandled(f"operator {name} returned {type(out).__name__}, "
-                            f"which a graph node cannot hold")
+            mixed = _mixed_results(out)
+            if mixed is None:
+                raise unhandled(f"operator {name} returned {type(out).__name__}, "
+                                f"which a graph node cannot hold")
+            results, types, at = mixed
         if not results:  # a query that returns a Python value: nothing to record
             return out
         ir_args = [self._arg(a) for a in args]
@@ -285,8 +290,12 @@ class Recorder:
             assert base is not None
             base, ir_args[0] = self.aliases.as_strided_base(base)
         hint = schema_name.split("::")[-1]
-        vals = self.gb.emit(name, ir_args, ir_kwargs, types=[_type_of(r) for r in results],
-                            names=[hint] * len(results), loc=self.where())
+        if types is None:
+            types = [_type_of(r) for r in results]
+        vals = self.gb.emit(name, ir_args, ir_kwargs, types=types, names=[hint] * len(types),
+                            loc=self.where())
+        if at is not None:
+            vals = [vals[i] for i in at]
         for r, v in zip(results, vals, strict=True):
             self._bind(r, v)
         if is_view:
@@ -527,6 +536,35 @@ def _flat_results(out: Any) -> list[torch.Tensor] | None:
             return None
         return []
     return []
+
+
+def _mixed_results(out: Any) -> tuple[list[torch.Tensor], list[Type], list[int]] | None:
+    """A flat tuple of tensors among Nones and numbers (the fused attention kernels on CUDA:
+    (output, logsumexp, cum_seq_q=None, cum_seq_k=None, max_q, max_k, philox seed, ...)) as
+    one node: its tensors, the node's result types as the op's type inference writes them (a
+    None has no result, a number is a scalar result; the decompositions take them so), and
+    each tensor's position among those results. None for anything else."""
+    if not isinstance(out, (list, tuple)):
+        return None
+    tensors: list[torch.Tensor] = []
+    types: list[Type] = []
+    at: list[int] = []
+    for o in out:
+        if isinstance(o, torch.Tensor):
+            if o.layout != torch.strided:
+                return None
+            at.append(len(types))
+            tensors.append(o)
+            types.append(_type_of(o))
+        elif isinstance(o, (bool, torch.SymBool)):
+            types.append(BOOL)
+        elif isinstance(o, (int, torch.SymInt)):
+            types.append(I64)
+        elif isinstance(o, (float, torch.SymFloat)):
+            types.append(F64)
+        elif o is not None:
+            return None
+    return tensors, types, at
 
 
 def _with_defaults(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]
