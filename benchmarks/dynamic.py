@@ -25,6 +25,7 @@ Numbers are measured, never asserted; nothing is written unless `--out FILE` (ma
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -95,7 +96,7 @@ def generic_vs_specialized(filt: str, reps: int) -> list[str]:
                     status[-1] = (rep.graph_count, -1)  # (nothing was made symbolic)
             for cf in compiled.values():  # warm up
                 cf(*args)
-            t = _interleaved({k: (lambda cf=cf, a=args: cf(*a)) for k, cf in compiled.items()}, reps)
+            t = _interleaved({k: functools.partial(cf, *args) for k, cf in compiled.items()}, reps)
         (s, si), (g, gi) = _median_iqr(t["specialized"]), _median_iqr(t["generic"])
         note = "" if status[1][1] != -1 else " (stayed static)"
         rows.append(f"| {case.name} | {s:.2f} ± {si:.2f} | {g:.2f} ± {gi:.2f} | {g / s:.2f}"
@@ -176,9 +177,9 @@ def decode_steps(filt: str, steps: int, reps: int, with_torch: bool) -> list[str
             want = decode(fn)
             first = {}
             for who, c in contenders.items():
-                first[who] = _time(lambda c=c, d=decode: d(c)) / 1e3
+                first[who] = _time(functools.partial(decode, c)) / 1e3
                 torch.testing.assert_close(decode(c), want, rtol=1e-3, atol=1e-3)
-            t = _interleaved({who: (lambda c=c, d=decode: d(c)) for who, c in contenders.items()},
+            t = _interleaved({who: functools.partial(decode, c) for who, c in contenders.items()},
                              reps)
         for who, c in contenders.items():
             m, i = _median_iqr([x / steps for x in t[who]])
