@@ -14,6 +14,7 @@ from ember.ir import default_registry
 register_loop_ops(default_registry())
 
 from ember.inductor import lowering  # noqa: E402,F401  isort: skip
+from ember.inductor import lowering_plugins  # noqa: E402,F401  isort: skip
 from ember.inductor import fusion  # noqa: E402,F401  isort: skip
 from ember.inductor.kernels import register_kernel_ops  # noqa: E402  isort: skip
 

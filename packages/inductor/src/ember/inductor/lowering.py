@@ -516,6 +516,9 @@ LOWERINGS: dict[str, Rule] = {
 
 
 LOWERING_TABLES: dict[str, dict[str, Rule]] = {"default": LOWERINGS}
+# run on a lookup of a table not registered: lowering_plugins.py adds the `ember.lowerings`
+# entry point loader here (it imports this module; this one never imports it: no cycle)
+TABLE_LOADERS: list[Callable[[], None]] = []
 
 
 def register_lowering_table(name: str, rules: dict[str, Rule], *, replace: bool = False
@@ -533,9 +536,11 @@ def register_lowering_table(name: str, rules: dict[str, Rule], *, replace: bool 
                "values, views as index rewrites, the rest extern; table=NAME picks a "
                "registered lowering table")
 def lower_loops(module: Module, *, table: str = "default") -> Module:
-    from ember.inductor.lowering_plugins import lowering_table  # (it imports this module)
-
-    rules = lowering_table(table)  # plugins' tables too (entry point group ember.lowerings)
+    rules = LOWERING_TABLES.get(table)
+    if rules is None:  # plugins' tables too (entry point group ember.lowerings)
+        for load in TABLE_LOADERS:
+            load()
+        rules = LOWERING_TABLES.get(table)
     if rules is None:
         raise PipelineError(f"lower-loops: unknown lowering table {table!r} (known: "
                             f"{', '.join(sorted(LOWERING_TABLES))})")

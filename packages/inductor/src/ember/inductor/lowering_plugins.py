@@ -15,7 +15,12 @@ from __future__ import annotations
 import warnings
 from importlib.metadata import entry_points
 
-from ember.inductor.lowering import LOWERING_TABLES, Rule, register_lowering_table
+from ember.inductor.lowering import (
+    LOWERING_TABLES,
+    TABLE_LOADERS,
+    Rule,
+    register_lowering_table,
+)
 from ember.ir.plugins import still_importing
 
 GROUP = "ember.lowerings"
@@ -61,3 +66,6 @@ def lowering_table(name: str) -> dict[str, Rule] | None:
         load_lowering_plugins()
         rules = LOWERING_TABLES.get(name)
     return rules
+
+
+TABLE_LOADERS.append(load_lowering_plugins)  # lower-loops{table=NAME} reads plugins
