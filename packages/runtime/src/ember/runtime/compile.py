@@ -55,7 +55,14 @@ from ember.runtime.distributed import (
     run_with_hooks,
     split_training,
 )
-from ember.runtime.dump import dump_capture, dump_compiled, dump_outputs, dump_stages
+from ember.runtime.dump import (
+    TrainingDump,
+    dump_capture,
+    dump_compiled,
+    dump_dir,
+    dump_outputs,
+    dump_stages,
+)
 from ember.runtime.dynamic import DynamicPolicy
 from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
 from ember.runtime.guards import CallCode
@@ -196,6 +203,7 @@ class CompiledFunction:
         self._last_compiled: Module | None = None  # set by _inductor, read by EMBER_DUMP
         self._last_stages: list[tuple[str, str]] = []  # (stage, module text): dump_each
         self._last_producer = ""  # what made _last_compiled, named in its dump's header
+        self._last_training: list[TrainingDump] = []  # training graph pairs to dump (dump.py)
         self.history = History()
         self.code = target_code(target)
         self.name = graph_name(target)
@@ -271,12 +279,13 @@ class CompiledFunction:
                 return pieces
         eager = self._eager_instead(module, example_inputs)
         o = self.opts
+        dumping = (o.dump_dir or dump_dir()) is not None  # a dump needs the prims graph: no cache
         # the training compile cache (training.py): the inductor's own pipeline only
         key = training_cache_key(
             module, example_inputs, self._no_grad_results if no_grad is None else no_grad,
             self.partitioner, o.pipeline) if (
                 compile_graph == self._inductor_graph and o.decompositions is None
-                and not o.dump_each and not o.verify_each) else None
+                and not o.dump_each and not o.verify_each and not dumping) else None
         hit = load_training(key) if key else None
         try:
             if hit is not None:
@@ -298,11 +307,22 @@ class CompiledFunction:
             return eager("backend", f"the joint forward/backward graph cannot be built: "
                          f"{type(e).__name__}: {e}")
         try:
+            stages: dict[str, list[tuple[str, str]]] = {}
             fwd, fwd_what = compile_graph(plan.forward)
+            stages["forward"], self._last_stages = self._last_stages, []
             bwd, bwd_what = compile_graph(plan.backward)
+            stages["backward"], self._last_stages = self._last_stages, []
         except Exception as e:
             return eager("backend", f"backend {self.backend_name!r} cannot compile the "
                          f"training graphs: {type(e).__name__}: {e}")
+        if dumping:  # each stage under its own name, with the first call's inputs and outputs
+            td = TrainingDump("" if split else f"piece{len(self._last_training)}.", plan.prims,
+                              plan.forward, plan.backward, stages, {
+                                  w: r.__dict__["compiled"] for w, r in
+                                  (("forward", fwd), ("backward", bwd))
+                                  if "compiled" in r.__dict__}, self._last_producer)
+            self._last_training.append(td)
+            fwd, bwd = td.runner("forward", fwd), td.runner("backward", bwd)
         if key and hit is None:
             store_training(key, plan, fwd.__dict__["compiled"], bwd.__dict__["compiled"])
         self.history.note(f"graph @{module.graph().name}: training: backend "
@@ -565,6 +585,7 @@ class CompiledFunction:
         empty = (brk is not None or self._child) and not res.graph.nodes
         backend = eager_backend if empty else self.backend
         self._last_compiled, self._last_stages, self._last_producer = None, [], ""
+        self._last_training = []
         self._graph_no = None if empty else len(self.history.graphs)
         self._no_grad_results = {u.result for u in res.updates if not u.grad}
         runner = self._compile_graph(backend, backend_module(res), res.input_examples)
@@ -581,6 +602,9 @@ class CompiledFunction:
             dump_compiled(dumped, self._last_compiled, res.graph, self._last_producer)
         if dumped is not None and self._last_stages:
             dump_stages(dumped, self._last_stages, self._last_producer)
+        for td in self._last_training:
+            if dumped is not None:
+                td.write(dumped)
         if not empty:
             self.history.graphs.append(GraphRecord(
                 res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],

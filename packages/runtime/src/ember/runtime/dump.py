@@ -37,6 +37,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -179,6 +180,10 @@ def philox_inputs(module: Module, graph: Graph) -> dict[str, int]:
 
     if not has_random_ops(module) or {p.name for p in graph.params} & {PHILOX_SEED, PHILOX_OFFSET}:
         return {}
+    return _first_call_philox()
+
+
+def _first_call_philox() -> dict[str, int]:
     seed = torch.initial_seed()  # a u64: stored as the i64 of the same bits (philox masks it)
     return {PHILOX_SEED: seed - (1 << 64) if seed >= 1 << 63 else seed, PHILOX_OFFSET: 0}
 
@@ -253,3 +258,112 @@ def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
     named.update({name: results[r] for r, name in updated.items()})
     path = ir_path.parent / f"{stem}.outputs.safetensors"
     _guarded(ir_path.parent, lambda: _atomic(path, lambda tmp: save_tensors(tmp, named)))
+
+
+# ---- training compiles ---------------------------------------------------------------------------
+# A training compile runs the captured graph as two graphs (training.py): its stages are dumped
+# under names of their own beside STEM.ir, each with the inputs and outputs of the first call,
+# so every one replays (TRAINING_FILES in docs/debugging.md):
+#   STEM[.pieceN].prims.ir      the captured graph decomposed to prims (inputs: STEM.inputs)
+#   STEM[.pieceN].joint.ir      @forward and @backward in one module (as the `joint` pass gives)
+#   STEM[.pieceN].forward.ir    @forward, with .inputs/.outputs.safetensors of the first call
+#   STEM[.pieceN].backward.ir   @backward: inputs are the saved values and the cotangents
+#   ....forward.stageNN.PASS.ir, ....forward.kernels.ir (and backward's): each pipeline's stages
+# A DDP cut (distributed.py) dumps each piece as STEM.pieceN.*, and the cut as STEM.stage00.buckets.
+
+
+@dataclass
+class TrainingDump:
+    """One training graph pair to dump (made by compile's _training where dumps are on): the
+    modules and stage texts now, the first call's inputs and outputs when it runs (`runner`)."""
+
+    label: str  # "" or "pieceN." (a DDP cut's piece)
+    prims: Module | None
+    forward: Module
+    backward: Module
+    stages: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    compiled: dict[str, Module] = field(default_factory=dict)
+    producer: str = ""
+    base: Path | None = None  # STEM path prefix, once `write` ran
+    pending: set[str] = field(default_factory=lambda: {"forward", "backward"})
+
+    def _path(self, what: str) -> Path:
+        assert self.base is not None
+        return self.base.with_name(f"{self.base.name}.{self.label}{what}")
+
+    def write(self, ir_path: Path) -> None:
+        """The modules and stages beside the captured graph's dump at `ir_path`."""
+        self.base = ir_path.with_name(ir_path.name.removesuffix(".ir"))
+        stem = self.base.name + "." + self.label
+        d = ir_path.parent
+        prod = "ember.runtime training (plan_training: decompose, joint, partition)"
+        files: list[tuple[Path, str, str]] = []
+        if self.prims is not None:  # it states the captured graph's input updates again
+            up = _input_updates(ir_path)
+            prims = str(self.prims) if up is None else _with_updates(str(self.prims), *up)
+            files.append((self._path("prims.ir"), prims,
+                          f"prims (replays with {stem.rstrip('.')}.inputs.safetensors"
+                          + (")" if not self.label else " of the piece's inputs)")))
+        joint = self.forward.clone()
+        joint.items["backward"] = self.backward.graph()
+        files.append((self._path("joint.ir"), str(joint),
+                      f"joint: @forward replays with {stem}forward.inputs.safetensors "
+                      f"(--graph forward), @backward with {stem}backward.inputs.safetensors "
+                      f"(--graph backward)"))
+        for which in ("forward", "backward"):
+            files.append((self._path(f"{which}.ir"),
+                          str(self.forward if which == "forward" else self.backward),
+                          f"{which} (replays with {stem}{which}.inputs.safetensors)"))
+        for path, text, stage in files:
+            _guarded(d, functools.partial(_write_text, path, with_header(text, prod, stage)))
+        for which in ("forward", "backward"):
+            g = (self.forward if which == "forward" else self.backward).graph()
+            updates = g.attrs.get("input_updates")
+            for i, (stage, text) in enumerate(self.stages.get(which, [])):
+                name = stage.split("{", 1)[0]
+                if updates is not None:
+                    text = _with_updates(text, g.name, updates)
+                body = with_header(text, self.producer or "a pipeline",
+                                   f"{which}: after {stage}")
+                _guarded(d, functools.partial(_write_text,
+                                              self._path(f"{which}.stage{i:02d}.{name}.ir"), body))
+            if which in self.compiled:
+                kernels = self.compiled[which]
+                if updates is not None and g.name in kernels.items:
+                    kernels = kernels.clone()
+                    kernels.graph(g.name).attrs["input_updates"] = updates
+                _guarded(d, functools.partial(
+                    _write_text, self._path(f"{which}.kernels.ir"),
+                    with_header(str(kernels), self.producer or "a compiling backend",
+                                f"{which}: compiled")))
+
+    def runner(self, which: str, run: Callable[[Sequence[Any]], list[Any]]
+               ) -> Callable[[Sequence[Any]], list[Any]]:
+        """`run`, writing the inputs (before: the backward frees its saved values as it goes)
+        and outputs of its first call after `write` as STEM.WHICH.inputs/outputs."""
+        g = (self.forward if which == "forward" else self.backward).graph()
+
+        def dumping(inputs: Sequence[Any]) -> list[Any]:
+            if self.base is None or which not in self.pending:
+                return run(inputs)
+            self.pending.discard(which)
+            _guarded(self.base.parent, functools.partial(self._write_inputs, which, inputs))
+            outs = run(inputs)
+            dump_outputs(self._path(f"{which}.ir"), outs, g)
+            return outs
+
+        return dumping
+
+    def _write_inputs(self, which: str, inputs: Sequence[Any]) -> None:
+        """The call's inputs by parameter name; a graph with random ops is given its philox
+        seed and offset by the runner, not the caller: those of a first call are added."""
+        module = self.forward if which == "forward" else self.backward
+        g = module.graph()
+        names = [p.name for p in g.params if p.name not in (PHILOX_SEED, PHILOX_OFFSET)]
+        if len(names) != len(inputs):
+            raise ValueError(f"@{g.name} takes {len(names)} inputs, its runner got {len(inputs)}")
+        tensors: dict[str, Any] = dict(zip(names, inputs, strict=True))
+        tensors.update(_first_call_philox() if len(names) < len(g.params)
+                       else philox_inputs(module, g))
+        path = self._path(f"{which}.inputs.safetensors")
+        _atomic(path, functools.partial(save_tensors, tensors=tensors))

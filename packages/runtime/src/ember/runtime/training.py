@@ -66,6 +66,7 @@ class TrainingPlan:
     n_saved: int
     report: PartitionReport
     notes: list[str] = field(default_factory=list)
+    prims: Module | None = None  # the decomposed captured graph (a training dump writes it)
 
 
 def _only(module: Module, graph: Any) -> Module:
@@ -92,7 +93,7 @@ def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results
     strip_stop_gradients(fwd)
     strip_stop_gradients(bwd)
     return TrainingPlan(_only(prims, fwd), _only(prims, bwd), len(g.outputs), tangents, wrt,
-                        len(fwd.outputs) - len(g.outputs), report)
+                        len(fwd.outputs) - len(g.outputs), report, prims=prims)
 
 
 # ---- the training compile cache ----------------------------------------------------------------
