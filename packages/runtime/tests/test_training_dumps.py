@@ -115,3 +115,47 @@ def test_a_training_dump_with_dropout_replays_the_same_mask(
             for k in want:
                 d = compare_one(k, want[k], got[k])
                 assert d.ok, f"{ir} {graph or ''}: {d.describe()}"
+
+
+def test_a_ddp_cut_dumps_each_piece_and_the_cut_under_names_of_their_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Inside DDP (one process, gloo) the graph is cut at the gradient buckets: the cut is the
+    stage `buckets`, each piece's graphs are STEM.pieceN.*, and each replays."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                                torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        d = tmp_path / "dump"
+        c = er.compile(DDP(m, bucket_cap_mb=0.004), backend="aot_eager",
+                       options={"dump_dir": str(d)})
+        c(torch.randn(2, 8)).pow(2).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    names = {p.name for p in d.glob("*.ir")}
+    assert "forward_0.stage00.buckets.ir" in names, sorted(names)
+    pieces = sorted({n.split(".")[1] for n in names if ".piece" in n})
+    assert len(pieces) >= 2, sorted(names)
+    for piece in pieces:
+        for what in ("prims", "joint", "forward", "backward"):
+            ir = d / f"forward_0.{piece}.{what}.ir"
+            graphs = ["forward", "backward"] if what == "joint" else [None]
+            for graph in graphs:
+                stem = f"forward_0.{piece}" + ("" if what == "prims" else
+                                               f".{graph or what}")
+                sel = ["--graph", graph] if graph else []
+                out = d / "replay.out"
+                rc = main(["run", str(ir), "--inputs", str(d / f"{stem}.inputs.safetensors"),
+                           "--out", str(out), *sel])
+                err = capsys.readouterr().err
+                assert rc == 0, (ir.name, err[-2000:])
+                got, want = load_file(out), load_file(d / f"{stem}.outputs.safetensors")
+                assert got.keys() == want.keys(), ir.name
+                for k in want:
+                    assert compare_one(k, want[k], got[k]).ok, (ir.name, k)

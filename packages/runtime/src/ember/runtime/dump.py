@@ -302,8 +302,7 @@ class TrainingDump:
             up = _input_updates(ir_path)
             prims = str(self.prims) if up is None else _with_updates(str(self.prims), *up)
             files.append((self._path("prims.ir"), prims,
-                          f"prims (replays with {stem.rstrip('.')}.inputs.safetensors"
-                          + (")" if not self.label else " of the piece's inputs)")))
+                          f"prims (replays with {stem.rstrip('.')}.inputs.safetensors)"))
         joint = self.forward.clone()
         joint.items["backward"] = self.backward.graph()
         files.append((self._path("joint.ir"), str(joint),
@@ -350,11 +349,18 @@ class TrainingDump:
             _guarded(self.base.parent, functools.partial(self._write_inputs, which, inputs))
             outs = run(inputs)
             dump_outputs(self._path(f"{which}.ir"), outs, g)
+            if which == "forward" and self.label and self.prims is not None:
+                # a piece's prims graph: the piece's inputs and results (STEM.pieceN.*)
+                pg = self.prims.graph()
+                _guarded(self.base.parent, functools.partial(
+                    self._write_inputs, which, inputs, self._path("inputs.safetensors")))
+                dump_outputs(self._path("ir"), outs[:len(pg.outputs)], pg)
             return outs
 
         return dumping
 
-    def _write_inputs(self, which: str, inputs: Sequence[Any]) -> None:
+    def _write_inputs(self, which: str, inputs: Sequence[Any], path: Path | None = None
+                      ) -> None:
         """The call's inputs by parameter name; a graph with random ops is given its philox
         seed and offset by the runner, not the caller: those of a first call are added."""
         module = self.forward if which == "forward" else self.backward
@@ -365,5 +371,5 @@ class TrainingDump:
         tensors: dict[str, Any] = dict(zip(names, inputs, strict=True))
         tensors.update(_first_call_philox() if len(names) < len(g.params)
                        else philox_inputs(module, g))
-        path = self._path(f"{which}.inputs.safetensors")
+        path = path or self._path(f"{which}.inputs.safetensors")
         _atomic(path, functools.partial(save_tensors, tensors=tensors))
