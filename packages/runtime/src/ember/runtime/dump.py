@@ -23,6 +23,10 @@ line (`header`): the pipeline that made it (expanded) or the capture, the stage,
 torch's versions and the date. Comments are not part of the module: the file parses and
 replays as the module alone, and `ember opt` of it prints the module without them.
 
+A training compile (gradients recorded) also writes its prims graph, its joint module and its
+forward's and backward's graphs and stages under names of their own, each with the inputs and
+outputs of its first call (`TrainingDump`, below).
+
 Dumping never breaks the user's call: a directory that cannot be used (a file, a read-only or
 missing-permission path) gives a one-line `DumpWarning`, once per distinct problem, and the
 call's result is unaffected; later captures try again and behave the same way.
@@ -263,7 +267,7 @@ def dump_outputs(ir_path: Path, results: Sequence[Any], graph: Graph) -> None:
 # ---- training compiles ---------------------------------------------------------------------------
 # A training compile runs the captured graph as two graphs (training.py): its stages are dumped
 # under names of their own beside STEM.ir, each with the inputs and outputs of the first call,
-# so every one replays (TRAINING_FILES in docs/debugging.md):
+# so every one replays (docs/debugging.md, "Dumps of every stage"):
 #   STEM[.pieceN].prims.ir      the captured graph decomposed to prims (inputs: STEM.inputs)
 #   STEM[.pieceN].joint.ir      @forward and @backward in one module (as the `joint` pass gives)
 #   STEM[.pieceN].forward.ir    @forward, with .inputs/.outputs.safetensors of the first call
