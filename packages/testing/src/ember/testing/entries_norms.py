@@ -171,6 +171,30 @@ def _layer_norm(draw: st.DrawFn) -> Sample:
 entry("aten.native_layer_norm.default", lambda: _layer_norm(), "normalization", tol=_NORM_TOL,
       tol_reason=_NORM_REASON, compare=_norm_compare("aten.native_layer_norm.default"))
 
+# ---- weight norm ----------------------------------------------------------------------------
+
+
+@st.composite
+def _weight_norm(draw: st.DrawFn) -> Sample:
+    """v and g (v's shape, 1 but at `dim`); eager's kernel takes only the first or last dim,
+    and no empty tensor (it divides by zero: a floating point exception kills the process).
+    Rank 2 or more: for a vector torch's meta kernel declares the norms [1] where the kernel
+    returns one per element, and a graph's types are the meta kernel's. Contiguous: eager's CPU
+    kernel reads a transposed or strided v as if it were contiguous (wrong values; ember
+    computes the formula)."""
+    dt = draw(S.dtypes(FLOATS))
+    shape = draw(S.shapes(min_rank=2, allow_empty=False))
+    dim = draw(st.sampled_from(sorted({0, len(shape) - 1})))
+    gshape = tuple(n if i == dim else 1 for i, n in enumerate(shape))
+    return Sample((draw(S.tensors(shape, dt, layout="contiguous")),
+                   draw(S.tensors(gshape, dt, special=False, layout="contiguous")), dim))
+
+
+entry("aten._weight_norm_interface.default", lambda: _weight_norm(), "normalization",
+      tol=_NORM_TOL, tol_reason="computed in f32 and rounded once; eager's half kernel sums "
+      "the squares in another order",
+      compare=_norm_compare("aten._weight_norm_interface.default"))
+
 # ---- batch norm -----------------------------------------------------------------------------
 
 

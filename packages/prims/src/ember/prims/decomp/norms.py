@@ -131,6 +131,25 @@ def native_layer_norm(ctx: DecompContext, input: Value, normalized_shape: list[A
             ctx.convert(ctx.keepdim(rstd, dims, rank), ctx.out_dtype(2)))
 
 
+@register_decomposition("aten._weight_norm_interface.default")
+def _weight_norm_interface(ctx: DecompContext, v: Value, g: Value, dim: int = 0
+                           ) -> tuple[Value, Value]:
+    """Weight normalization (`nn.utils.weight_norm`, wav2vec2's positional convolution):
+    w = v * (g / ||v||), the norm over every dim but `dim` (the first or the last, as eager's
+    kernel requires), kept as size 1; returns (w, the norms), computed in the opmath type."""
+    rank = ctx.rank(v)
+    if dim not in (0, rank - 1):
+        raise DecompositionError(f"{ctx.node.op}: dim must be 0 or the last dim ({rank - 1}), "
+                                 f"not {dim} (as eager's kernel requires)")
+    dims = [i for i in range(rank) if i != dim]
+    x = ctx.convert(v, opmath(ctx.dtype(v)))
+    norms = ctx.prim("sqrt", reduce(ctx, "sum", ctx.prim("mul", x, x), dims))
+    norms = ctx.keepdim(norms, dims, rank)
+    scale = ctx.prim("div", ctx.convert(g, opmath(ctx.dtype(g))), norms)
+    w = ctx.prim("mul", x, ctx.broadcast_to(scale, ctx.shape(v)))
+    return ctx.convert(w, ctx.out_dtype(0)), ctx.convert(norms, ctx.out_dtype(1))
+
+
 # ---- batch norm -----------------------------------------------------------------------------
 
 
