@@ -12,8 +12,8 @@ LoweringPluginWarning naming it (it must not take the other tables down).
 
 from __future__ import annotations
 
-import warnings
 from importlib.metadata import entry_points
+from typing import Any
 
 from ember.inductor.lowering import (
     LOWERING_TABLES,
@@ -21,7 +21,7 @@ from ember.inductor.lowering import (
     Rule,
     register_lowering_table,
 )
-from ember.ir.plugins import still_importing
+from ember.ir.plugins import load_entry_points
 
 GROUP = "ember.lowerings"
 _loaded: set[tuple[str, str]] = set()  # entry points already loaded (name, value)
@@ -33,24 +33,18 @@ class LoweringPluginWarning(UserWarning):
 
 def load_lowering_plugins() -> None:
     """Register the tables of the `ember.lowerings` entry points not loaded before."""
-    for ep in entry_points(group=GROUP):
-        key = (ep.name, str(getattr(ep, "value", "")))
-        if key in _loaded or still_importing(ep):  # importing ember: next lookup
-            continue
-        _loaded.add(key)
-        try:
-            obj = ep.load()
-            if isinstance(obj, dict):
-                if ep.name not in LOWERING_TABLES:
-                    register_lowering_table(ep.name, obj)
-            elif callable(obj):
-                obj(register_lowering_table)
-            else:
-                raise TypeError(f"{type(obj).__name__} is neither a lowering table (a dict of "
-                                f"prim -> rule) nor a callable")
-        except Exception as e:
-            warnings.warn(f"{GROUP} entry point {ep.name} ({key[1]}) failed to load: "
-                          f"{type(e).__name__}: {e}", LoweringPluginWarning, stacklevel=2)
+    def register(ep: Any, obj: Any) -> None:
+        if isinstance(obj, dict):
+            if ep.name not in LOWERING_TABLES:
+                register_lowering_table(ep.name, obj)
+        elif callable(obj):
+            obj(register_lowering_table)
+        else:
+            raise TypeError(f"{type(obj).__name__} is neither a lowering table (a dict of "
+                            f"prim -> rule) nor a callable")
+
+    load_entry_points(GROUP, entry_points(group=GROUP), _loaded, register,
+                      LoweringPluginWarning)
 
 
 def lowering_tables() -> dict[str, dict[str, Rule]]:

@@ -36,7 +36,6 @@ callable that registers into the registry). The older group `ember.ir_backends` 
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -44,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ember.ir.graph import Module
 from ember.ir.interpreter import Interpreter, RunResult
-from ember.ir.plugins import still_importing
+from ember.ir.plugins import load_entry_points
 
 Runner = Callable[[str | None, Sequence[Any]], RunResult]
 GROUPS = ("ember.backends", "ember.ir_backends")  # the second: its name before issue 13
@@ -144,28 +143,20 @@ class BackendRegistry:
         if self._plugins_loaded and not refresh:
             return
         self._plugins_loaded = True
+
+        def register(ep: Any, obj: Any) -> None:
+            if isinstance(obj, BackendProtocol):
+                if obj.name not in self._backends:
+                    self.add(obj)
+            elif callable(obj):
+                obj(self)
+            else:
+                check_backend(obj)
+
         for group in GROUPS:
-            for ep in entry_points(group=group):
-                key = (ep.name, str(getattr(ep, "value", "")))
-                if key in self._loaded_eps:
-                    continue
-                if still_importing(ep):  # its module is importing ember: look again next time
-                    self._plugins_loaded = False
-                    continue
-                self._loaded_eps.add(key)
-                try:
-                    obj = ep.load()
-                    if isinstance(obj, BackendProtocol):
-                        if obj.name not in self._backends:
-                            self.add(obj)
-                    elif callable(obj):
-                        obj(self)
-                    else:
-                        check_backend(obj)
-                except Exception as e:
-                    warnings.warn(f"{group} entry point {ep.name} ({key[1]}) failed to load: "
-                                  f"{type(e).__name__}: {e}", BackendPluginWarning,
-                                  stacklevel=2)
+            if not load_entry_points(group, entry_points(group=group), self._loaded_eps,
+                                     register, BackendPluginWarning):
+                self._plugins_loaded = False
 
     # the registry's first name for load_plugins
     _load_plugins = load_plugins

@@ -5,14 +5,13 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
 from ember.ir.graph import Module
-from ember.ir.plugins import still_importing
+from ember.ir.plugins import load_entry_points
 from ember.ir.registry import OpRegistry, default_registry
 
 PassFn = Callable[..., Module]
@@ -151,27 +150,20 @@ class PassRegistry:
         if self._plugins_loaded and not refresh:
             return
         self._plugins_loaded = True
-        for ep in entry_points(group="ember.passes"):
-            key = (ep.name, str(getattr(ep, "value", "")))
-            if key in self._loaded_eps:
-                continue
-            if still_importing(ep):  # its module is importing ember: look again next time
-                self._plugins_loaded = False
-                continue
-            self._loaded_eps.add(key)
-            try:
-                obj = ep.load()
-                if isinstance(obj, Pass):
-                    if obj.name not in self._passes:
-                        self.add(obj)
-                elif isinstance(obj, NamedPipeline):
-                    if obj.name not in self._pipelines and obj.name not in self._passes:
-                        self.add_pipeline(obj)
-                elif callable(obj):
-                    obj(self)
-            except Exception as e:  # a broken plugin must not take every pipeline down
-                warnings.warn(f"ember.passes entry point {ep.name} ({key[1]}) failed to "
-                              f"load: {type(e).__name__}: {e}", PluginWarning, stacklevel=2)
+
+        def register(ep: Any, obj: Any) -> None:
+            if isinstance(obj, Pass):
+                if obj.name not in self._passes:
+                    self.add(obj)
+            elif isinstance(obj, NamedPipeline):
+                if obj.name not in self._pipelines and obj.name not in self._passes:
+                    self.add_pipeline(obj)
+            elif callable(obj):
+                obj(self)
+
+        if not load_entry_points("ember.passes", entry_points(group="ember.passes"),
+                                 self._loaded_eps, register, PluginWarning):
+            self._plugins_loaded = False
 
 
 _DEFAULT = PassRegistry()

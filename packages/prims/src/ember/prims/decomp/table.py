@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 
 from ember.ir import DType, Value
-from ember.ir.plugins import still_importing
+from ember.ir.plugins import load_entry_points
 from ember.ir.torch_ops import resolve
 from ember.prims.decomp.context import DecompContext, DecompositionError
 
@@ -195,27 +194,21 @@ class DecompositionTables:
         if self._plugins_loaded and not refresh:
             return
         self._plugins_loaded = True
-        for ep in entry_points(group="ember.decompositions"):
-            key = (ep.name, str(getattr(ep, "value", "")))
-            if key in self._loaded_eps:
-                continue
-            if still_importing(ep):  # its module is importing ember: look again next time
-                self._plugins_loaded = False
-                continue
-            self._loaded_eps.add(key)
-            try:
-                obj = ep.load()
-                if isinstance(obj, DecompositionTable):
-                    if ep.name not in self._tables:
-                        self.add(ep.name, obj)
-                elif callable(obj):
-                    obj(self)
-                else:
-                    raise TypeError(f"{type(obj).__name__} is neither a DecompositionTable "
-                                    f"nor a callable")
-            except Exception as e:  # a broken plugin must not take every compile down
-                warnings.warn(f"ember.decompositions entry point {ep.name} ({key[1]}) failed "
-                              f"to load: {type(e).__name__}: {e}", TableWarning, stacklevel=2)
+
+        def register(ep: Any, obj: Any) -> None:
+            if isinstance(obj, DecompositionTable):
+                if ep.name not in self._tables:
+                    self.add(ep.name, obj)
+            elif callable(obj):
+                obj(self)
+            else:
+                raise TypeError(f"{type(obj).__name__} is neither a DecompositionTable nor a "
+                                f"callable")
+
+        if not load_entry_points("ember.decompositions",
+                                 entry_points(group="ember.decompositions"), self._loaded_eps,
+                                 register, TableWarning):
+            self._plugins_loaded = False
 
 
 _TABLES = DecompositionTables()
