@@ -27,8 +27,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,22 +197,17 @@ def load_training(key: str) -> tuple[TrainingPlan, Module, Module] | None:
 
 def store_training(key: str, plan: TrainingPlan, forward: Module, backward: Module) -> None:
     """Store a training compile (written to a temporary file, then moved into place)."""
+    from ember.inductor.cache import atomic_write
+
     try:
         data = json.dumps({
             "plan": {"n_results": plan.n_results, "tangents": plan.tangents,
                      "grad_inputs": plan.grad_inputs, "n_saved": plan.n_saved,
                      "report": dataclasses.asdict(plan.report)},
             "forward": str(forward), "backward": str(backward)})
-        path = _entry(key)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")  # mode 0600
+        atomic_write(_entry(key), data.encode())
     except Exception:  # an unwritable cache costs the next warm compile, never this one
         return
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def interpreter_runner(module: Module) -> GraphRunner:

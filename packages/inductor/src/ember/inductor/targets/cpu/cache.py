@@ -220,7 +220,8 @@ def cache_key(source: str) -> str:
     return h.hexdigest()[:32]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a private temporary file moved into place (mode 0600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:
@@ -363,8 +364,8 @@ def _store(source: str, data: bytes, d: Path) -> Path:
 
 
 def _write_entry(d: Path, key: str, data: bytes, meta: bytes) -> None:
-    _atomic_write(d / f"{key}.so", data)
-    _atomic_write(d / f"{key}.json", meta)
+    atomic_write(d / f"{key}.so", data)
+    atomic_write(d / f"{key}.json", meta)
 
 
 def jobs() -> int:
