@@ -105,7 +105,7 @@ def _channels_last_producers(g: Graph) -> None:
         args = [_permuted(a, TO_NHWC, p, nodes, names) if isinstance(a, Value) else a
                 for a in operands]
         xt = x.type
-        y = Value(_fresh(f"{x.name}.nhwc_out", names),
+        y = Value(fresh_name(f"{x.name}.nhwc_out", names),
                   TensorType(xt.dtype, tuple(xt.shape[d] for d in TO_NHWC), None, xt.device))
         node = Node(p.op, [args] if cat else args, {**p.kwargs, "dim": 3} if cat
                     else dict(p.kwargs), [y], p.loc, p.pos)
@@ -122,7 +122,7 @@ def _permuted(v: Value, dims: list[int], at: Node, nodes: list[Node], names: set
     """`prims.permute(v, dims=)` appended to `nodes` (result: a new value, or `result`)."""
     t = v.type
     assert isinstance(t, TensorType)
-    out = result or Value(_fresh(f"{v.name}.cl", names),
+    out = result or Value(fresh_name(f"{v.name}.cl", names),
                           TensorType(t.dtype, tuple(t.shape[d] for d in dims), None, t.device))
     node = Node("prims.permute", [v], {"dims": dims}, [out], at.loc, at.pos)
     out.node = node
@@ -130,7 +130,8 @@ def _permuted(v: Value, dims: list[int], at: Node, nodes: list[Node], names: set
     return out
 
 
-def _fresh(base: str, names: set[str]) -> str:
+def fresh_name(base: str, names: set[str]) -> str:
+    """`base`, or `base.k` for the first k not in `names`; recorded in `names`."""
     name, k = base, 0
     while name in names:
         k += 1

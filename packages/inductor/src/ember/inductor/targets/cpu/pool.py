@@ -18,6 +18,7 @@ Only a stack with no other reader is rewritten (and then removed, with its unsqu
 
 from __future__ import annotations
 
+from ember.inductor.targets.cpu.conv import fresh_name
 from ember.ir import Graph, Module, Node, TensorType, Value
 from ember.ir.passes import register_pass
 
@@ -88,7 +89,7 @@ def _rewrite(g: Graph) -> None:
         res = n.results[0]
         for k, p in enumerate(pieces[1:], 1):
             last = k == len(pieces) - 1
-            name = res.name if last else _fresh(f"{res.name}.w{k}", names)
+            name = res.name if last else fresh_name(f"{res.name}.w{k}", names)
             v = res if last else Value(name, t)
             node = Node(op, [acc, p], {}, [v], n.loc, n.pos)
             v.node = node
@@ -101,15 +102,6 @@ def _rewrite(g: Graph) -> None:
                 dead.add(id(a.node))
     if new:
         g.nodes = [m for n in g.nodes if id(n) not in dead for m in new.get(id(n), [n])]
-
-
-def _fresh(base: str, names: set[str]) -> str:
-    name, k = base, 0
-    while name in names:
-        k += 1
-        name = f"{base}.{k}"
-    names.add(name)
-    return name
 
 
 __all__ = ["window_reduce"]
