@@ -32,6 +32,11 @@ _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                 "_backward_pre_hooks")
 
 
+def has_own_hooks(m: nn.Module) -> bool:
+    """Whether hooks are registered on `m` itself (not on nn.Module globally)."""
+    return any(getattr(m, t, None) for t in _HOOK_TABLES)
+
+
 def _global_hooks() -> bool:
     from torch.nn.modules import module as m
 
@@ -42,7 +47,7 @@ def _global_hooks() -> bool:
 
 def call_module(tx: Tracer, mod: ModuleVar, args: list[Var], kwargs: dict[str, Var]) -> Var:
     m = mod.value
-    if any(getattr(m, t, None) for t in _HOOK_TABLES):
+    if has_own_hooks(m):
         raise unhandled(f"hooks on module {type(m).__qualname__}")
     if _global_hooks():
         raise unhandled("global nn.Module hooks")

@@ -31,6 +31,7 @@ import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.autograd.partition import PartitionReport
 from ember.autograd.vjp import VJPError
 from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
+from ember.capture.modules import has_own_hooks
 from ember.capture.resume import Broken
 from ember.inductor.backend import pipeline_for
 from ember.inductor.cache import STATS
@@ -49,7 +50,6 @@ from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.distributed import (
     CompiledDDP,
-    has_own_hooks,
     hooked_forward,
     is_ddp,
     run_with_hooks,

@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 Runner = Callable[[Sequence[Any]], list[Any]]
 
-_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                "_backward_pre_hooks")
 
 
 def _ddp_class() -> Any:
@@ -53,10 +51,6 @@ def active_ddp() -> Any:
     """The DDP module whose forward is running (None outside one)."""
     cls = _ddp_class()
     return None if cls is None else cls._get_active_ddp_module()
-
-
-def has_own_hooks(m: nn.Module) -> bool:
-    return any(getattr(m, t, None) for t in _HOOK_TABLES)
 
 
 @contextlib.contextmanager
