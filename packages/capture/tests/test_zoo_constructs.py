@@ -230,6 +230,52 @@ def test_multihead_attention_takes_its_decomposable_path() -> None:
     assert "_native_multi_head_attention" not in str(h.graphs[0])
 
 
+class _FastPathEncoder(nn.Module):
+    """TransformerEncoderLayer behind the dispatch-mode test of torch 2.11's fast path (the
+    16-core zoo run: vit_b_16 broke at torch._C._len_torch_dispatch_stack)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        y = self.layer(x)
+        return y if _get_current_dispatch_mode() is None else y * 2
+
+
+def test_dispatch_mode_stack_query_is_a_guarded_constant() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    m = _FastPathEncoder().eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        _no_break(m, x)
+        cm = er.compile(m)
+        cm(x)
+        with Passthrough():  # the guard fails: not the graph captured without a mode
+            torch.testing.assert_close(cm(x), m(x))
+            torch.testing.assert_close(cm(x), m.layer(x) * 2)
+        torch.testing.assert_close(cm(x), m(x))
+
+
+def test_transformer_encoder_inference_takes_the_composite_path() -> None:
+    # eval + no_grad would run torch._transformer_encoder_layer_fwd (and nested tensors in
+    # TransformerEncoder), opaque kernels the compiler has no decomposition for
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2).eval()
+    with torch.no_grad():
+        h = _no_break(enc, torch.randn(2, 5, 8))
+    graph = str(h.graphs[0])
+    assert "_transformer_encoder_layer_fwd" not in graph and "native_multi_head" not in graph
+
+
 # -- torch.autograd.Function.apply (transformers' Bloom GELU; zoo run 2026-12-01) --------------
 class _TanhGelu(torch.autograd.Function):
     @staticmethod

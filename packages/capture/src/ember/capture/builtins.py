@@ -22,6 +22,7 @@ import torch
 
 from ember.capture import contexts, pyops
 from ember.capture.errors import UserError, unhandled
+from ember.capture.guards import Guard, GuardKind
 from ember.capture.symbolic import concrete
 from ember.capture.torchcalls import has_tensor, run_real, unwrap
 from ember.capture.variables import (
@@ -543,6 +544,23 @@ builtin(torch._C._get_tracing_state)(lambda tx, fn, args, kwargs: ConstVar(None)
 # (torch._native_multi_head_attention) for the composite ops the compiler decomposes.
 builtin(torch.nn.modules.activation._is_make_fx_tracing)(
     lambda tx, fn, args, kwargs: ConstVar(True))
+# The fused inference kernels of nn.TransformerEncoder(Layer) and MultiheadAttention
+# (torch._transformer_encoder_layer_fwd, nested tensors) are opaque to a compiler, which fuses
+# the composite ops itself: capture reports the fast path off and takes the composite path.
+builtin(torch.backends.mha.get_fastpath_enabled)(lambda tx, fn, args, kwargs: ConstVar(False))
+
+
+@builtin(torch._C._len_torch_dispatch_stack)
+def _dispatch_stack_len(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """A pure query of the caller's TorchDispatchMode stack (fast-path tests of
+    nn.MultiheadAttention and TransformerEncoderLayer in some torch versions): the value at
+    capture (the recorder's own mode is pushed only while an operator runs), guarded as
+    TorchDynamo does, so that a call under a mode does not reuse the graph."""
+    if args or kwargs:
+        raise unhandled("torch._C._len_torch_dispatch_stack with arguments")
+    n = torch._C._len_torch_dispatch_stack()
+    tx.guard(Guard(GuardKind.DISPATCH_MODES, None, n))
+    return ConstVar(n)
 
 
 @builtin(torch._C._log_api_usage_once)

@@ -36,6 +36,7 @@ class GuardKind(enum.Enum):
     SAME_OBJECT = "alias"  # two sources give the same object
     GRAD_MODE = "grad_mode"  # torch.is_grad_enabled()
     DEFAULT_DTYPE = "default_dtype"  # torch.get_default_dtype()
+    DISPATCH_MODES = "dispatch_modes"  # torch._C._len_torch_dispatch_stack()
     NO_HOOKS = "no_hooks"  # an nn.Module has no forward hooks
     CLASS_ATTR = "class_attr"  # a class's MRO lookup of a name finds the same object
     SHAPE = "shape"  # a relation between size symbols (a branch on a dynamic size)
@@ -187,6 +188,8 @@ class Guard:
             return f"{ref(torch.is_grad_enabled, 'F')}() is {e!r}"
         if k is GuardKind.DEFAULT_DTYPE:
             return f"{ref(torch.get_default_dtype, 'F')}() is {ref(e, 'D')}"
+        if k is GuardKind.DISPATCH_MODES:
+            return f"{ref(torch._C._len_torch_dispatch_stack, 'F')}() == {e!r}"
         if k is GuardKind.SHAPE:
             return str(e.code())
         assert self.source is not None
@@ -289,6 +292,8 @@ class Guard:
             return f"torch.is_grad_enabled() is {e}"
         if k is GuardKind.DEFAULT_DTYPE:
             return f"torch.get_default_dtype() is {e}"
+        if k is GuardKind.DISPATCH_MODES:
+            return f"TorchDispatchModes active == {e}"
         if k is GuardKind.SHAPE:
             return f"sizes: {e.text()}"
         assert self.source is not None
