@@ -48,6 +48,7 @@ from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
+from ember.runtime.cudagraphs import CUDAGRAPH_MODES, CudaGraphs, graph_info
 from ember.runtime.distributed import (
     CompiledDDP,
     hooked_forward,
@@ -224,10 +225,17 @@ class CompiledFunction:
             self.eager = target
         if note:
             self.history.note(note)
-        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
-            self.history.note(f"mode {mode!r} has no effect yet (it needs the inductor "
-                              f"backend and CUDA graphs): the pipeline "
-                              f"{self.opts.pipeline} runs as in the default mode")
+        # mode="reduce-overhead"/"max-autotune": the inductor's graphs as CUDA graphs
+        self._cudagraphs = CudaGraphs() if mode in CUDAGRAPH_MODES and self.pipelined else None
+        self._capturing: Any = None  # the capture being compiled (cudagraphs.graph_info)
+        if mode in CUDAGRAPH_MODES and not self.pipelined:
+            self.history.note(f"mode {mode!r} records CUDA graphs of the inductor's compiled "
+                              f"graphs only: backend {spec.name!r} runs as in the default mode")
+        if mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+            self.history.note(f"mode {mode!r}: autotuning has no effect yet: the pipeline "
+                              f"{self.opts.pipeline} runs as in the default mode"
+                              + (" (its graphs recorded as CUDA graphs)"
+                                 if self._cudagraphs is not None else ""))
         self.dyn_policy = DynamicPolicy(dynamic)  # which dims captures make symbolic
         for n in option_notes:
             self.history.note(n)
@@ -376,6 +384,10 @@ class CompiledFunction:
         slow = interpreter_reason(compiled, module.graph().name)
         if slow:
             self._fallback("interpreter", slow)
+        if self._cudagraphs is not None:
+            runner = self._cudagraphs.wrap(self.history, runner, module.graph().name,
+                                           self._graph_no, example_inputs,
+                                           graph_info(self._capturing, example_inputs), slow)
         compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \
             else f"the compiled code of backend {self.backend_name!r}"
         run = self._judged(module, example_inputs, runner, compiled_code)
@@ -588,6 +600,7 @@ class CompiledFunction:
         self._last_training = []
         self._graph_no = None if empty else len(self.history.graphs)
         self._no_grad_results = {u.result for u in res.updates if not u.grad}
+        self._capturing = res
         runner = self._compile_graph(backend, backend_module(res), res.input_examples)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)

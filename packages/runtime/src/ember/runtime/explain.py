@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from ember.runtime.compile import compile, compiled_function_of
-from ember.runtime.history import Fallback, GraphRecord, History, fallback_summary
+from ember.runtime.history import (
+    CudaGraphRecord,
+    Fallback,
+    GraphRecord,
+    History,
+    fallback_summary,
+)
 
 
 @dataclass
@@ -32,6 +38,16 @@ class ExplainReport:
     notes: list[str] = field(default_factory=list)
     calls: int = 0
     breaks: list[Fallback] = field(default_factory=list)  # graph breaks: reason and line
+    # mode="reduce-overhead": each compiled graph's CUDA-graph recordings (runtime/cudagraphs.py)
+    cuda_graphs: list[CudaGraphRecord] = field(default_factory=list)
+
+    @property
+    def recordings(self) -> int:
+        return sum(r.recordings for r in self.cuda_graphs)
+
+    @property
+    def replays(self) -> int:
+        return sum(r.replays for r in self.cuda_graphs)
 
     @property
     def break_count(self) -> int:
@@ -72,6 +88,11 @@ class ExplainReport:
                f"{len(self.breaks)} graph break(s), {self.calls} call(s)"]
         if self.fallbacks:
             out.append(self.fallback_summary)
+        if self.cuda_graphs:
+            skipped = sum(r.skipped is not None for r in self.cuda_graphs)
+            out.append(f"CUDA graphs: {self.recordings} recording(s), {self.replays} "
+                       f"replay(s); {skipped} of {len(self.cuda_graphs)} graph(s) not "
+                       f"recorded")
         for n in self.notes:
             out.append(f"note: {n}")
         for i, g in enumerate(self.graphs):
@@ -84,6 +105,9 @@ class ExplainReport:
             out.append(f"guards ({len(g.guards)}):")
             out += [f"  {t}" for t in g.guards]
         out += _located("graph breaks", self.breaks)
+        if self.cuda_graphs:
+            out.append("\n-- CUDA graphs (mode reduce-overhead):")
+            out += [f"  {r.text()}" for r in self.cuda_graphs]
         if self.recompilations:
             out.append("\n-- recompilations:")
             out += [f"  {i + 1}. {r}" for i, r in enumerate(self.recompilations)]
@@ -109,7 +133,7 @@ def _located(title: str, items: list[Fallback], kinds: bool = False) -> list[str
 def report_of(history: History) -> ExplainReport:
     return ExplainReport(list(history.graphs), list(history.recompilations),
                          list(history.fallbacks), list(history.notes), history.calls,
-                         list(history.breaks))
+                         list(history.breaks), list(history.cuda_graphs))
 
 
 def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:

@@ -72,6 +72,38 @@ def fallback_summary(items: list[Fallback]) -> str:
 
 
 @dataclass
+class CudaGraphRecord:
+    """One compiled graph under mode="reduce-overhead" (runtime/cudagraphs.py): its CUDA-graph
+    recordings (one per size binding met twice), replays, warm-up calls, calls run without a
+    graph, and why it is not recorded (`skipped`), if it is not."""
+
+    graph: int | None  # its number in History.graphs
+    name: str
+    recordings: int = 0
+    replays: int = 0
+    warmups: int = 0  # the first call of each binding: run as compiled, not recorded
+    plain: int = 0  # calls run without a graph (skipped, over the limit, recording gradients)
+    over_limit: int = 0  # calls of a binding past the recording limit
+    rerecorded: int = 0  # recordings dropped because a static input moved
+    bindings: list[str] = field(default_factory=list)  # each recorded binding's shapes
+    skipped: str | None = None
+
+    def text(self) -> str:
+        where = f"graph {self.graph} " if self.graph is not None else ""
+        head = f"{where}@{self.name}: "
+        counts = (f"{self.recordings} recording(s), {self.replays} replay(s), "
+                  f"{self.warmups} warm-up call(s), {self.plain} call(s) without a graph")
+        if self.over_limit:
+            counts += f" ({self.over_limit} past the recording limit)"
+        if self.rerecorded:
+            counts += f", {self.rerecorded} re-recording(s) (a static input moved)"
+        if self.skipped is not None:
+            return head + f"not recorded: {self.skipped}; " + counts
+        return head + counts + ("; bindings " + ", ".join(self.bindings)
+                                if self.bindings else "")
+
+
+@dataclass
 class History:
     graphs: list[GraphRecord] = field(default_factory=list)
     recompilations: list[str] = field(default_factory=list)  # why each capture after the first
@@ -79,6 +111,7 @@ class History:
     breaks: list[Fallback] = field(default_factory=list)  # graph breaks, one per split capture
     notes: list[str] = field(default_factory=list)
     calls: int = 0
+    cuda_graphs: list[CudaGraphRecord] = field(default_factory=list)  # mode="reduce-overhead"
     cache_hits: int = 0
     warned: set[str] = field(default_factory=set)  # fallback kinds already warned about
 

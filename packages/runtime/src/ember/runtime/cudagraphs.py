@@ -1,0 +1,328 @@
+"""CUDA graphs for compiled graphs: `compile(..., mode="reduce-overhead")` (and "max-autotune").
+
+A compiled graph's generated call launches one kernel per fused loop nest from Python; for a
+decode step of a large model that is hundreds of launches whose Python and driver overhead
+exceeds the GPU time. Under these modes each graph the inductor compiled is wrapped here:
+
+* **Eligibility** (`skip_reason`, once per graph): every tensor input on one CUDA device,
+  inputs only tensors and Python scalars, and no part of the graph on the reference
+  interpreter (its ops may sync with the host). Otherwise the graph runs as in the default
+  mode and `explain()` says why in its "CUDA graphs" section.
+* **Warm-up, then one recording per size binding**: a binding is the inputs' shapes and scalar
+  values (`binding`); a symbolic graph gets one recording per binding it meets twice (the first
+  call of a binding is the warm-up: Triton compiles and specializes there, outside capture). At
+  most `max_recordings` per graph (default 8); a binding past that runs without a graph, counted.
+* **Static inputs**: a parameter, or an input found at the same address (data_ptr, strides) on
+  every call of its binding so far, is read in place by the recording (never copied); every
+  call checks those addresses, and an input that moved is copied from then on (a re-recording).
+  Other inputs are copied into buffers the recording owns.
+* **One memory pool** per compiled function: its recordings' intermediates and outputs.
+* **Outputs are cloned out of the pool** after each replay, so the caller never holds memory
+  that the next replay overwrites (the "CUDAGraphs output overwritten" failure of keeping a
+  step's outputs, e.g. a KV cache, across steps). Cost: one device copy per returned tensor
+  per call (for a decode step, the logits: about 5 us); in exchange any caller may keep any
+  output, and recordings of the pool never alias live caller memory, so they can share it.
+  Results that are only written back into a static input (a static KV cache's in-place
+  update) are copied into that input inside the graph, and never cloned.
+* **Failures**: a recording that raises (a host synchronization inside the graph, an op that
+  cannot be captured) stops recording that graph, with the error as its reason; the graph runs
+  as compiled from then on.
+
+Graph breaks: each compiled piece is its own compiled function with its own graphs and pool.
+The counts (recordings, replays, warm-ups, calls without a graph) are in `History.cuda_graphs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ember.ir import RunResult
+from ember.runtime.history import CudaGraphRecord, History
+
+# the modes that record CUDA graphs ("max-autotune-no-cudagraphs" does not, as in torch)
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+MAX_RECORDINGS = 8  # per graph: a symbolic graph meets a new binding per size
+SCALARS = (int, float, bool, type(None))
+
+IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """What the capture says about a graph's results: which are written back into which input
+    (`updates`: result -> input), and which the caller can see (None: unknown, all)."""
+
+    updates: dict[int, int] = field(default_factory=dict)
+    visible: frozenset[int] | None = None
+
+
+def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
+    """The capture's updates and output plan, where `cap` is the capture of this graph (its
+    example inputs are the very objects the backend was given); else nothing is assumed."""
+    ex = getattr(cap, "input_examples", None)
+    if ex is None or len(ex) != len(examples) or any(a is not b for a, b in
+                                                     zip(ex, examples, strict=True)):
+        return GraphInfo()
+    visible = set()
+    for e in cap.plan:
+        r = getattr(e, "result", None)
+        if r is not None:
+            visible.add(r)
+    return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible))
+
+
+def skip_reason(examples: Sequence[Any], interpreter: str | None,
+                device_type: str = "cuda") -> str | None:
+    """Why a graph with these example inputs is not recorded (None: it is)."""
+    devices: set[str] = set()
+    for i, x in enumerate(examples):
+        if isinstance(x, torch.Tensor):
+            devices.add(str(x.device))
+        elif not isinstance(x, SCALARS):
+            return f"input {i} is a {type(x).__name__} (recordings take tensors and scalars)"
+    if not devices:
+        return "it has no tensor inputs"
+    other = sorted(d for d in devices if torch.device(d).type != device_type)
+    if other:
+        return (f"its tensors are on {', '.join(other)}: CUDA graphs record {device_type} "
+                f"work only")
+    if len(devices) > 1:
+        return f"its tensors are on several devices ({', '.join(sorted(devices))})"
+    if interpreter:
+        return f"part of it runs on the reference interpreter, which may sync with the host " \
+               f"({interpreter})"
+    return None
+
+
+def binding(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """What one recording is specialized to: each tensor's shape, each scalar's value."""
+    return tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else (type(x), x)
+                 for x in inputs)
+
+
+def _address(x: Any) -> tuple[int, tuple[int, ...]] | None:
+    return (x.data_ptr(), x.stride()) if isinstance(x, torch.Tensor) else None
+
+
+class Recorder(Protocol):
+    """How graphs are recorded and replayed (the CUDA one below; tests substitute others)."""
+
+    def capture(self, fn: Callable[[], list[Any]], device: torch.device,
+                inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+        """Record `fn()` (which reads and may write `inputs`) without running it; return the
+        graph and fn's results, which each replay refreshes."""
+
+    def replay(self, graph: Any) -> None: ...
+
+
+class CUDARecorder:
+    """torch.cuda.CUDAGraph recordings on a side stream, all in one memory pool."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+        self.stream: torch.cuda.Stream | None = None
+
+    def capture(self, fn: Callable[[], list[Any]], device: torch.device,
+                inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+        with torch.cuda.device(device):
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+                self.stream = torch.cuda.Stream()
+            assert self.stream is not None
+            g = torch.cuda.CUDAGraph()
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                # thread_local: another thread's CUDA calls (a compile) do not fail the capture
+                g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    outs = fn()
+                except BaseException:
+                    try:
+                        g.capture_end()
+                    except Exception:  # the capture is already invalidated: fn's error says why
+                        pass
+                    raise
+                g.capture_end()
+            torch.cuda.current_stream().wait_stream(self.stream)
+        return g, outs
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+class _Recording:
+    def __init__(self, key: tuple[Any, ...], graph: Any, ins: list[Any], outs: list[Any],
+                 static: list[int], copied: list[int], plan: list[tuple[str, int]]):
+        self.key, self.graph, self.ins, self.outs = key, graph, ins, outs
+        self.static = [(i, _address(ins[i])) for i in static]
+        self.copied = copied
+        # per result: ("clone", -) a pool tensor, ("input", i) the caller's static input i
+        # (written back in the graph), ("view", i) a view of static input i, ("same", -) as is
+        self.plan = plan
+
+
+class CudaGraphs:
+    """The CUDA-graph state of one compiled function: its recorder (one memory pool)."""
+
+    def __init__(self, recorder: Recorder | None = None, *, device_type: str = "cuda",
+                 max_recordings: int = MAX_RECORDINGS):
+        self.recorder = recorder if recorder is not None else CUDARecorder()
+        self.device_type = device_type
+        self.max_recordings = max_recordings
+
+    def wrap(self, history: History, runner: IRRunner, name: str, graph_no: int | None,
+             examples: Sequence[Any], info: GraphInfo, interpreter: str | None) -> IRRunner:
+        """`runner`, recorded and replayed as CUDA graphs where it can be (module docstring);
+        its record is added to `history` (the function's: resume functions share it)."""
+        rec = CudaGraphRecord(graph_no, name)
+        history.cuda_graphs.append(rec)
+        rec.skipped = skip_reason(examples, interpreter, self.device_type)
+        return _GraphRunner(self, runner, rec, info, len(examples))
+
+
+class _GraphRunner:
+    def __init__(self, owner: CudaGraphs, runner: IRRunner, rec: CudaGraphRecord,
+                 info: GraphInfo, n_inputs: int):
+        self.owner, self.runner, self.rec, self.info = owner, runner, rec, info
+        self.recordings: dict[tuple[Any, ...], _Recording] = {}
+        self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
+        self.moved: set[int] = set()  # inputs that were static and moved: copied from now on
+        self.n_inputs = n_inputs
+
+    def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        rec = self.rec
+        if rec.skipped is not None or (torch.is_grad_enabled() and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)):
+            rec.plain += 1  # (autograd records the call: no recording takes it)
+            return self.runner(graph, inputs)
+        key = binding(inputs)
+        r = self.recordings.get(key)
+        if r is not None and not self._still_static(r, inputs):
+            self.moved.update(i for i, a in r.static if _address(inputs[i]) != a)
+            del self.recordings[key]
+            rec.rerecorded += 1
+            r = None
+        if r is None:
+            addrs = [_address(x) for x in inputs]
+            first = self.seen.get(key)
+            if first is None or len(self.recordings) >= self.owner.max_recordings:
+                if first is None:
+                    self.seen[key] = addrs
+                    rec.warmups += 1
+                else:
+                    rec.over_limit += 1
+                    rec.plain += 1
+                return self.runner(graph, inputs)
+            # static: same address at warm-up and now (parameters always), never moved
+            static = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                      and i not in self.moved
+                      and (isinstance(x, torch.nn.Parameter) or first[i] == addrs[i])]
+            got = self._record(graph, key, inputs, static)
+            if got is None:
+                return self.runner(graph, inputs)
+            r = got
+            self.recordings[key] = r
+            rec.recordings += 1
+            rec.bindings.append(_binding_text(key))
+            for i in r.copied:  # the recording did not run the graph: the first replay does
+                r.ins[i].copy_(inputs[i])
+        else:
+            for i in r.copied:
+                r.ins[i].copy_(inputs[i])
+        self.owner.recorder.replay(r.graph)
+        rec.replays += 1
+        return RunResult(self._outputs(r, inputs))
+
+    def _still_static(self, r: _Recording, inputs: Sequence[Any]) -> bool:
+        for i, a in r.static:
+            x = inputs[i]
+            if x.data_ptr() != a[0] or x.stride() != a[1]:  # type: ignore[index]
+                return False
+        return True
+
+    def _record(self, graph: str | None, key: tuple[Any, ...], inputs: Sequence[Any],
+                static: list[int]) -> _Recording | None:
+        rec = self.rec
+        ins: list[Any] = list(inputs)
+        copied = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
+                  and i not in static]
+        for i in copied:  # buffers the recording owns, laid out as the caller's
+            x = inputs[i]
+            ins[i] = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+            ins[i].copy_(x)
+        device = next(x.device for x in inputs if isinstance(x, torch.Tensor))
+        in_graph = {r: p for r, p in self.info.updates.items()
+                    if p in static and (self.info.visible is None or r not in self.info.visible)}
+
+        def body() -> list[Any]:
+            outs = list(self.runner(graph, ins).outputs)
+            for r, p in in_graph.items():
+                if r < len(outs) and isinstance(outs[r], torch.Tensor):
+                    ins[p].copy_(outs[r])  # the write-back, in the graph
+            return outs
+
+        try:
+            g, outs = self.owner.recorder.capture(body, device, ins)
+        except Exception as e:
+            rec.skipped = f"recording failed: {type(e).__name__}: {_first_line(e)}"
+            _sync(device)
+            return None
+        bad = [j for j, o in enumerate(outs) if not (
+            (isinstance(o, torch.Tensor) and o.device == device) or isinstance(o, SCALARS))]
+        if bad:
+            rec.skipped = f"result {bad[0]} is not a tensor on {device}"
+            return None
+        plan: list[tuple[str, int]] = []
+        storages = {ins[i].untyped_storage().data_ptr(): i for i in static}
+        for j, o in enumerate(outs):
+            if not isinstance(o, torch.Tensor):
+                plan.append(("same", 0))
+            elif j in in_graph:
+                plan.append(("input", in_graph[j]))
+            elif o.untyped_storage().data_ptr() in storages:
+                plan.append(("view", storages[o.untyped_storage().data_ptr()]))
+            else:  # pool memory, or a view of a copied input's buffer: both are overwritten
+                plan.append(("clone", 0))
+        return _Recording(key, g, ins, outs, static, copied, plan)
+
+    def _outputs(self, r: _Recording, inputs: Sequence[Any]) -> list[Any]:
+        out: list[Any] = []
+        cloned: dict[int, Any] = {}
+        for o, (how, i) in zip(r.outs, r.plan, strict=True):
+            if how == "clone":
+                c = cloned.get(id(o))
+                if c is None:
+                    c = cloned[id(o)] = o.clone()
+                out.append(c)
+            elif how == "input":
+                out.append(inputs[i])  # the write-back is done: the epilogue sees new is old
+            elif how == "view":
+                x = inputs[i]
+                out.append(x.as_strided(o.shape, o.stride(), o.storage_offset()))
+            else:
+                out.append(o)
+        return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else ""
+
+
+def _binding_text(key: tuple[Any, ...]) -> str:
+    parts = []
+    for k in key:
+        if k and isinstance(k[0], type):
+            parts.append(repr(k[1]))
+        else:
+            parts.append("[" + ", ".join(str(d) for d in k) + "]")
+    return "(" + ", ".join(parts) + ")"
