@@ -25,15 +25,25 @@ import importlib.util
 import os
 import sys
 import tempfile
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
 from ember.inductor.body import body_names
 from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
 from ember.inductor.launch import LoadedKernel, LoadError
 from ember.inductor.targets import TargetError, device_kind, graph_devices
+from ember.inductor.targets.cuda.launcher import (
+    Job,
+    KernelLoad,
+    LoadReport,
+    compile_and_bind,
+    unavailable,
+)
 from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
     Arg,
@@ -187,6 +197,9 @@ def schedule_cuda(module: Module) -> Module:
 # ---- the loader ------------------------------------------------------------------------------
 
 _LOADED: dict[str, Any] = {}  # source digest -> its module's launch function
+# (source digest, warmup arguments, device) -> the bound launch past the JIT (launcher.py)
+_BOUND: dict[tuple[Any, ...], Any] = {}
+_REPORTS: dict[int, tuple[weakref.ref[Module], LoadReport]] = {}  # id(module) -> its last load
 
 
 def _interpreting() -> bool:
@@ -221,39 +234,110 @@ def _write(source: str, digest: str) -> Path:
     return path
 
 
+def _signatures(m: Module) -> dict[str, tuple[tuple[Any, ...], int] | str]:
+    """Per kernel, the warmup arguments of its calls (torch dtypes of its buffers, then one int
+    per size argument) and their cuda device index; or why it has none (no call, calls on cpu
+    or with different types: those keep the JIT path)."""
+    out: dict[str, tuple[tuple[Any, ...], int] | str] = {}
+    for g in m.graphs.values():
+        for n in g.nodes:
+            if n.op != "kernels.call" or not isinstance(n.args[0], Ref):
+                continue
+            dev = str(n.kwargs.get("device", "cpu"))
+            types = [a.type for a in n.args[1:] if isinstance(a, Value)] + \
+                [r.type for r in n.results]
+            sizes = n.kwargs.get("sizes")
+            sig: tuple[tuple[Any, ...], int] | str
+            if device_kind(dev) != "cuda":
+                sig = f"a call on {dev}"
+            elif len(types) != len(n.args) - 1 + len(n.results) or \
+                    not all(isinstance(t, TensorType) for t in types):
+                sig = "a call with a non-tensor argument"
+            else:
+                idx = dev.partition(":")[2]
+                sig = (tuple(t.dtype.torch for t in types)  # type: ignore[union-attr]
+                       + (2,) * (len(sizes) if isinstance(sizes, list) else 0),
+                       int(idx) if idx.isdigit() else -1)
+            have = out.setdefault(n.args[0].name, sig)
+            if have != sig:
+                out[n.args[0].name] = "calls with different types or devices"
+    return out
+
+
 def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
-    """The `triton` loader: kernel name -> its launch(in..., out...) (ABI "tensor")."""
+    """The `triton` loader: kernel name -> its launch(in..., out...) (ABI "tensor"): on cuda
+    the block's bound launch past Triton's JIT, its kernel compiled here (launcher.py; the
+    module's kernels in parallel), else its `launch()`."""
     try:
         import triton  # noqa: F401
     except ImportError as e:
         raise LoadError(f"triton kernels need the triton package ({e})") from None
     table: dict[str, LoadedKernel] = {}
     on_cpu = _on_cpu(m) if not _interpreting() else set()
+    report = LoadReport()
+    why_not = unavailable(_interpreting())
+    sigs = _signatures(m) if why_not is None else {}
+    jobs: list[Job] = []
+    keys: dict[str, tuple[Any, ...]] = {}
     for k in blocks:
         if k.name in on_cpu:
             raise LoadError(f"kernel @{k.name}: triton kernels run on cpu tensors only in "
                             f"Triton's interpreter (set TRITON_INTERPRET=1 before starting)")
         digest = hashlib.sha256(f"{_interpreting()}\0{k.source}".encode()).hexdigest()[:32]
-        fn = _LOADED.get(digest)
-        if fn is None:
-            path = _write(k.source, digest)
-            modname = f"ember_triton_{digest}"
-            spec = importlib.util.spec_from_file_location(modname, path)
-            if spec is None or spec.loader is None:
-                raise LoadError(f"kernel @{k.name}: cannot import {path}")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = mod  # triton.jit looks its function's module up
-            try:
-                spec.loader.exec_module(mod)
-            except Exception as e:
-                sys.modules.pop(modname, None)
-                raise LoadError(f"kernel @{k.name}: {type(e).__name__}: {e}") from None
-            fn = getattr(mod, "launch", None)
-            if not callable(fn):
-                raise LoadError(f"kernel @{k.name}: its source defines no launch()")
-            _LOADED[digest] = fn
+        fn = _import(k, digest)
+        sig = sigs.get(k.name, why_not or "no call of it")
+        mod = sys.modules.get(f"ember_triton_{digest}")
+        if isinstance(sig, str) or mod is None or not callable(getattr(mod, "bind", None)):
+            report.kernels[k.name] = KernelLoad(False, sig if isinstance(sig, str)
+                                                else "its block has no bind()")
+        else:
+            args, dev = sig
+            dev = torch.cuda.current_device() if dev < 0 else dev
+            key = keys[k.name] = (digest, args, dev)
+            bound = _BOUND.get(key)
+            if bound is not None:
+                fn = bound
+                report.kernels[k.name] = KernelLoad(True, "", 0.0)
+            else:
+                jobs.append(Job(k.name, mod, args, dev, len(args)))
         table[k.name] = LoadedKernel(fn, "tensor")
+    for name, fast in compile_and_bind(jobs, report).items():
+        _BOUND[keys[name]] = fast
+        table[name] = LoadedKernel(fast, "tensor")
+    for dead in [i for i, (ref, _) in _REPORTS.items() if ref() is None]:
+        del _REPORTS[dead]
+    _REPORTS[id(m)] = (weakref.ref(m), report)
     return table
 
 
-__all__ = ["LANG", "codegen_triton", "load_triton", "schedule_cuda"]
+def load_report(m: Module) -> LoadReport | None:
+    """How the module's Triton kernels were loaded (its last load in this process): which
+    launch past the JIT, and the compile time."""
+    got = _REPORTS.get(id(m))
+    return got[1] if got is not None and got[0]() is m else None
+
+
+def _import(k: Kernel, digest: str) -> Any:
+    """The block's launch() (its module imported once per source)."""
+    fn = _LOADED.get(digest)
+    if fn is None:
+        path = _write(k.source, digest)
+        modname = f"ember_triton_{digest}"
+        spec = importlib.util.spec_from_file_location(modname, path)
+        if spec is None or spec.loader is None:
+            raise LoadError(f"kernel @{k.name}: cannot import {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[modname] = mod  # triton.jit looks its function's module up
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            sys.modules.pop(modname, None)
+            raise LoadError(f"kernel @{k.name}: {type(e).__name__}: {e}") from None
+        fn = getattr(mod, "launch", None)
+        if not callable(fn):
+            raise LoadError(f"kernel @{k.name}: its source defines no launch()")
+        _LOADED[digest] = fn
+    return fn
+
+
+__all__ = ["LANG", "codegen_triton", "load_report", "load_triton", "schedule_cuda"]

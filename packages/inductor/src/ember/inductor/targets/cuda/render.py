@@ -35,6 +35,7 @@ import torch
 
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
+from ember.inductor.targets.cuda.launcher import bind_source
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
 
@@ -647,11 +648,14 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     xn_t = w.sz(xn)
     sym = kernel_symbol(name)
     sched: dict[str, int] = {}
+    # sizes are run-time int64s on the GPU, not specialized by value (one binary for every
+    # size, so launcher.py binds it once); the interpreter's range() takes only Python ints,
+    # so there they are constexpr
+    jit = "@triton.jit" if interpret or not w.sizes else \
+        f"@triton.jit(do_not_specialize={tuple(w.sizes)!r})"
     head = [f"# ember triton kernel {safe_text('@' + short(name))}: "
-            f"{safe_text(node.op)} over {ranges}", prelude(interpret), "", "@triton.jit"]
-    # sizes are run-time ints on the GPU (one compile for every size); the interpreter's
-    # range() takes only Python ints, so there they are constexpr
-    sizes = [f"{s}: tl.constexpr" if interpret else s for s in w.sizes]
+            f"{safe_text(node.op)} over {ranges}", prelude(interpret), "", jit]
+    sizes = [f"{s}: tl.constexpr" if interpret else f"{s}: tl.int64" for s in w.sizes]
     params = ", ".join([*ins, *outs, *sizes, "XBLOCK: tl.constexpr"])
     w.emit(0, f"def {sym}({params}):")
     pid = "tl.program_id(0)" + (".to(tl.int64)" if w.wide else "")
@@ -731,17 +735,22 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     args = ", ".join([*ins, *outs, *w.sizes])
     launch = ["", "", f"SCHEDULE = {sched!r}", "", "", f"def launch({args}):"]
     grid = str(sched["grid"])
+    grid_lines = [f"    grid = {grid}"]
     if not static:  # the grid from the sizes the call passes (Python: products and sums)
         py = str(xn)
         if not set(py) <= _PY_SIZE | set("s"):
             raise CodegenError(f"a grid over {short(py)} (products and sums of sizes only)")
-        launch += [f"    grid = (({py}) + {sched['XBLOCK']} - 1) // {sched['XBLOCK']}",
-                   "    if grid <= 0:", "        return None  # no elements"]
+        grid_lines = [f"    grid = (({py}) + {sched['XBLOCK']} - 1) // {sched['XBLOCK']}",
+                      "    if grid <= 0:", "        return None  # no elements"]
+        launch += grid_lines
         grid = "grid"
     launch += [f"    {sym}[({grid},)]({args}, XBLOCK={sched['XBLOCK']}, "
                f"num_warps={sched['num_warps']})", ""]
     if static and (xn == 0 or sched["grid"] == 0):
-        launch[-2] = "    return None  # no elements"
+        launch[-2] = grid_lines[0] = "    return None  # no elements"
+    if not interpret:  # the launch past Triton's JIT (launcher.py)
+        launch.append(bind_source(sym, [*ins, *outs], w.sizes, grid_lines, sched["XBLOCK"],
+                                  sched["num_warps"]))
     return Rendered("\n".join([*head, *w.lines, *launch]), sched, w.sizes)
 
 

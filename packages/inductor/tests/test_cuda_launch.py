@@ -1,0 +1,198 @@
+"""The CUDA target's launch path past Triton's JIT and its parallel compile (launcher.py).
+
+Without a GPU: the GPU form of kernel blocks (code generation only, `inductor-cuda` on graphs
+typed @cuda:0) is imported in Triton's interpreter and its `bind()` driven with a recording
+launcher: an aligned call reaches the launcher with the grid, stream, the binary's handles and
+the buffers' addresses (never Triton's JIT); a misaligned view or another current device goes
+through `launch()` (the JIT; here the interpreter, checked against eager). `compile_and_bind`
+runs with fake compiled binaries. With CUDA (the device): the loaded kernels are the bound
+launch, and results, misaligned inputs included, match eager.
+"""
+
+from __future__ import annotations
+
+import os
+
+# the device run sets EMBER_TEST_CUDA=1: real launches there, the interpreter everywhere else
+CUDA = os.environ.get("EMBER_TEST_CUDA") == "1"
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import contextlib  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.inductor  # noqa: E402,F401
+from ember.capture import capture  # noqa: E402
+from ember.inductor.targets.cuda import codegen, launcher  # noqa: E402
+from ember.ir import Kernel, Module, parse  # noqa: E402
+from ember.ir.passes import run_pipeline  # noqa: E402
+
+CPU_ONLY = pytest.mark.skipif(CUDA, reason="the interpreter's tests (EMBER_TEST_CUDA=1 is set)")
+
+
+def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * 2.0 + y) - y.abs()
+
+
+def gpu_module(f: Any, *args: torch.Tensor) -> Module:
+    """The GPU form of f's compiled module (code generation only: graphs typed @cuda:0)."""
+    text = str(capture(f, args, {}).module)
+    retyped = re.sub(r"((?:f32|f16|i64)\[[^\]]*\])(?!@)", r"\1@cuda:0", text)
+    return run_pipeline(parse(retyped), "decompose,cse,dce,inductor-cuda")
+
+
+def block_module(k: Kernel) -> Any:
+    digest = codegen.hashlib.sha256(f"gpu-form\0{k.source}".encode()).hexdigest()[:32]
+    codegen._import(k, digest)
+    return sys.modules[f"ember_triton_{digest}"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def __call__(self, *args: Any) -> None:
+        self.calls.append(args)
+
+
+def bound(k: Kernel, device: int = 0, current: int = 0) -> tuple[Any, Recorder]:
+    run = Recorder()
+    fast = block_module(k).bind(run, "FUNCTION", "META", (False, True), device,
+                                lambda d: 1000 + d, lambda: current)
+    return fast, run
+
+
+@CPU_ONLY
+def test_aligned_call_goes_to_the_launcher_not_the_jit() -> None:
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    (k,) = gpu_module(fn, x, y).kernels.values()
+    assert "def bind(" in k.source and "def warmup(" in k.source
+    fast, run = bound(k)
+    out = torch.full((8, 16), 7.0)
+    assert fast(x, y, out) is None
+    (call,) = run.calls
+    sched = k.source.split("SCHEDULE = ")[1].splitlines()[0]
+    xblock = int(re.search(r"'XBLOCK': (\d+)", sched).group(1))  # type: ignore[union-attr]
+    assert call == (1, 1, 1, 1000, "FUNCTION", False, True, None, None, "META", None, None,
+                    None, x.data_ptr(), y.data_ptr(), out.data_ptr(), xblock)
+    assert bool((out == 7.0).all())  # nothing ran but the (recording) launcher
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("why", ["misaligned", "device"])
+def test_misaligned_view_or_other_device_runs_the_jit(why: str) -> None:
+    base = torch.randn(8 * 16 + 1)
+    x = base[1:].view(8, 16) if why == "misaligned" else base[:-1].view(8, 16)
+    y = torch.randn(8, 16)
+    assert (x.data_ptr() % 16 != 0) == (why == "misaligned")
+    (k,) = gpu_module(fn, x.clone(), y).kernels.values()
+    fast, run = bound(k, current=0 if why == "misaligned" else 1)
+    out = torch.empty(8, 16)
+    fast(x, y, out)  # launch(): Triton's JIT, here its interpreter
+    assert not run.calls
+    torch.testing.assert_close(out, fn(x, y))
+
+
+@CPU_ONLY
+def test_symbolic_sizes_are_int64_unspecialized_and_set_the_grid() -> None:
+    from packages.inductor.tests.test_symbolic_kernels import GRAPHS, SYMS
+    text = "ember.ir 1.0\n\n" + SYMS.format(h0=8, h1=16) + GRAPHS["pointwise"] + "\n"
+    retyped = re.sub(r"((?:f32|i64)\[[^\]]*\])(?!@)", r"\1@cuda:0", text)
+    m = run_pipeline(parse(retyped), "decompose,cse,dce,inductor-cuda")
+    ks = [k for k in m.kernels.values() if "grid = ((" in k.source]
+    assert ks
+    k = ks[0]
+    sizes = re.findall(r"\bs\d+: tl\.int64", k.source)
+    assert sizes and "do_not_specialize=(" in k.source
+    sig = codegen._signatures(m)[k.name]
+    assert isinstance(sig, tuple) and sig[1] == 0
+    assert sig[0][-len(sizes):] == (2,) * len(sizes)
+    nbuf = len(sig[0]) - len(sizes)
+    fast, run = bound(k)
+    bufs = [torch.empty(0) for _ in range(nbuf)]
+    assert fast(*bufs, *[0] * len(sizes)) is None and not run.calls  # no elements
+    fast(*[torch.empty(4) for _ in range(nbuf)], *[3] * len(sizes))
+    (call,) = run.calls
+    assert call[0] >= 1 and call[-1 - len(sizes):-1] == (3,) * len(sizes)
+
+
+def fake_binary(nargs: int, scratch: int = 0) -> Any:
+    launch = SimpleNamespace(launch=Recorder(), global_scratch_size=scratch,
+                             profile_scratch_size=0, num_ctas=1,
+                             launch_cooperative_grid=False, launch_pdl=False)
+    return SimpleNamespace(run=launch, function=5, packed_metadata=(4, 1, 0),
+                           src=SimpleNamespace(signature={i: "x" for i in range(nargs + 1)}))
+
+
+@CPU_ONLY
+def test_compile_and_bind_compiles_in_parallel_and_keeps_failures_on_the_jit() -> None:
+    def module(binary: Any) -> Any:
+        def warmup(*args: Any) -> Any:
+            if isinstance(binary, Exception):
+                raise binary
+            return binary
+
+        def bind(run: Any, function: Any, meta: Any, *rest: Any) -> Any:
+            return ("bound", run, function, meta)
+        return SimpleNamespace(warmup=warmup, bind=bind)
+
+    jobs = [launcher.Job("ok", module(fake_binary(3)), (torch.float32,) * 3, 0, 3),
+            launcher.Job("bad", module(ValueError("boom")), (torch.float32,), 0, 1),
+            launcher.Job("scratch", module(fake_binary(2, scratch=64)), (torch.float32,) * 2,
+                         0, 2),
+            launcher.Job("arity", module(fake_binary(1)), (torch.float32,) * 2, 0, 2)]
+    report = launcher.LoadReport()
+    out = launcher.compile_and_bind(jobs, report, workers=4,
+                                    device=lambda d: contextlib.nullcontext(), init=lambda: None)
+    assert set(out) == {"ok"} and out["ok"][0] == "bound" and out["ok"][2] == 5
+    ks = report.kernels
+    assert ks["ok"].fast and not ks["bad"].fast and "boom" in ks["bad"].why
+    assert "scratch" in ks["scratch"].why and "signature" in ks["arity"].why
+    s = report.summary()
+    assert s["kernels"] == 4 and s["fast"] == 1 and s["workers"] == 4
+
+
+@CPU_ONLY
+def test_interpreter_loads_keep_the_jit_with_the_reason() -> None:
+    assert launcher.unavailable(True) == "Triton's interpreter"
+    x = torch.randn(4, 8)
+    m = run_pipeline(capture(lambda a: torch.relu(a) * 2, (x,), {}).module,  # type: ignore[arg-type]
+                     "decompose,cse,dce,inductor-cuda-interpret")
+    table = codegen.load_triton(m, list(m.kernels.values()))
+    report = codegen.load_report(m)
+    assert report is not None and report.kernels
+    assert all(not k.fast and k.why == "Triton's interpreter" for k in report.kernels.values())
+    for k in table.values():
+        assert k.fn.__name__ == "launch"
+
+
+@pytest.mark.skipif(not (CUDA and torch.cuda.is_available()),
+                    reason="needs CUDA (run on the device with EMBER_TEST_CUDA=1)")
+def test_cuda_kernels_launch_past_the_jit_and_match_eager() -> None:
+    from ember.inductor.backend import compiled_runner
+    from ember.inductor.launch import load_module
+    assert launcher.unavailable(False) is None
+    x, y = torch.randn(64, 300, device="cuda"), torch.randn(64, 300, device="cuda")
+
+    def g(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return fn(a, b), torch.softmax(a * b, -1)
+    c = capture(g, (x, y), {})
+    m = run_pipeline(c.module, "decompose,cse,dce,inductor-cuda")  # type: ignore[arg-type]
+    table = load_module(m)
+    report = codegen.load_report(m)
+    assert report is not None and report.kernels
+    assert all(k.fast for k in report.kernels.values()), report.summary()
+    assert all(k.fn.__name__ == "fast" for k in table.values())
+    run = compiled_runner(m)
+    for a in (x, torch.randn(64 * 300 + 1, device="cuda")[1:].view(64, 300)):  # misaligned
+        got = run(None, [a, y]).outputs
+        for o, w in zip(got, g(a, y), strict=True):
+            torch.testing.assert_close(o, w)
