@@ -21,7 +21,12 @@ short still reports what it did; `--budget S` stops starting new work after S se
    built from configs, timm/torchvision CNNs where installed. Correctness (relative error of
    ember's and torch.compile's outputs against eager's), cold compile seconds, median ms, and
    what ember ran (graphs, Triton kernels, externs, kernels left to the reference, fallbacks).
-5. **opdb**: the op database's "triton kernel" check (packages/inductor/tests/
+5. **launch**: the per-call cost of the launch path on tiny models (host-bound: a few
+   microseconds of GPU work per call): eager vs torch.compile vs ember, host wall time per call
+   over many calls (synchronized at the end) and do_bench's median; and per Triton kernel, the
+   host cost of one launch through ember's bound launcher (targets/cuda/launcher.py) vs through
+   Triton's JIT (the block's launch()) vs one eager torch op.
+6. **opdb**: the op database's "triton kernel" check (packages/inductor/tests/
    opdb_triton_check.py) on cuda: every family in a process pool, EXAMPLES draws each, plus a
    bf16 pass (each drawn sample's f32 tensors cast to bf16).
 """
@@ -143,6 +148,10 @@ def what_ran(cf: Any) -> dict[str, Any]:
     out["on_reference"] = {name: str(g.attrs["triton_fallback"])[:160]
                            for name, g in m.items.items()
                            if isinstance(g, Graph) and "triton_fallback" in g.attrs}
+    from ember.inductor.targets.cuda.codegen import load_report
+    report = load_report(m)
+    if report is not None:  # how the kernels launch (past the JIT or not), compile seconds
+        out["launch"] = report.summary()
     return out
 
 
@@ -359,7 +368,85 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> di
     return row
 
 
-# ---- 5. the op database's Triton column on cuda ----------------------------------------------
+# ---- 5. launch overhead ----------------------------------------------------------------------
+
+def host_us(fn: Callable[[], Any], n: int = 2000) -> float:
+    """Host wall time per call over n calls, synchronized once at the end (for calls whose GPU
+    work is shorter than their launch cost, this is the launch path's cost)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def tiny_one(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x * 2.0 + 1.0)
+
+
+def tiny_chain(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    for _ in range(8):  # 8 matmuls (externs) and 8 pointwise kernels
+        x = torch.tanh(x @ w) * 0.5 + x
+    return x
+
+
+def launch_cases() -> list[tuple[str, Callable[..., Any], tuple[torch.Tensor, ...]]]:
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda")
+    return [("one_kernel", tiny_one, (r(64, 64),)),
+            ("chain8", tiny_chain, (r(16, 64), r(64, 64) / 8)),
+            ("softmax_small", softmax, (r(32, 128),))]
+
+
+def run_launch() -> list[dict[str, Any]]:
+    import ember.runtime
+    rows: list[dict[str, Any]] = []
+    for case, fn, args in launch_cases():
+        row: dict[str, Any] = {"section": "launch", "case": case}
+        with torch.no_grad():
+            want = fn(*args)
+            cf = ember.runtime.compile(fn, dynamic=False)
+            got = cf(*args)
+            tc = torch.compile(fn)
+            tgot = tc(*args)
+            torch.cuda.synchronize()
+            row["ok"] = bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)) and \
+                bool(torch.allclose(tgot, want, atol=1e-4, rtol=1e-4))
+            row.update(what_ran(cf))
+            for who, f in (("eager", fn), ("tc", tc), ("ember", cf)):
+                row[f"{who}_host_us"] = round(host_us(lambda f=f, a=args: f(*a)), 2)  # type: ignore[misc]
+                row[f"{who}_ms"] = bench(lambda f=f, a=args: f(*a))  # type: ignore[misc]
+            m = compiled_module(cf)
+            if case == "one_kernel" and m is not None and len(m.kernels) == 1:
+                row.update(kernel_launch_costs(m, args[0], want))
+        emit(row)
+        rows.append(row)
+    return rows
+
+
+def kernel_launch_costs(m: Any, x: torch.Tensor, want: torch.Tensor) -> dict[str, Any]:
+    """One Triton kernel launched alone: through the bound launcher (the loaded kernel), through
+    Triton's JIT (the block's launch()), and one eager op of the same size, in host us."""
+    from ember.inductor.launch import load_module
+    (name,) = m.kernels
+    fast = load_module(m)[name].fn
+    jit = getattr(sys.modules.get(getattr(fast, "__module__", "")), "launch", None)
+    out = torch.empty_like(want)
+    res: dict[str, Any] = {"kernel_fn": getattr(fast, "__name__", "?")}
+    res["bound_launch_us"] = round(host_us(lambda: fast(x, out), 5000), 2)
+    res["bound_ok"] = bool(torch.allclose(out, want))
+    if callable(jit) and jit is not fast:
+        out.zero_()
+        res["jit_launch_us"] = round(host_us(lambda: jit(x, out), 5000), 2)
+        res["jit_ok"] = bool(torch.allclose(out, want))
+    res["eager_op_us"] = round(host_us(lambda: torch.relu(x, out=out), 5000), 2)
+    return res
+
+
+# ---- 6. the op database's Triton column on cuda ----------------------------------------------
 
 def _bf16(s: Any) -> Any:
     from ember.testing.opdb import Sample
@@ -461,11 +548,12 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
         lines += ["", "## Models (bf16, random weights, inference)", "",
                   "| model | ember rel err vs eager | tc rel err vs eager | eager ms | tc ms | "
                   "ember ms | tc speedup | ember speedup | tc compile s | ember compile s | "
-                  "Triton kernels | on reference | fallbacks |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "ember kernel compile s (wall) | Triton kernels | past the JIT | "
+                  "on reference | fallbacks |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in ms_:
             if "skipped" in r:
-                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 11)
+                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 13)
                 continue
 
             def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
@@ -475,7 +563,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 f"| {r['model']} | {f('ember_vs_eager')} | {f('tc_vs_eager')} | "
                 f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
                 f"{f('ember_speedup')} | {f('tc_compile_s')} | {f('ember_compile_s')} | "
-                f"{r.get('triton_kernels', '')} | {len(r.get('on_reference', {}))} | "
+                f"{r.get('launch', {}).get('compile_wall_s', '')} | "
+                f"{r.get('triton_kernels', '')} | {r.get('launch', {}).get('fast', '')} | "
+                f"{len(r.get('on_reference', {}))} | "
                 f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''} |")
         sp = [(r["tc_speedup"], r.get("ember_speedup")) for r in ms_ if "tc_speedup" in r]
         if sp and all(e for _, e in sp):
@@ -483,6 +573,25 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
             g_em = math.exp(sum(math.log(e) for _, e in sp if e) / len(sp))
             lines += ["", f"Geomean speedup over eager ({len(sp)} models): torch.compile "
                           f"{g_tc:.2f}x, ember {g_em:.2f}x."]
+    ls = [r for r in rows if r["section"] == "launch"]
+    if ls:
+        lines += ["", "## Per-call cost on tiny models (host us per call, many calls, one "
+                  "synchronize; do_bench ms)", "",
+                  "| case | ok | Triton kernels | eager us | tc us | ember us | eager ms | tc ms | "
+                  "ember ms | kernels past the JIT |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in ls:
+            la = r.get("launch", {})
+            lines.append(f"| {r['case']} | {r.get('ok')} | {r.get('triton_kernels')} | "
+                         f"{r.get('eager_host_us')} | {r.get('tc_host_us')} | "
+                         f"{r.get('ember_host_us')} | {r.get('eager_ms', 0):.4f} | "
+                         f"{r.get('tc_ms', 0):.4f} | {r.get('ember_ms', 0):.4f} | "
+                         f"{la.get('fast')}/{la.get('kernels')} |")
+        for r in ls:
+            if "bound_launch_us" in r:
+                lines += ["", f"One Triton kernel launched alone (host us per launch): ember's "
+                              f"bound launcher {r['bound_launch_us']} (ok {r.get('bound_ok')}), "
+                              f"Triton's JIT {r.get('jit_launch_us')} (ok {r.get('jit_ok')}), "
+                              f"one eager torch op {r.get('eager_op_us')}."]
     ops = [r for r in rows if r["section"] == "opdb"]
     if ops:
         lines += ["", "## The op database's Triton column on cuda (real launches; each drawn "
@@ -502,7 +611,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; no new work after")
-    ap.add_argument("--sections", default="copy,kernels,variants,models,opdb")
+    ap.add_argument("--sections", default="copy,kernels,variants,launch,models,opdb")
     ap.add_argument("--examples", type=int, default=2, help="opdb draws per family")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--models", default="", help="comma-separated model names (default all)")
@@ -514,7 +623,9 @@ def main() -> int:
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "ember commit": os.environ.get("EMBER_COMMIT", "?")}
+           "ember commit": os.environ.get("EMBER_COMMIT", "?"),
+           "cpus": str(os.cpu_count()),
+           "triton cache": os.environ.get("TRITON_CACHE_DIR", "default (~/.triton/cache)")}
     emit({"section": "env", **env})
     sections = a.sections.split(",")
     rows: list[dict[str, Any]] = []
@@ -540,6 +651,13 @@ def main() -> int:
                 src = sources.get((case, dtype))
                 if src and elapsed() < a.budget:
                     rows += run_variants(case, dtype, src, copy_tbs)
+    if "launch" in sections and elapsed() < a.budget:
+        try:
+            rows += run_launch()
+        except Exception as e:  # noqa: BLE001
+            row = {"section": "launch", "case": "?", "error": f"{type(e).__name__}: {e}"[:300],
+                   "trace": traceback.format_exc(limit=6)}
+            emit(row)
     torch.cuda.empty_cache()
     pool_rows: list[dict[str, Any]] = []
     if "opdb" in sections:  # in the background while the models run (mostly CPU: compiles)

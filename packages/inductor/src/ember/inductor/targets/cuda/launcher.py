@@ -27,7 +27,6 @@ reason kept in `LoadReport`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +148,10 @@ def _compile(job: Job, device: Callable[[int], AbstractContextManager[Any]]
     t0 = time.perf_counter()
     with device(job.device):  # the compile's target and the thread's device
         binary = job.module.warmup(*job.args)
+        if binary is not None and not hasattr(binary, "result"):
+            # load it on the device and build its C launcher (gcc, once per signature, into
+            # Triton's cache): in the pool too
+            binary.run  # noqa: B018
     return binary, time.perf_counter() - t0
 
 
@@ -158,7 +161,7 @@ def _bind(job: Job, binary: Any, device: Callable[[int], AbstractContextManager[
     if binary is None or hasattr(binary, "result"):  # a compile hook took it / async mode
         raise ValueError("Triton returned no compiled kernel")
     with device(job.device):
-        launcher = binary.run  # loads the binary on the device (its handles, once)
+        launcher = binary.run  # loaded by _compile (its handles, once)
     sig = getattr(getattr(binary, "src", None), "signature", None)
     if not isinstance(sig, dict) or len(sig) != job.nargs + 1:
         raise ValueError("the binary's signature is not the block's (buffers, sizes, XBLOCK)")
@@ -182,7 +185,8 @@ def _init_driver() -> None:
 def compile_and_bind(jobs: list[Job], report: LoadReport, workers: int | None = None, *,
                      device: Callable[[int], AbstractContextManager[Any]] = torch.cuda.device,
                      init: Callable[[], None] = _init_driver) -> dict[str, Callable[..., Any]]:
-    """Compile every job's kernel (a thread pool of `workers`, default the CPU count up to 32)
+    """Compile every job's kernel (a thread pool of `workers`, default EMBER_COMPILE_JOBS or
+    the CPU count, at most 32)
     and bind its fast launch; a kernel that fails either keeps the JIT path, the reason in
     `report` (a compile error then surfaces at its first call, as before). `device` and `init`
     are the CUDA device context and the driver's initialisation (tests replace them)."""
@@ -190,7 +194,10 @@ def compile_and_bind(jobs: list[Job], report: LoadReport, workers: int | None = 
     if not jobs:
         return out
     init()
-    n = max(1, min(len(jobs), workers or min(32, os.cpu_count() or 1)))
+    if workers is None:
+        from ember.inductor.targets.cpu.cache import jobs as compile_jobs
+        workers = min(32, compile_jobs())
+    n = max(1, min(len(jobs), workers))
     t0 = time.perf_counter()
     results: dict[str, tuple[Any, float] | BaseException] = {}
     if n == 1:
