@@ -17,6 +17,7 @@ import torch
 
 from ember.capture.errors import UserError, unhandled
 from ember.capture.lookups import guard_class_attr
+from ember.capture.mro import MISSING, lookup, lookup_type_attr
 from ember.capture.side_effects import module_attr_writable
 from ember.capture.sources import AttrSource, HeldSource, ModuleMemberSource
 from ember.capture.torchcalls import run_real
@@ -42,7 +43,6 @@ from ember.capture.wrap import already_wrapped, is_trusted_module
 if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
 
-_MISSING = object()
 # Tensor attributes that are not graph values.
 _TENSOR_REFUSED = {"grad": "reading .grad", "grad_fn": "reading .grad_fn",
                    "_base": "reading ._base (views come with capture part 2)",
@@ -52,22 +52,6 @@ _TENSOR_REFUSED = {"grad": "reading .grad", "grad_fn": "reading .grad_fn",
                    "retain_grad": "retain_grad()", "register_hook": "tensor hooks",
                    "register_post_accumulate_grad_hook": "tensor hooks",
                    "backward": "backward() inside a compiled function"}
-
-
-def lookup_type_attr(cls: type, name: str) -> Any:
-    """The raw attribute `name` of a class, found along its MRO without invoking descriptors."""
-    for klass in cls.__mro__:
-        d = klass.__dict__
-        if name in d:
-            return d[name]
-    return None
-
-
-def _lookup(cls: type, name: str) -> Any:
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return _MISSING
 
 
 def getattr_var(tx: Tracer, obj: Var, name: str) -> Var:
@@ -95,8 +79,8 @@ def getattr_var(tx: Tracer, obj: Var, name: str) -> Var:
                     return obj.items[idx[0]]
     if isinstance(obj, TupleVar | ListVar | DictVar | SetVar):
         cls = obj.python_type()
-        f = _lookup(cls, name)
-        if f is _MISSING:
+        f = lookup(cls, name)
+        if f is MISSING:
             raise UserError(AttributeError(f"'{cls.__name__}' object has no attribute {name!r}"))
         if isinstance(f, types.FunctionType | classmethod | staticmethod):
             return _bind_class_attr(tx, obj, cls, name, f)  # a namedtuple's _replace, _make
@@ -143,8 +127,8 @@ def _tensor_attr(tx: Tracer, obj: TensorVar, name: str) -> Var:
     tx.recorder.observed.add(id(obj.fake))
     if name in _TENSOR_REFUSED:
         raise unhandled(f"{_TENSOR_REFUSED[name]} of a tensor")
-    f = _lookup(torch.Tensor, name)
-    if f is _MISSING:
+    f = lookup(torch.Tensor, name)
+    if f is MISSING:
         raise UserError(AttributeError(f"'Tensor' object has no attribute {name!r}"))
     if isinstance(f, types.FunctionType | types.MethodDescriptorType |
                   types.WrapperDescriptorType | types.BuiltinFunctionType | staticmethod |
@@ -167,7 +151,7 @@ def _const_attr(tx: Tracer, obj: ConstVar, name: str) -> Var:
             src = AttrSource(obj.source, name)
         return tx.wrap(res, src)
     if isinstance(v, type):
-        raw = _lookup(v, name)
+        raw = lookup(v, name)
         if isinstance(raw, types.FunctionType | classmethod | staticmethod | property):
             guard_class_attr(tx, v, name)  # `Cls.method` patched on the class
         if isinstance(raw, types.FunctionType):  # an unbound function of a class
@@ -207,8 +191,8 @@ def _object_attr(tx: Tracer, obj: ObjectVar, name: str, generic: bool = False) -
     if name == "__dict__" and not isinstance(value, torch.nn.Module) and isinstance(
             getattr(value, "__dict__", None), dict):
         return _instance_dict(tx, obj)
-    cls_attr = _lookup(cls, name)
-    if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
+    cls_attr = lookup(cls, name)
+    if cls_attr is not MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property):
             guard_class_attr(tx, cls, name)  # a property replaced on the class
             if cls_attr.fget is None:
@@ -223,7 +207,7 @@ def _object_attr(tx: Tracer, obj: ObjectVar, name: str, generic: bool = False) -
             t = value.__dict__.get(table)
             if t is not None and name in t:
                 return tx.wrap(t[name], ModuleMemberSource(src, table, name) if src else None)
-    if cls_attr is not _MISSING:
+    if cls_attr is not MISSING:
         if hasattr(type(cls_attr), "__get__"):  # a method: patched on the class, or shadowed
             guard_class_attr(tx, cls, name, src, value)
         return _bind_class_attr(tx, obj, cls, name, cls_attr)
@@ -281,15 +265,15 @@ def _new_object_attr(tx: Tracer, obj: NewObjectVar, name: str, generic: bool = F
         return DictVar(dict(obj.attrs))
     if name == "__class__":
         return ConstVar(obj.cls)
-    cls_attr = _lookup(obj.cls, name)
-    if cls_attr is not _MISSING and _is_data_descriptor(cls_attr):
+    cls_attr = lookup(obj.cls, name)
+    if cls_attr is not MISSING and _is_data_descriptor(cls_attr):
         if isinstance(cls_attr, property) and cls_attr.fget is not None:
             guard_class_attr(tx, obj.cls, name)
             return tx.call(_fn_var(tx, cls_attr.fget), [obj])
         raise unhandled(f"descriptor {name!r} of a new {obj.cls.__qualname__}")
     if name in obj.attrs:
         return obj.attrs[name]
-    if cls_attr is not _MISSING:
+    if cls_attr is not MISSING:
         guard_class_attr(tx, obj.cls, name)
         return _bind_class_attr(tx, obj, obj.cls, name, cls_attr)
     getattr_fn = lookup_type_attr(obj.cls, "__getattr__")
@@ -354,7 +338,7 @@ def hasattr_var(tx: Tracer, obj: Var, name: str) -> bool:
 def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
     """`obj.name = value`: only objects made during capture can be written."""
     if isinstance(obj, NewObjectVar):
-        cls_attr = _lookup(obj.cls, name)
+        cls_attr = lookup(obj.cls, name)
         if isinstance(cls_attr, property):
             if cls_attr.fset is None:
                 raise UserError(AttributeError(f"can't set attribute {name!r}"))
@@ -381,7 +365,7 @@ def setattr_var(tx: Tracer, obj: Var, name: str, value: Var) -> None:
         key = (id(obj.value), name)
         if key not in writes:
             d = obj.value.__dict__
-            writes[key] = (obj.value, value, d[name] if name in d else _MISSING)
+            writes[key] = (obj.value, value, d[name] if name in d else MISSING)
         else:
             writes[key] = (obj.value, value, writes[key][2])
         return
@@ -418,4 +402,4 @@ def _plain_slot(value: Any, name: str) -> bool:
         return False
     if lookup_type_attr(cls, "__setattr__") is not object.__setattr__:
         return False
-    return _lookup(cls, name) is _MISSING or not _is_data_descriptor(_lookup(cls, name))
+    return lookup(cls, name) is MISSING or not _is_data_descriptor(lookup(cls, name))

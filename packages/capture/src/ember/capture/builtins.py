@@ -23,6 +23,7 @@ import torch
 from ember.capture import contexts, pyops
 from ember.capture.errors import UserError, unhandled
 from ember.capture.guards import Guard, GuardKind
+from ember.capture.mro import lookup_type_attr
 from ember.capture.symbolic import concrete
 from ember.capture.torchcalls import has_tensor, run_real, unwrap
 from ember.capture.variables import (
@@ -702,8 +703,6 @@ def _plain_object(value: Any) -> bool:
 
 @builtin(delattr)
 def _delattr(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
-    from ember.capture.attrs import lookup_type_attr
-
     obj, name = args[0], _c(args[1], "an attribute name")
     if not isinstance(obj, NewObjectVar):
         raise unhandled(f"deleting attribute {name!r} of {obj.describe()}")

@@ -24,6 +24,7 @@ from ember.capture.containers import CONTAINER_TYPES, call_method, real_dict_rea
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
 from ember.capture.lookups import guard_class_attr
 from ember.capture.modules import call_module
+from ember.capture.mro import lookup_type_attr
 from ember.capture.sources import AttrSource, CallSource
 from ember.capture.torchcalls import is_torch_op, run_real, unwrap
 from ember.capture.variables import (
@@ -85,8 +86,6 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
         wsrc = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
         return call_function(tx, tx.wrap(fn.value.__wrapped__, wsrc), args, kwargs)
     if isinstance(fn, ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         call = lookup_type_attr(fn.python_type(), "__call__")
         if isinstance(call, types.FunctionType):
             guard_class_attr(tx, fn.python_type(), "__call__")
@@ -231,7 +230,7 @@ def construct(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) ->
 
 def lookup_call(meta: type) -> Any:
     """The `__call__` a metaclass defines or inherits (type's, unless overridden)."""
-    return next((vars(k)["__call__"] for k in meta.__mro__ if "__call__" in vars(k)), None)
+    return lookup_type_attr(meta, "__call__")
 
 
 def _namedtuple(tx: Tracer, cls: type, args: list[Var], kwargs: dict[str, Var]) -> Var:

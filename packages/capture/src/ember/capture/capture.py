@@ -19,14 +19,11 @@ from ember.capture.errors import (
     unhandled,
 )
 from ember.capture.guards import Guard, GuardKind
+from ember.capture.outputs import OutputSpecs
 from ember.capture.result import (
     Captured,
-    OutConst,
-    OutDict,
-    OutObject,
     OutSeq,
     OutSource,
-    OutSpec,
 )
 from ember.capture.resume import Broken, find_site, split
 from ember.capture.side_effects import collect as collect_effects
@@ -46,20 +43,10 @@ from ember.capture.symbolic import (
 from ember.capture.symgraph import NotSymbolic, finish, same
 from ember.capture.tracer import Tracer
 from ember.capture.variables import (
-    ConstVar,
-    DictVar,
     FunctionVar,
-    ListVar,
     MethodVar,
-    ModuleVar,
-    NewObjectVar,
-    ObjectVar,
-    SetVar,
-    TensorVar,
-    TupleVar,
     Var,
 )
-from ember.ir import Value
 
 
 def target_code(target: Any) -> types.CodeType | None:
@@ -262,70 +249,11 @@ def _capture(tx: Tracer, target: Any, args: tuple[Any, ...], kwargs: dict[str, A
         raise unhandled("an autocast context left open")
     contexts.check_context_vars(tx)
     effects = collect_effects(tx)
-    outputs: list[Value] = []
-    spec = _output(tx, ret, outputs, {})
+    specs = OutputSpecs(tx)
+    spec = specs.value(ret)
     if effects:  # the return value, then each effect's target and value (result.Captured)
         parts = [spec]
         for eff in effects:
-            parts += [OutSource(eff.target),
-                      value_spec(eff, lambda v: _output(tx, v, outputs, {}))]
+            parts += [OutSource(eff.target), value_spec(eff, specs.value)]
         spec = OutSeq(tuple, tuple(parts))
-    tx.recorder.output()
-    _prune_inputs(tx)
-    rec = tx.recorder
-    rec.finish()
-    return Captured(rec.module, list(rec.input_sources), list(rec.input_examples), spec,
-                    list(tx.guards.guards), code, rec.op_counts, rec.plan, rec.updates,
-                    effects)
-
-
-def _output(tx: Tracer, v: Var, outputs: list[Value], index: dict[int, int]) -> OutSpec:
-    if isinstance(v, TensorVar):  # an index into the output plan (views replay as views)
-        return tx.recorder.output_tensor(v.fake)
-    if isinstance(v, ConstVar):
-        return OutConst(v.value)
-    if isinstance(v, TupleVar):
-        return OutSeq(v.cls, tuple(_output(tx, i, outputs, index) for i in v.items))
-    if isinstance(v, ListVar):
-        if v.source is not None:  # the caller's list (changed in place by side effects)
-            return OutSource(v.source)
-        return OutSeq(list, tuple(_output(tx, i, outputs, index) for i in v.items))
-    if isinstance(v, DictVar):
-        if v.source is not None:
-            return OutSource(v.source)
-        return OutDict(v.cls, tuple(v.items), tuple(_output(tx, i, outputs, index)
-                                                    for i in v.items.values()))
-    if isinstance(v, SetVar):
-        if all(isinstance(x, ConstVar) for x in v.items.values()):
-            return OutConst((frozenset if v.frozen else set)(v.items))
-    if isinstance(v, ObjectVar | ModuleVar):
-        return OutSource(v.source) if v.source is not None else OutConst(v.value)
-    if isinstance(v, FunctionVar):
-        return OutConst(v.fn)
-    if isinstance(v, NewObjectVar):
-        items = None if v.dict is None else tuple(
-            (k, _output(tx, a, outputs, index)) for k, a in v.dict.items.items())
-        return OutObject(v.cls, tuple((k, _output(tx, a, outputs, index))
-                                      for k, a in v.attrs.items()), items)
-    raise unhandled(f"returning a {v.describe()}")
-
-
-def _prune_inputs(tx: Tracer) -> None:
-    """Drop graph inputs nothing uses (read but unused tensors), with their metadata guards."""
-    rec = tx.recorder
-    g = rec.module.graph()
-    used: set[int] = {id(o) for o in g.outputs} | {id(p) for p in rec.pinned}
-    for n in g.nodes:
-        used.update(id(v) for v in n.operands())
-    keep = [i for i, p in enumerate(g.params) if id(p) in used]
-    if len(keep) == len(g.params):
-        return
-    read = {id(rec._param_of[f]) for f in rec.observed if f in rec._param_of}
-    for i, p in enumerate(g.params):
-        # an input whose metadata was read (`x[:y.shape[0]]`) keeps its guard: the graph is
-        # wrong for another shape of it
-        if id(p) not in used and id(p) not in read:
-            tx.guards.remove_for(rec.input_sources[i], GuardKind.TENSOR_MATCH)
-    g.params = [g.params[i] for i in keep]
-    rec.input_sources = [rec.input_sources[i] for i in keep]
-    rec.input_examples = [rec.input_examples[i] for i in keep]
+    return specs.finish(spec, code, effects)

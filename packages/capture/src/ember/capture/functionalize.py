@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.errors import unhandled
-from ember.ir import DType, TensorType, Value
+from ember.ir import TensorType, Value
+from ember.ir.torch_ops import ir_name
 
 if TYPE_CHECKING:
     from ember.capture.recorder import Recorder
@@ -203,10 +204,10 @@ class Aliases:
         if step.name in _VIEWS_AS_RESHAPE:
             # a reshape, not a view: the parent's new value may have any layout
             return rec.emit("aten.reshape.default", [pv, list(child.shape)], {},
-                            type_of(child), "view")
+                            TensorType.of(child), "view")
         if step.name == "aten.as_strided.default":
             pv = self._contiguous(parent, pv)
-        return rec.emit(step.name, [pv, *step.args], dict(step.kwargs), type_of(child),
+        return rec.emit(step.name, [pv, *step.args], dict(step.kwargs), TensorType.of(child),
                         step.op._schema.name.split("::")[-1])
 
     def _contiguous(self, parent: torch.Tensor, pv: Value) -> Value:
@@ -216,7 +217,7 @@ class Aliases:
             raise unhandled("as_strided of a tensor that is not a contiguous root (a view or a "
                             "strided input): its storage layout is not tracked")
         return self.rec.emit("aten.clone.default", [pv], {"memory_format": "contiguous_format"},
-                             type_of(parent), "contig")
+                             TensorType.of(parent), "contig")
 
     # -- writing ----------------------------------------------------------------------------
     def write(self, target: torch.Tensor, new: Value) -> None:
@@ -253,7 +254,7 @@ class Aliases:
         """The parent's value after its view `child` took value `cv`."""
         rec = self.rec
         name = step.name
-        pt = type_of(parent)
+        pt = TensorType.of(parent)
         if name in _IDENTITY:
             return cv
         if name in _RESHAPES:
@@ -289,14 +290,3 @@ class Aliases:
 
 def storage_key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
-
-
-def type_of(t: torch.Tensor) -> TensorType:
-    from ember.ir.types import device_text
-
-    return TensorType(DType.from_torch(t.dtype), tuple(int(s) for s in t.shape), None,
-                      device_text(t.device))
-
-
-def ir_name(op: torch._ops.OpOverload) -> str:
-    return str(op._schema.name).replace("::", ".") + "." + (op._overloadname or "default")

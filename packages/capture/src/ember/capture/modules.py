@@ -15,6 +15,7 @@ from torch import nn
 from ember.capture.errors import UserError, unhandled
 from ember.capture.guards import Guard, GuardKind
 from ember.capture.lookups import guard_class_attr
+from ember.capture.mro import lookup_type_attr
 from ember.capture.sources import AttrSource
 from ember.capture.variables import (
     ConstVar,
@@ -102,8 +103,6 @@ def module_getitem(tx: Tracer, mod: ModuleVar, key: Var) -> Var:
                 raise unhandled("slicing an nn.Sequential (it builds a new module)")
             return TupleVar(items[key.value])
         raise unhandled(f"indexing a {type(m).__name__} with {key.describe()}")
-    from ember.capture.attrs import lookup_type_attr
-
     f = lookup_type_attr(type(m), "__getitem__")
     if f is not None and isinstance(f, types.FunctionType):
         return tx.call(FunctionVar(f), [mod, key])

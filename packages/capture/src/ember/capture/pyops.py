@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.errors import UserError, unhandled
+from ember.capture.mro import lookup_type_attr
 from ember.capture.torchcalls import run_real, unwrap
 from ember.capture.variables import (
     ConstVar,
@@ -141,8 +142,6 @@ def _dunder_binary(tx: Tracer, fn: Callable[[Any, Any], Any], a: Var, b: Var,
     name = DUNDER.get(fn)
     if name is None:
         raise unhandled(f"operator {fn.__name__} on a user object")
-    from ember.capture.attrs import lookup_type_attr
-
     tries = []
     if inplace is not None:
         tries.append((a, f"__i{name}__", b))
@@ -172,8 +171,6 @@ def unary(tx: Tracer, fn: Callable[[Any], Any], a: Var) -> Var:
     if isinstance(a, ConstVar):
         return ConstVar(real(fn, a.value))
     names = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}
-    from ember.capture.attrs import lookup_type_attr
-
     if isinstance(a, NewObjectVar | ObjectVar) and fn in names:
         f = lookup_type_attr(a.python_type(), names[fn])
         if f is not None:
@@ -192,8 +189,6 @@ def truth(tx: Tracer, v: Var) -> bool:
     if isinstance(v, DictVar | SetVar):
         return bool(v.items)
     if isinstance(v, ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         for meth in ("__bool__", "__len__"):
             f = lookup_type_attr(v.python_type(), meth)
             if f is not None and f is not getattr(object, meth, None):
@@ -227,8 +222,6 @@ def compare(tx: Tracer, op: str, a: Var, b: Var) -> Var:
     if isinstance(a, ConstVar) and isinstance(b, ConstVar):
         return ConstVar(real(fn, a.value, b.value))
     if isinstance(a, NewObjectVar | ObjectVar) or isinstance(b, NewObjectVar | ObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         for obj, meth, other in ((a, CMP_DUNDER[op], b), (b, REFLECTED[op], a)):
             f = lookup_type_attr(obj.python_type(), meth)
             if f is not None and f is not getattr(object, meth):
@@ -270,8 +263,6 @@ def contains(tx: Tracer, item: Var, container: Var) -> bool:
     if isinstance(container, TensorVar):
         raise unhandled("`in` on a tensor (needs its data)")
     if isinstance(container, ObjectVar | NewObjectVar | ModuleVar):
-        from ember.capture.attrs import lookup_type_attr
-
         f = lookup_type_attr(container.python_type(), "__contains__")
         if f is not None:
             return truth(tx, tx.call(_as_fn(tx, f), [container, item]))
@@ -310,8 +301,6 @@ def getitem(tx: Tracer, obj: Var, key: Var) -> Var:
 
         return module_getitem(tx, obj, key)
     if isinstance(obj, ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         f = lookup_type_attr(obj.python_type(), "__getitem__")
         if f is not None:
             return tx.call(_as_fn(tx, f), [obj, key])
@@ -340,8 +329,6 @@ def setitem(tx: Tracer, obj: Var, key: Var, value: Var) -> None:
         obj.items[set_key(key)] = value
         return
     if isinstance(obj, NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         f = lookup_type_attr(obj.cls, "__setitem__")
         if f is not None:
             tx.call(_as_fn(tx, f), [obj, key, value])
@@ -394,8 +381,6 @@ def get_iter(tx: Tracer, v: Var) -> IteratorVar:
         assert items is not None, "iterating a tensor gave no items"
         return IteratorVar(list(items))
     if isinstance(v, ModuleVar | ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         f = lookup_type_attr(v.python_type(), "__iter__")
         if f is not None:
             res = tx.call(_as_fn(tx, f), [v])
@@ -417,8 +402,6 @@ def length(tx: Tracer, v: Var) -> int:
         assert isinstance(res, ConstVar), f"len() of a tensor gave {res.describe()}"
         return int(res.value)
     if isinstance(v, ModuleVar | ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         f = lookup_type_attr(v.python_type(), "__len__")
         if f is not None:
             r = tx.call(_as_fn(tx, f), [v])

@@ -38,6 +38,7 @@ from ember.capture.sources import (
 )
 from ember.capture.symbolic import Layout, current_env, current_policy, symbolic_layout
 from ember.ir import BOOL, F64, I64, DType, GraphBuilder, Loc, Module, TensorType, Type, Value
+from ember.ir.torch_ops import ir_name
 from ember.ir.types import device_text
 
 _LIFT = ("aten::lift_fresh", "aten::lift_fresh_copy")
@@ -99,7 +100,7 @@ class Recorder:
                 fake.requires_grad_(real.requires_grad)
                 self.sym_layouts[source] = (layout[0], layout[1])
         name = param_name(source)
-        v = self.gb.param(name, _type_of(fake))
+        v = self.gb.param(name, TensorType.of(fake))
         self._bind(fake, v)
         self._param_of[id(fake)] = v
         self.aliases.add_input(fake)
@@ -259,7 +260,7 @@ class Recorder:
             self._bind(out, v)
             return out
         args, kwargs = self._lift_reals((args, kwargs))
-        name = _ir_name(func)
+        name = ir_name(func)
         if name in _BATCH_NORMS:
             out = self._batch_norm(func, args, kwargs)
             if out is not None:
@@ -291,7 +292,7 @@ class Recorder:
             base, ir_args[0] = self.aliases.as_strided_base(base)
         hint = schema_name.split("::")[-1]
         if types is None:
-            types = [_type_of(r) for r in results]
+            types = [TensorType.of(r) for r in results]
         vals = self.gb.emit(name, ir_args, ir_kwargs, types=types, names=[hint] * len(types),
                             loc=self.where())
         if at is not None:
@@ -320,7 +321,7 @@ class Recorder:
                   kwargs: dict[str, Any]) -> Any:
         """An operator that writes its arguments: `self.op_(...)` or `op(..., out=t)` runs as
         its functional form, and each written tensor takes the result through its views."""
-        name = _ir_name(func)
+        name = ir_name(func)
         schema = func._schema
         written = [a for a in schema.arguments
                    if a.alias_info is not None and a.alias_info.is_write]
@@ -354,23 +355,23 @@ class Recorder:
         # before the op has resized the fake tensor or warned
         res = _flat_results(functional(*fargs, **fkwargs))
         if not res or len(res) != len(targets):
-            raise unhandled(f"operator {name}: its functional form {_ir_name(functional)} "
+            raise unhandled(f"operator {name}: its functional form {ir_name(functional)} "
                             f"returns {len(res or [])} tensors for {len(targets)} targets")
         for t, r in zip(targets, res, strict=True):
             if tuple(r.shape) != tuple(t.shape):
                 raise unhandled(f"operator {name} resizes its output tensor from "
                                 f"{list(t.shape)} to {list(r.shape)}")
         out = func(*args, **kwargs)  # the fake tensors' state and errors are eager's
-        fname = _ir_name(functional)
+        fname = ir_name(functional)
         vals = self.gb.emit(fname, [self._arg(a) for a in fargs],
                             {k: self._arg(v) for k, v in fkwargs.items()},
-                            types=[_type_of(r) for r in res],
+                            types=[TensorType.of(r) for r in res],
                             names=[schema.name.split("::")[-1].rstrip("_")] * len(res),
                             loc=self.where())
         self.op_counts[fname] += 1
         for t, r, v in zip(targets, res, vals, strict=True):
             if r.dtype != t.dtype:
-                v = self.emit("aten._to_copy.default", [v], {"dtype": t.dtype}, _type_of(t),
+                v = self.emit("aten._to_copy.default", [v], {"dtype": t.dtype}, TensorType.of(t),
                               "cast")
             self.aliases.write(t, v)
         return out
@@ -380,7 +381,7 @@ class Recorder:
         """`y.t_()`, `y.transpose_(0, 1)`, `y.unsqueeze_(0)`, `y.as_strided_(...)`: y becomes
         a view (by the functional view op) of a snapshot of itself, which takes y's place in
         the alias chains; later writes through y reach its storage as through any view."""
-        name = _ir_name(func)
+        name = ir_name(func)
         functional = functional_variant(func)
         t = args[0] if args else None
         if functional is None or not isinstance(t, torch.Tensor):
@@ -399,9 +400,9 @@ class Recorder:
         base, ir_base = snap, v
         if name == "aten.as_strided_.default":
             base, ir_base = self.aliases.as_strided_base(snap)
-        fname = _ir_name(functional)
+        fname = ir_name(functional)
         nv = self.gb.op(fname, [ir_base, *[self._arg(a) for a in args[1:]]],
-                        {k: self._arg(x) for k, x in kwargs.items()}, type=_type_of(t),
+                        {k: self._arg(x) for k, x in kwargs.items()}, type=TensorType.of(t),
                         name=func._schema.name.split("::")[-1].rstrip("_"), loc=self.where())
         self.op_counts[fname] += 1
         self.aliases.add_views(base, [t], view_steps(functional, (base, *args[1:]), kwargs,
@@ -437,14 +438,14 @@ class Recorder:
                                TensorType(DType.from_torch(x.dtype), (), None,
                                           device_text(values.device)), "value")
         self.aliases.write(x, self.emit("aten.where.self", [mv, vv, self._arg(x)], {},
-                                        _type_of(x), "index_put"))
+                                        TensorType.of(x), "index_put"))
         return out
 
     def _batch_norm(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
         """Batch norm in training with running statistics: the functional form, whose updated
         statistics are written to running_mean and running_var. None: not such a call."""
-        i_train, i_mom, i_eps = _BATCH_NORMS[_ir_name(func)]
+        i_train, i_mom, i_eps = _BATCH_NORMS[ir_name(func)]
         a = _bound(func, args, kwargs)
         training = True if i_train is None else bool(a[i_train])
         rm, rv = a[3], a[4]
@@ -454,19 +455,19 @@ class Recorder:
         fargs = (a[0], a[1], a[2], rm, rv, True, a[i_mom], a[i_eps])
         res = _flat_results(_BN_FUNCTIONAL(*fargs))
         assert res is not None
-        fname = _ir_name(_BN_FUNCTIONAL)
+        fname = ir_name(_BN_FUNCTIONAL)
         vals = self.gb.emit(fname, [self._arg(x) for x in fargs], {},
-                            types=[_type_of(r) for r in res],
+                            types=[TensorType.of(r) for r in res],
                             names=["bn", "mean", "invstd", "running_mean", "running_var"],
                             loc=self.where())
         self.op_counts[fname] += 1
         orig = _flat_results(out) or []
         for i, o in enumerate(orig):
-            if i < 3 and _type_of(o) == _type_of(res[i]):
+            if i < 3 and TensorType.of(o) == TensorType.of(res[i]):
                 self._bind(o, vals[i])
             else:  # the reserve buffer of _batch_norm_with_update: empty
                 self._bind(o, self.emit("aten.empty.memory_format", [list(o.shape)],
-                                        {"dtype": o.dtype, "device": o.device}, _type_of(o),
+                                        {"dtype": o.dtype, "device": o.device}, TensorType.of(o),
                                         "reserve"))
         self.aliases.write(rm, vals[3])
         self.aliases.write(rv, vals[4])
@@ -555,7 +556,7 @@ def _mixed_results(out: Any) -> tuple[list[torch.Tensor], list[Type], list[int]]
                 return None
             at.append(len(types))
             tensors.append(o)
-            types.append(_type_of(o))
+            types.append(TensorType.of(o))
         elif isinstance(o, (bool, torch.SymBool)):
             types.append(BOOL)
         elif isinstance(o, (int, torch.SymInt)):
@@ -632,12 +633,3 @@ def out_variant_functional(op: torch._ops.OpOverload) -> torch._ops.OpOverload |
 
 def _stride(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(s) for s in t.stride())
-
-
-def _type_of(t: torch.Tensor) -> TensorType:
-    return TensorType(DType.from_torch(t.dtype), tuple(int(s) for s in t.shape), None,
-                      device_text(t.device))
-
-
-def _ir_name(op: torch._ops.OpOverload) -> str:
-    return str(op._schema.name).replace("::", ".") + "." + (op._overloadname or "default")

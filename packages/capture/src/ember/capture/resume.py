@@ -40,28 +40,20 @@ from ember.capture import bytecode_gen as bg
 from ember.capture.contexts import ExitVar
 from ember.capture.errors import CaptureUnhandled, Unhandled, unhandled
 from ember.capture.frame import PY_VERSION, CodeInfo, Frame, code_info
+from ember.capture.outputs import OutputSpecs
 from ember.capture.result import (
     Captured,
-    OutConst,
-    OutDict,
     OutSeq,
     OutSource,
     OutSpec,
 )
 from ember.capture.side_effects import Effect, collect, value_spec
 from ember.capture.variables import (
-    ConstVar,
     ContextVar,
-    DictVar,
     FunctionVar,
     IteratorVar,
-    ListVar,
     ModuleVar,
-    NewObjectVar,
     NullVar,
-    ObjectVar,
-    TensorVar,
-    TupleVar,
     Var,
 )
 from ember.capture.wrap import is_trusted_module
@@ -169,7 +161,8 @@ def split(tx: Tracer, frame: Frame, fn: types.FunctionType, site: Site, un: Unha
         _check_resume_target(info, s)
     live = _live_cells_and_locals(info, frame, succ)
 
-    specs = _Specs(tx)
+    specs = OutputSpecs(tx, "a graph break with a {what} live (it cannot be rebuilt outside "
+                              "the graph)")
     call_args: list[OutSpec] = []
     consumed_kinds: list[str] = []
     wrap: list[int] = []
@@ -348,61 +341,6 @@ def _remaining(it: IteratorVar) -> list[Var]:
 
 
 # -- values ---------------------------------------------------------------------------------
-class _Specs:
-    """Output specs of the live values, sharing one spec per symbolic value (so an object
-    reachable twice is rebuilt once), and the graph outputs they need."""
-
-    def __init__(self, tx: Tracer):
-        self.tx = tx
-        self.memo: dict[int, OutSpec] = {}
-
-    def value(self, v: Var) -> OutSpec:
-        got = self.memo.get(id(v))
-        if got is None:
-            got = self.memo[id(v)] = self._make(v)
-        return got
-
-    def fresh_list(self, items: list[Var]) -> OutSpec:
-        return OutSeq(list, tuple(self.value(i) for i in items))
-
-    def _make(self, v: Var) -> OutSpec:
-        if isinstance(v, TensorVar):  # an index into the output plan (inputs stay inputs)
-            return self.tx.recorder.output_tensor(v.fake)
-        if isinstance(v, ConstVar):
-            return OutConst(v.value)
-        if isinstance(v, TupleVar):
-            return OutSeq(v.cls, tuple(self.value(i) for i in v.items))
-        if isinstance(v, ListVar):
-            if v.source is not None:  # the caller's list; its new contents are an effect
-                return OutSource(v.source)
-            return self.fresh_list(v.items)
-        if isinstance(v, DictVar):
-            if v.source is not None:
-                return OutSource(v.source)
-            return OutDict(v.cls, tuple(v.items), tuple(self.value(i) for i in v.items.values()))
-        if isinstance(v, ObjectVar):
-            return OutSource(v.source) if v.source is not None else OutConst(v.value)
-        if isinstance(v, FunctionVar):
-            return OutConst(v.fn)
-        if isinstance(v, NewObjectVar):
-            from ember.capture.capture import _output
-
-            return _output(self.tx, v, [], {})
-        raise unhandled(f"a graph break with a {v.describe()} live (it cannot be rebuilt "
-                        f"outside the graph)")
-
-    def finish(self, spec: OutSpec, code: types.CodeType) -> Captured:
-        from ember.capture.capture import _prune_inputs
-
-        tx = self.tx
-        rec = tx.recorder
-        rec.output()
-        _prune_inputs(tx)
-        rec.finish()
-        return Captured(rec.module, list(rec.input_sources), list(rec.input_examples), spec,
-                        list(tx.guards.guards), code, rec.op_counts, rec.plan, rec.updates)
-
-
 # -- code objects, made once per site -------------------------------------------------------
 _RESUME: weakref.WeakKeyDictionary[types.CodeType, dict[Any, types.CodeType]] = \
     weakref.WeakKeyDictionary()

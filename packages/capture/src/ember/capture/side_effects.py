@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.errors import unhandled
+from ember.capture.mro import MISSING, lookup
 from ember.capture.result import OutDict, OutSeq, OutSpec
 from ember.capture.sources import ConstantSource, Source
 from ember.capture.variables import ConstVar, DictVar, ListVar, ObjectVar, TensorVar, Var
@@ -113,11 +114,8 @@ def module_attr_writable(obj: Any, name: str, value: Var) -> bool:
     d = obj.__dict__
     if any(name in d.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
         return False
-    for klass in type(obj).__mro__:
-        if name in klass.__dict__:
-            attr = klass.__dict__[name]
-            return not (hasattr(attr, "__set__") or hasattr(attr, "__delete__"))
-    return True
+    attr = lookup(type(obj), name)
+    return attr is MISSING or not (hasattr(attr, "__set__") or hasattr(attr, "__delete__"))
 
 
 def _restored(var: Var, before: Any, missing: Any) -> bool:
@@ -133,7 +131,7 @@ def collect(tx: Tracer) -> list[Effect]:
 
     out: list[Effect] = []
     for (_, name), (obj, var, before) in attrs._WRITES.pop(tx, {}).items():
-        if _restored(var, before, attrs._MISSING):
+        if _restored(var, before, MISSING):
             continue
         out.append(Effect("attr", _source_of(tx, obj), name, var))
     for g, name, var in tx.side_effects.globals.values():

@@ -29,6 +29,8 @@ from ember.ir.types import BOOL, F64, I64, ScalarKind, TensorType, Type, device_
 FRESH_TORCH_OPS = frozenset({
     # the fused CPU attention kernel (the CPU target's attention choice) allocates both results
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    # the convolution gradients of training (ember.autograd's VJP rule)
+    "aten.convolution_backward.default",
 })
 
 
@@ -58,7 +60,7 @@ def torch_opdef(name: str) -> OpDef | None:
         name=name,
         summary=schema,
         infer=lambda ctx, args, kwargs: infer_torch(op, ctx, args, kwargs),
-        reference=lambda interp, args, kwargs: call_torch(op, args, kwargs),
+        reference=lambda interp, args, kwargs: _no_nones(call_torch(op, args, kwargs)),
         has_side_effects=bool(op._schema.is_mutable),
         nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
         torch_op=op,
@@ -177,14 +179,14 @@ def infer_torch(op: torch._ops.OpOverload, ctx: InferContext, args: Sequence[Arg
         raise
     except ExprEvalError as e:
         hint = " (declare a hint for it)" if "is not bound" in str(e) else ""
-        raise OpTypeError(f"{_ir_name(op)}: {e}{hint}") from None
+        raise OpTypeError(f"{ir_name(op)}: {e}{hint}") from None
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OpTypeError(f"{_ir_name(op)}: its meta kernel rejected the arguments: {msg}") \
+        raise OpTypeError(f"{ir_name(op)}: its meta kernel rejected the arguments: {msg}") \
             from None
     device = _device_arg(op, args, kwargs)
     dev = device if device is not None else (devices[0] if devices else "cpu")
-    types = _flatten_result(out, dev, _ir_name(op))
+    types = _flatten_result(out, dev, ir_name(op))
     if op is torch.ops.aten.native_batch_norm.default and dev == "cpu" and \
             len(args) > 5 and args[5] is False and len(types) == 3:
         # the CPU kernel returns empty save_mean/save_invstd in eval mode, its meta kernel [C];
@@ -232,11 +234,21 @@ def _known_device(op: torch._ops.OpOverload, text: str) -> str:
     try:
         return device_text(text)
     except (RuntimeError, ValueError):  # torch's words for a device string it cannot read
-        raise OpTypeError(f"{_ir_name(op)}: unknown device {text!r}") from None
+        raise OpTypeError(f"{ir_name(op)}: unknown device {text!r}") from None
 
 
-def _ir_name(op: torch._ops.OpOverload) -> str:
-    return f"{op._schema.name.replace('::', '.')}.{op._overloadname}"
+def ir_name(op: torch._ops.OpOverload) -> str:
+    """The IR name of an ATen overload, `aten.add.Tensor` (the inverse of `resolve`)."""
+    return f"{op._schema.name.replace('::', '.')}.{op._overloadname or 'default'}"
+
+
+def _no_nones(out: Any) -> Any:
+    """A tuple result without its None entries (the results an output mask turned off, as in
+    `aten.convolution_backward`'s): its types have none either (`_flatten_result`)."""
+    if isinstance(out, tuple) and any(o is None for o in out):
+        kept = tuple(o for o in out if o is not None)
+        return kept[0] if len(kept) == 1 else kept
+    return out
 
 
 def _flatten_result(out: Any, device: str, name: str) -> list[Type]:

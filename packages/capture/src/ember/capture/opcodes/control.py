@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ember.capture import contexts, pyops
 from ember.capture.errors import unhandled
 from ember.capture.frame import PY_VERSION, Frame, Instr
+from ember.capture.mro import lookup_type_attr
 from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, handler
 from ember.capture.variables import (
     ConstVar,
@@ -100,8 +101,6 @@ def before_with(tx: Tracer, frame: Frame, inst: Instr) -> None:
         frame.push(res)
         return
     if isinstance(ctx, ObjectVar | NewObjectVar):
-        from ember.capture.attrs import lookup_type_attr
-
         enter = lookup_type_attr(ctx.python_type(), "__enter__")
         exit_ = lookup_type_attr(ctx.python_type(), "__exit__")
         if isinstance(enter, types.FunctionType) and isinstance(exit_, types.FunctionType):
