@@ -2,7 +2,8 @@
 
 All sessions share the one environment `.venv/` (python=False: nox makes no venvs of its own) and
 call the tools in `.venv/bin/`. `dev` (re)installs that environment with tools/bootstrap.py, the
-same code that dev.py runs before every session.
+same code that dev.py runs before every session. `tests` also runs EXTRA_TESTS on the other
+Pythons capture supports, each in its own venv made by the same code (`.venv-py312/`, ...).
 """
 
 from __future__ import annotations
@@ -21,8 +22,21 @@ from tools import bootstrap  # noqa: E402
 nox.options.sessions = ["tests"]
 
 
-def _bin(name: str) -> str:
-    return str(bootstrap.venv_bin(name))
+# What `tests` runs on each of bootstrap.EXTRA_PYTHONS: capture's opcode tables, resume
+# bytecode and functionalization are per Python version; the end-to-end files compile through
+# capture (graph breaks, side effects, guards, the Python-construct corpus) and inductor.
+EXTRA_TESTS = (
+    "packages/capture/tests",
+    "packages/runtime/tests/test_graph_breaks.py",
+    "packages/runtime/tests/test_side_effects.py",
+    "packages/runtime/tests/test_compile_guards.py",
+    "packages/runtime/tests/test_compile_corpus_python.py",
+    "packages/runtime/tests/test_inductor_end_to_end.py",
+)
+
+
+def _bin(name: str, venv: Path = bootstrap.VENV) -> str:
+    return str(bootstrap.venv_bin(name, venv))
 
 
 def _show(session: nox.Session, cmd: list[str]) -> None:
@@ -37,9 +51,10 @@ def _call(session: nox.Session, cmd: list[str], env: dict[str, str] | None = Non
     return subprocess.call(cmd, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
-def _pytest(session: nox.Session, args: list[str], env: dict[str, str]) -> tuple[int, str]:
+def _pytest(session: nox.Session, args: list[str], env: dict[str, str],
+            venv: Path = bootstrap.VENV) -> tuple[int, str]:
     """Run pytest streaming its output; return (exit code, its closing summary line)."""
-    cmd = [_bin("pytest"), *args]
+    cmd = [_bin("pytest", venv), *args]
     _show(session, cmd)
     last = ""
     with subprocess.Popen(
@@ -66,18 +81,44 @@ def _profile(default: str) -> dict[str, str]:
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
-    """ruff check, mypy, pytest (hypothesis profile `ci`); fails if any of the three failed."""
+    """ruff check, mypy, pytest (hypothesis profile `ci`), then EXTRA_TESTS on each other Python
+    (skipped, with the reason, where it or a CPU torch for it is missing; not run when pytest
+    arguments are given); fails if any of them failed."""
     status = {
         "ruff check": _call(session, [_bin("ruff"), "check", "."]),
         "mypy": _call(session, [_bin("mypy")]),
     }
     status["pytest"], summary = _pytest(session, list(session.posargs), _profile("ci"))
+    extras = _extra_pythons(session)
     failed = [name for name, code in status.items() if code != 0]
-    report = ", ".join(f"{name}: {'FAILED' if code else 'ok'}" for name, code in status.items())
-    print(f"\n[ember] tests: {report}")
+    failed += [name for name, (code, _) in extras.items() if code]
+    words = [f"{name}: {'FAILED' if code else 'ok'}" for name, code in status.items()]
+    words += [f"{name}: {'skipped' if code is None else 'FAILED' if code else 'ok'}"
+              for name, (code, _) in extras.items()]
+    print(f"\n[ember] tests: {', '.join(words)}")
+    for name, (_, line) in extras.items():
+        print(f"[ember] {name}: {line}")
     print(summary, flush=True)  # pytest's summary is the last thing printed
     if failed:
         session.error(f"failed: {', '.join(failed)}")
+
+
+def _extra_pythons(session: nox.Session) -> dict[str, tuple[int | None, str]]:
+    """Per other Python: (pytest's exit code, its summary line), or (None, why skipped)."""
+    out: dict[str, tuple[int | None, str]] = {}
+    for version in bootstrap.EXTRA_PYTHONS:
+        name = "python{}.{}".format(*version)
+        if session.posargs:
+            out[name] = (None, "not run (pytest arguments were given)")
+            continue
+        extra = bootstrap.ensure_extra(version, log=session.log)
+        if extra.venv is None:
+            session.log(f"{name}: skipped: {extra.reason}")
+            out[name] = (None, f"skipped: {extra.reason}")
+            continue
+        code, line = _pytest(session, list(EXTRA_TESTS), _profile("ci"), extra.venv)
+        out[name] = (code, line)
+    return out
 
 
 @nox.session(python=False)

@@ -9,15 +9,26 @@ database), test support that is no layer's dependency, comes in that way.
 
 `.venv/.ember-stamp` holds a hash of everything that decides what gets installed (the pyproject
 files, constraints.txt, this file, the venv's Python version); when it matches, nothing is run.
+
+The other Pythons capture supports (EXTRA_PYTHONS) get venvs of their own, `.venv-py312/` and
+`.venv-py313/`, installed by the same code (`ensure_extra`), for the capture and end-to-end tests
+that `dev.py test` also runs on them. One is set up only where that Python exists and the pinned
+torch has a CPU wheel for it on this machine (pip's find-links): torch from the index would be
+the multi-GB CUDA build. Otherwise it is reported as skipped, with the reason.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +42,8 @@ TEST_PACKAGES = ("testing",)
 # worked third-party plugin packages, installed so their entry points are tested as a user's
 EXAMPLES = ("ember-plugin-example",)
 MIN_PYTHON = (3, 11)
+# Pythons besides the main one whose capture and end-to-end tests `dev.py test` runs (issue 18)
+EXTRA_PYTHONS = ((3, 12), (3, 13))
 
 Log = Callable[[str], object]
 
@@ -39,9 +52,9 @@ def _log(msg: str) -> None:
     print(f"[ember] {msg}", flush=True)
 
 
-def venv_bin(name: str) -> Path:
+def venv_bin(name: str, venv: Path = VENV) -> Path:
     """Path of an executable installed in the environment, e.g. venv_bin("pytest")."""
-    return VENV / "bin" / name
+    return venv / "bin" / name
 
 
 def stamp_inputs() -> list[Path]:
@@ -52,9 +65,9 @@ def stamp_inputs() -> list[Path]:
     return files
 
 
-def _venv_python_version() -> str:
+def _python_version(python: str | Path) -> str:
     out = subprocess.run(
-        [str(venv_bin("python")), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
+        [str(python), "-c", "import sys; print(*sys.version_info[:2], sep='.')"],
         check=True,
         capture_output=True,
         text=True,
@@ -62,9 +75,9 @@ def _venv_python_version() -> str:
     return out.stdout.strip()
 
 
-def fingerprint() -> str:
+def fingerprint(venv: Path = VENV) -> str:
     h = hashlib.sha256()
-    h.update(f"python {_venv_python_version()}\n".encode())
+    h.update(f"python {_python_version(venv_bin('python', venv))}\n".encode())
     for path in stamp_inputs():
         h.update(str(path.relative_to(ROOT)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
@@ -78,8 +91,8 @@ def extras(name: str) -> list[str]:
     return [g for g in ("test",) if g in groups]
 
 
-def install_command() -> list[str]:
-    cmd = [str(venv_bin("python")), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+def install_command(venv: Path = VENV) -> list[str]:
+    cmd = [str(venv_bin("python", venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
     cmd += ["-c", str(CONSTRAINTS)]
     for name in PACKAGES + TEST_PACKAGES:
         wanted = extras(name)
@@ -90,33 +103,113 @@ def install_command() -> list[str]:
     return cmd
 
 
-def is_current() -> bool:
-    """True when .venv exists and its stamp matches the current inputs."""
-    if not venv_bin("python").exists() or not STAMP.exists():
+def is_current(venv: Path = VENV) -> bool:
+    """True when the venv exists and its stamp matches the current inputs."""
+    stamp = venv / STAMP.name
+    if not venv_bin("python", venv).exists() or not stamp.exists():
         return False
-    return STAMP.read_text().strip() == fingerprint()
+    return stamp.read_text().strip() == fingerprint(venv)
 
 
-def ensure(force: bool = False, log: Log = _log) -> Path:
-    """Make `.venv/` hold every ember package (editable) plus the dev tools; return its path.
+def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
+           python: str = sys.executable) -> Path:
+    """Make `venv` (`.venv/`) hold every ember package (editable) plus the dev tools, built with
+    `python`; return its path.
 
     Creates the venv when missing; (re)installs when the stamp is stale or `force` is set;
     otherwise returns at once.
     """
     if sys.version_info < MIN_PYTHON:
         raise SystemExit(f"ember needs Python >= 3.11; this is {sys.version.split()[0]}")
-    if not venv_bin("python").exists():
-        log(f"creating {VENV.relative_to(ROOT)}/ with {sys.executable}")
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    elif not force and is_current():
-        log(".venv/ is up to date")
-        return VENV
-    log("installing all ember packages (editable) + dev tools into .venv/ (first time: minutes)")
-    STAMP.unlink(missing_ok=True)  # a failed install must not leave a valid stamp behind
-    subprocess.run(install_command(), check=True, cwd=ROOT)
-    STAMP.write_text(fingerprint() + "\n")
-    log("installed; .venv/bin/ember is the CLI")
-    return VENV
+    name = f"{venv.relative_to(ROOT)}/"
+    stamp = venv / STAMP.name
+    if not venv_bin("python", venv).exists():
+        log(f"creating {name} with {python}")
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    elif not force and is_current(venv):
+        log(f"{name} is up to date")
+        return venv
+    log(f"installing all ember packages (editable) + dev tools into {name} (first time: minutes)")
+    stamp.unlink(missing_ok=True)  # a failed install must not leave a valid stamp behind
+    subprocess.run(install_command(venv), check=True, cwd=ROOT)
+    stamp.write_text(fingerprint(venv) + "\n")
+    log(f"installed; {name}bin/ember is the CLI")
+    return venv
+
+
+# -- the other Pythons ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Extra:
+    """One of EXTRA_PYTHONS: its venv when ready, else why it is skipped."""
+
+    version: tuple[int, int]
+    venv: Path | None
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return "python{}.{}".format(*self.version)
+
+
+def extra_venv(version: tuple[int, int]) -> Path:
+    return ROOT / ".venv-py{}{}".format(*version)
+
+
+def find_python(version: tuple[int, int]) -> str | None:
+    """An interpreter of `version`: `python3.X` on PATH, else pyenv's newest 3.X.* (its shims
+    answer only for the selected version, so the install directories are looked in)."""
+    exe = "python{}.{}".format(*version)
+    root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    found = sorted(glob.glob(f"{root}/versions/{version[0]}.{version[1]}.*/bin/{exe}"),
+                   key=lambda p: [int(x) if x.isdigit() else 0
+                                  for x in Path(p).parts[-3].split(".")], reverse=True)
+    for cand in [shutil.which(exe), *found]:
+        if cand is None:
+            continue
+        try:
+            if _python_version(cand) == "{}.{}".format(*version):
+                return cand
+        except (OSError, subprocess.CalledProcessError):  # a pyenv shim of another version
+            continue
+    return None
+
+
+def torch_pin() -> str:
+    """The torch requirement of constraints.txt (`torch==2.13.0`)."""
+    for line in CONSTRAINTS.read_text().splitlines():
+        req = line.split("#", 1)[0].strip()
+        if req.startswith("torch") and req[5:6] in ("=", "<", ">", "~", "!"):
+            return req
+    return "torch"
+
+
+def local_torch_wheel(version: tuple[int, int]) -> bool:
+    """Whether pip finds the pinned torch for `version` without an index (pip's find-links:
+    the CPU wheels on this machine's disk). Asked of `.venv/`'s pip, which installs nothing."""
+    with tempfile.TemporaryDirectory() as target:
+        r = subprocess.run(
+            [str(venv_bin("python")), "-m", "pip", "install", "--dry-run", "--quiet",
+             "--ignore-installed", "--no-deps", "--no-index", "--only-binary=:all:",
+             "--python-version", "{}.{}".format(*version), "--target", target, torch_pin()],
+            capture_output=True, text=True, cwd=ROOT)
+    return r.returncode == 0
+
+
+def ensure_extra(version: tuple[int, int], log: Log = _log) -> Extra:
+    """Set up the venv of one of EXTRA_PYTHONS (as `ensure` does `.venv/`), or say why not."""
+    name = Extra(version, None).name
+    python = find_python(version)
+    if python is None:
+        return Extra(version, None, f"no {name} on this machine")
+    if not local_torch_wheel(version):
+        return Extra(version, None, f"no CPU wheel of {torch_pin()} for {name} on this "
+                     f"machine (pip's find-links; torch from the index would be the CUDA build)")
+    try:
+        venv = ensure(log=log, venv=extra_venv(version), python=python)
+    except subprocess.CalledProcessError as e:
+        return Extra(version, None, f"installing into {extra_venv(version).name}/ failed "
+                     f"(exit {e.returncode})")
+    return Extra(version, venv)
 
 
 if __name__ == "__main__":
