@@ -108,3 +108,14 @@ def _set_global(x):
     global G
     G = 1
     return x
+
+
+def test_a_python_without_an_opcode_table_is_refused_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ember.capture.tracer as tracer
+
+    monkeypatch.setattr(tracer, "PY_VERSION", (3, 14))
+    monkeypatch.setattr(tracer, "table", lambda: {})
+    out = capture(lambda x: x + 1, (torch.randn(2),), {})
+    assert isinstance(out, Unhandled)
+    assert "Python 3.14: capture has opcode tables for 3.11, 3.12 only" in out.reason

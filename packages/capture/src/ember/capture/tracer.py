@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from ember.capture.errors import CaptureUnhandled, StopCapture, UserError, unhandled
-from ember.capture.frame import Frame, code_info
+from ember.capture.frame import PY_VERSION, Frame, code_info
 from ember.capture.guards import Guard, GuardSet
 from ember.capture.lookups import function_defaults
-from ember.capture.opcodes import Return, table
+from ember.capture.opcodes import SUPPORTED, Return, table
 from ember.capture.recorder import Recorder
 from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, Source
@@ -131,6 +131,12 @@ class Tracer:
                 raise err
             fn = handlers.get(inst.opname)
             if fn is None:
+                if PY_VERSION not in SUPPORTED:  # no table at all: no graph break helps
+                    err = unhandled(f"Python {PY_VERSION[0]}.{PY_VERSION[1]}: capture has "
+                                    f"opcode tables for {', '.join(map(_dotted, SUPPORTED))} "
+                                    f"only", inst.opname)
+                    err.breakable = False
+                    raise err
                 raise unhandled(f"opcode {inst.opname}", inst.opname)
             try:
                 r = fn(self, frame, inst)
@@ -245,3 +251,6 @@ def bind_arguments(code: types.CodeType, name: str, args: list[Var], kwargs: dic
                 raise UserError(TypeError(f"{name}() missing keyword-only argument {p!r}"))
     return out
 
+
+def _dotted(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 PY311 = (3, 11)
 PY312 = (3, 12)
 ALL = frozenset({PY311, PY312})
+SUPPORTED = tuple(sorted(ALL))  # the Pythons with an opcode table
 ONLY_311 = frozenset({PY311})
 ONLY_312 = frozenset({PY312})  # the 3.12-only code paths: search for ONLY_312 to review them
 
