@@ -317,7 +317,10 @@ def rel_err(a: Any, b: Any) -> float:
     return math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
-def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> dict[str, Any]:
+def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: bool = False
+              ) -> dict[str, Any]:
+    """One model: eager, torch.compile and ember (`jit`: also ember with its Triton kernels
+    launched through Triton's JIT, EMBER_TRITON_LAUNCH=jit)."""
     import ember.runtime
     dtype = torch.bfloat16
     row: dict[str, Any] = {"section": "models", "model": name, "dtype": "bfloat16"}
@@ -364,6 +367,9 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]]) -> di
         if got is not None:
             row["ember_ms"] = bench(lambda: cf(*args))
             row["ember_speedup"] = round(row["eager_ms"] / row["ember_ms"], 3)
+            if jit:
+                jcf, row["jit_launch"] = jit_compiled(model, args)
+                row["ember_jit_ms"] = bench(lambda: jcf(*args))
         row["tc_speedup"] = round(row["eager_ms"] / row["tc_ms"], 3)
     return row
 
@@ -401,30 +407,56 @@ def launch_cases() -> list[tuple[str, Callable[..., Any], tuple[torch.Tensor, ..
             ("softmax_small", softmax, (r(32, 128),))]
 
 
-def run_launch() -> list[dict[str, Any]]:
+def jit_compiled(fn: Any, args: tuple[Any, ...]) -> tuple[Any, dict[str, Any]]:
+    """fn compiled by ember again with EMBER_TRITON_LAUNCH=jit (its Triton kernels launched
+    through Triton's JIT, as before the bound launcher), called once; how its kernels load."""
     import ember.runtime
+    os.environ["EMBER_TRITON_LAUNCH"] = "jit"
+    try:
+        cf = ember.runtime.compile(fn, dynamic=False)
+        cf(*args)
+        torch.cuda.synchronize()
+    finally:
+        os.environ.pop("EMBER_TRITON_LAUNCH", None)
+    return cf, what_ran(cf).get("launch", {})
+
+
+def run_launch() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for case, fn, args in launch_cases():
         row: dict[str, Any] = {"section": "launch", "case": case}
-        with torch.no_grad():
-            want = fn(*args)
-            cf = ember.runtime.compile(fn, dynamic=False)
-            got = cf(*args)
-            tc = torch.compile(fn)
-            tgot = tc(*args)
-            torch.cuda.synchronize()
-            row["ok"] = bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)) and \
-                bool(torch.allclose(tgot, want, atol=1e-4, rtol=1e-4))
-            row.update(what_ran(cf))
-            for who, f in (("eager", fn), ("tc", tc), ("ember", cf)):
-                row[f"{who}_host_us"] = round(host_us(lambda f=f, a=args: f(*a)), 2)  # type: ignore[misc]
-                row[f"{who}_ms"] = bench(lambda f=f, a=args: f(*a))  # type: ignore[misc]
-            m = compiled_module(cf)
-            if case == "one_kernel" and m is not None and len(m.kernels) == 1:
-                row.update(kernel_launch_costs(m, args[0], want))
+        try:
+            row.update(launch_case(case, fn, args))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            row["trace"] = traceback.format_exc(limit=6)
         emit(row)
         rows.append(row)
     return rows
+
+
+def launch_case(case: str, fn: Callable[..., Any], args: tuple[torch.Tensor, ...]
+                ) -> dict[str, Any]:
+    import ember.runtime
+    row: dict[str, Any] = {}
+    with torch.no_grad():
+        want = fn(*args)
+        cf = ember.runtime.compile(fn, dynamic=False)
+        got = cf(*args)
+        tc = torch.compile(fn)
+        tgot = tc(*args)
+        torch.cuda.synchronize()
+        row["ok"] = bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)) and \
+            bool(torch.allclose(tgot, want, atol=1e-4, rtol=1e-4))
+        row.update(what_ran(cf))
+        jcf, row["jit_launch"] = jit_compiled(fn, args)
+        for who, f in (("eager", fn), ("tc", tc), ("ember", cf), ("ember_jit", jcf)):
+            row[f"{who}_host_us"] = round(host_us(lambda f=f, a=args: f(*a)), 2)  # type: ignore[misc]
+            row[f"{who}_ms"] = bench(lambda f=f, a=args: f(*a))  # type: ignore[misc]
+        m = compiled_module(cf)
+        if case == "one_kernel" and m is not None and len(m.kernels) == 1:
+            row.update(kernel_launch_costs(m, args[0], want))
+    return row
 
 
 def kernel_launch_costs(m: Any, x: torch.Tensor, want: torch.Tensor) -> dict[str, Any]:
@@ -442,7 +474,7 @@ def kernel_launch_costs(m: Any, x: torch.Tensor, want: torch.Tensor) -> dict[str
         out.zero_()
         res["jit_launch_us"] = round(host_us(lambda: jit(x, out), 5000), 2)
         res["jit_ok"] = bool(torch.allclose(out, want))
-    res["eager_op_us"] = round(host_us(lambda: torch.relu(x, out=out), 5000), 2)
+    res["eager_op_us"] = round(host_us(lambda: torch.mul(x, 2.0, out=out), 5000), 2)
     return res
 
 
@@ -551,6 +583,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                   "ember kernel compile s (wall) | Triton kernels | past the JIT | "
                   "on reference | fallbacks |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        jit_rows: list[str] = []
         for r in ms_:
             if "skipped" in r:
                 lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 13)
@@ -559,6 +592,10 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
             def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
                 v = r.get(k)
                 return fmt.format(v) if isinstance(v, (int, float)) else str(v or "")
+            if "ember_jit_ms" in r:
+                jit_rows.append(f"| {r['model']} | {f('ember_ms')} | {f('ember_jit_ms')} | "
+                                f"{r.get('launch', {}).get('fast')} / "
+                                f"{r.get('jit_launch', {}).get('fast')} |")
             lines.append(
                 f"| {r['model']} | {f('ember_vs_eager')} | {f('tc_vs_eager')} | "
                 f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
@@ -567,6 +604,11 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 f"{r.get('triton_kernels', '')} | {r.get('launch', {}).get('fast', '')} | "
                 f"{len(r.get('on_reference', {}))} | "
                 f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''} |")
+        if jit_rows:
+            lines += ["", "ember with its kernels launched through Triton's JIT "
+                      "(EMBER_TRITON_LAUNCH=jit, compiled again in the same process):", "",
+                      "| model | ember ms | ember (JIT launch) ms | kernels past the JIT "
+                      "(bound / JIT run) |", "|---|---|---|---|", *jit_rows]
         sp = [(r["tc_speedup"], r.get("ember_speedup")) for r in ms_ if "tc_speedup" in r]
         if sp and all(e for _, e in sp):
             g_tc = math.exp(sum(math.log(t) for t, _ in sp) / len(sp))
@@ -577,21 +619,26 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
     if ls:
         lines += ["", "## Per-call cost on tiny models (host us per call, many calls, one "
                   "synchronize; do_bench ms)", "",
-                  "| case | ok | Triton kernels | eager us | tc us | ember us | eager ms | tc ms | "
-                  "ember ms | kernels past the JIT |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| case | ok | Triton kernels | eager us | tc us | ember us | ember (JIT launch) "
+                  "us | eager ms | tc ms | ember ms | ember (JIT launch) ms | kernels past the JIT "
+                  "(bound / JIT run) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in ls:
-            la = r.get("launch", {})
+            if "error" in r:
+                lines.append(f"| {r['case']} | error: {r['error'][:200]} |" + " |" * 10)
+                continue
+            la, lj = r.get("launch", {}), r.get("jit_launch", {})
             lines.append(f"| {r['case']} | {r.get('ok')} | {r.get('triton_kernels')} | "
                          f"{r.get('eager_host_us')} | {r.get('tc_host_us')} | "
-                         f"{r.get('ember_host_us')} | {r.get('eager_ms', 0):.4f} | "
-                         f"{r.get('tc_ms', 0):.4f} | {r.get('ember_ms', 0):.4f} | "
-                         f"{la.get('fast')}/{la.get('kernels')} |")
+                         f"{r.get('ember_host_us')} | {r.get('ember_jit_host_us')} | "
+                         f"{r.get('eager_ms', 0):.4f} | {r.get('tc_ms', 0):.4f} | "
+                         f"{r.get('ember_ms', 0):.4f} | {r.get('ember_jit_ms', 0):.4f} | "
+                         f"{la.get('fast')}/{la.get('kernels')} / {lj.get('fast')} |")
         for r in ls:
             if "bound_launch_us" in r:
                 lines += ["", f"One Triton kernel launched alone (host us per launch): ember's "
                               f"bound launcher {r['bound_launch_us']} (ok {r.get('bound_ok')}), "
                               f"Triton's JIT {r.get('jit_launch_us')} (ok {r.get('jit_ok')}), "
-                              f"one eager torch op {r.get('eager_op_us')}."]
+                              f"one eager torch op (torch.mul out=) {r.get('eager_op_us')}."]
     ops = [r for r in rows if r["section"] == "opdb"]
     if ops:
         lines += ["", "## The op database's Triton column on cuda (real launches; each drawn "
@@ -615,6 +662,8 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2, help="opdb draws per family")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--models", default="", help="comma-separated model names (default all)")
+    ap.add_argument("--jit-models", default="mlp,timm/deit_tiny_patch16_224",
+                    help="models also timed with ember's kernels launched through Triton's JIT")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_cuda_suite: no CUDA device", file=sys.stderr)
@@ -674,7 +723,7 @@ def main() -> int:
                 emit({"section": "models", "model": name, "skipped": "out of time"})
                 continue
             try:
-                row = run_model(name, build)
+                row = run_model(name, build, name in a.jit_models.split(","))
             except Exception as e:  # noqa: BLE001
                 row = {"section": "models", "model": name,
                        "error": f"{type(e).__name__}: {str(e)[:300]}",

@@ -21,12 +21,13 @@ The bound path is used only where the launcher's calling convention is the one i
 for (triton 3.x's nvidia driver with `_BASE_ARGS_FORMAT == "iiiKKppOOOOOO"`: grid, stream,
 function, cooperative and PDL flags, two scratch buffers, metadata, launch metadata and the two
 launch hooks), no launch hook is set (a profiler's), and the binary needs no scratch memory;
-anywhere else, and in Triton's interpreter, kernels launch through the JIT as before, with the
-reason kept in `LoadReport`.
+anywhere else, in Triton's interpreter, and with EMBER_TRITON_LAUNCH=jit (to measure or rule out
+this path), kernels launch through the JIT as before, with the reason kept in `LoadReport`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -103,6 +104,8 @@ def unavailable(interpreting: bool) -> str | None:
     """Why the bound path cannot be used in this process (None: it can)."""
     if interpreting:
         return "Triton's interpreter"
+    if os.environ.get("EMBER_TRITON_LAUNCH") == "jit":  # to measure or rule out this path
+        return "EMBER_TRITON_LAUNCH=jit"
     if not torch.cuda.is_available():
         return "no CUDA device"
     try:
@@ -113,10 +116,19 @@ def unavailable(interpreting: bool) -> str | None:
     if getattr(nv, "_BASE_ARGS_FORMAT", None) != BASE_ARGS_FORMAT:
         return "this triton's launcher takes other arguments"
     hooks = getattr(knobs, "runtime", None)
-    if getattr(hooks, "launch_enter_hook", None) is not None \
-            or getattr(hooks, "launch_exit_hook", None) is not None:
-        return "a Triton launch hook is set"
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        if _hook_set(getattr(hooks, name, None)):
+            return "a Triton launch hook is set"
     return None
+
+
+def _hook_set(hook: Any) -> bool:
+    """Whether a launch hook is set: triton 3.6's hooks are HookChains, set when not empty
+    (the JIT calls them on every launch; a profiler adds one)."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if isinstance(calls, list) else True
 
 
 def _raw_stream() -> Callable[[int], int]:
