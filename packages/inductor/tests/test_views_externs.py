@@ -261,7 +261,7 @@ def test_convolutions_run_channels_last_like_eager() -> None:
     want = [torch.conv2d(r, w2, stride=(2, 1), padding=(1, 0), groups=2), r]
     compiled = compile_module(parse(CONV))
     ops = [n.kwargs.get("op") for n in compiled.graph().nodes if n.op == "kernels.extern"]
-    assert ops == ["loop.conv2d_nhwc", "loop.conv2d_nhwc"]
+    assert ops == ["loop.conv2d_packed", "loop.conv2d_packed"]  # weights are graph inputs
     torch.testing.assert_close(compiled_runner(compiled)(None, [x, w1, w2]).outputs, want)
     torch.testing.assert_close(Interpreter(compiled).run([x, w1, w2]).outputs, want)
 
@@ -404,7 +404,7 @@ def test_batchnorm_relu_fold_into_the_convolution() -> None:
         folded = run_pipeline(parse(CONV_BN.format(extra=extra, ret=ret)), "conv-nhwc")
         assert [n.kwargs["relu"] for n in folded.graph().nodes if n.op == "loop.conv2d"] \
             == [relu]
-        assert len(convs[0].args) == 3  # x, weight * A, bias B (the mean's shift)
+        assert len(convs[0].args) == 4  # x, weight, A, bias B (A folds into the packed weight)
         assert not any(n.op == "kernels.call" and n.kwargs["out_shapes"] == [[2, 4, 6, 5]]
                        for n in compiled.graph().nodes[:-1])  # nothing rereads the activation
         run = compiled_runner(compiled)

@@ -26,6 +26,7 @@ from ember.inductor.body import BodyBuilder, fresh_body_name
 from ember.inductor.indexing import ivar
 from ember.inductor.lowering import View, _Lowering, _ranges, _x
 from ember.inductor.targets.cpu.epilogue import AFFINE_OPS, conv_epilogues
+from ember.inductor.targets.cpu.packed import PACKED_OP
 from ember.ir import (
     Arg,
     DType,
@@ -240,6 +241,9 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
         xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
     res = n.results[0]
     lw.b.taken.discard(f"{res.name}.nhwc")
+    if _packable(lw, w):
+        _lower_packed(lw, n, xb, w, t)
+        return
     args: list[Arg] = [xb, lw.extern_operand(w)]
     kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc",
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
@@ -252,6 +256,45 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
                     names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
     if relu:
         out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc")
+    lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
+
+
+def _packable(lw: _Lowering, w: Value) -> bool:
+    """The weight is a graph input as it is (a parameter, not a value computed per call)."""
+    return w in lw.g.params and lw.env.get(w, w) is w
+
+
+def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) -> None:
+    """A weight that is a graph input (a parameter): `loop.conv2d_packed` (packed.py) on the
+    raw weight, with the steps' scale A and shift B as [C] kernels; oneDNN's packed, scaled
+    weight is cached across calls. ReLU runs in place inside the extern where only other
+    convolutions read the result (they read its NHWC buffer as it is: no kernel to fuse it
+    into); otherwise it stays a kernel that fuses into the pointwise reader."""
+    res = n.results[0]
+    steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
+    channels = int(t.shape[1])
+    scale = any(op in ("prims.mul", "prims.div") for op, _ in steps)
+    shift = any(op in ("prims.add", "prims.sub") for op, _ in steps)
+    relu = bool(n.kwargs.get("relu"))
+    readers = [m for m in lw.g.nodes if res in m.operands()]
+    inside = relu and res not in lw.g.outputs and bool(readers) \
+        and all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
+                for m in readers)
+    args: list[Arg] = [xb, w]
+    if scale:
+        args.append(_affine(lw, res.name, steps, channels, "a"))
+    if shift:
+        args.append(_affine(lw, res.name, steps, channels, "b"))
+    kw: dict[str, Arg] = {"op": PACKED_OP, "scale": scale, "bias": shift, "relu": inside,
+                          **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
+    ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
+    separate = relu and not inside
+    out = lw.b.emit("loop.extern", args, kw, types=[ot],
+                    names=[f"{res.name}.conv" if separate else f"{res.name}.nhwc"],
+                    loc=n.loc)[0]
+    if separate:
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc")
+    i = [ivar(k) for k in range(4)]
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
@@ -270,30 +313,9 @@ def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]],
     """The folded convolution's operands: weight * A (per output channel), bias B."""
     scales = any(op in ("prims.mul", "prims.div") for op, _ in steps)
     shifts = any(op in ("prims.add", "prims.sub") for op, _ in steps)
-    ct = TensorType(DType.f32, (channels,))
 
     def affine(which: str) -> Value:
-        """A kernel over the channels computing A (which="a") or B of y = conv * A + B."""
-        bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
-        a: Any = 1.0
-        b: Any = 0.0
-        for op, u in steps:
-            if isinstance(u, Value):
-                buf, idx = lw.index_of(u, [ivar(0)], {ivar(0): channels})
-                u = bb.load(buf, idx)
-            elif isinstance(u, int):
-                u = float(u)  # as epilogue.py reads a number operand
-            if op in ("prims.add", "prims.sub"):
-                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
-            else:
-                a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
-                b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
-        v = a if which == "a" else b
-        if not isinstance(v, Value):
-            v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
-                                           "device": "cpu"}, name=f"{name}.{which}")
-        return lw.kernel("loop.pointwise", bb, v, {"ranges": [channels]}, ct,
-                         f"{name}.{which}")
+        return _affine(lw, name, steps, channels, which)
     x, w = args
     if scales:  # the weight scaled per output channel, every call
         assert isinstance(w, Value) and isinstance(w.type, TensorType)
@@ -306,6 +328,31 @@ def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]],
                                                     name=f"{name}.w"),
                       {"ranges": list(wt.shape)}, wt, f"{name}.w")
     return [x, w, affine("b")] if shifts else [x, w]
+
+
+def _affine(lw: _Lowering, name: str, steps: list[tuple[str, Arg]], channels: int,
+            which: str) -> Value:
+    """A kernel over the channels computing A (which="a") or B of y = conv * A + B."""
+    bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
+    a: Any = 1.0
+    b: Any = 0.0
+    for op, u in steps:
+        if isinstance(u, Value):
+            buf, idx = lw.index_of(u, [ivar(0)], {ivar(0): channels})
+            u = bb.load(buf, idx)
+        elif isinstance(u, int):
+            u = float(u)  # as epilogue.py reads a number operand
+        if op in ("prims.add", "prims.sub"):
+            b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+        else:
+            a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
+            b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+    v = a if which == "a" else b
+    if not isinstance(v, Value):
+        v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
+                                       "device": "cpu"}, name=f"{name}.{which}")
+    return lw.kernel("loop.pointwise", bb, v, {"ranges": [channels]},
+                     TensorType(DType.f32, (channels,)), f"{name}.{which}")
 
 
 __all__ = ["CONV_OP", "conv_nhwc", "lower_conv2d"]

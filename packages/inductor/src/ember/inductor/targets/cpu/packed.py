@@ -1,0 +1,140 @@
+"""`loop.conv2d_packed`: the channels-last convolution on a prepacked, BatchNorm-folded weight.
+
+oneDNN computes a convolution on its own blocked weight layout; handed a plain OIHW (or
+channels-last) weight, it reorders it on every call. For the deep layers of a CNN that reorder
+costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at 7×7 takes
+~24 ms with the reorder, ~4 ms on a packed weight). TorchInductor avoids it only under
+`freezing`, treating the weights as constants. This op keeps the weights live:
+
+    %y = loop.extern(%x_nhwc, %w, %a, %b, op="loop.conv2d_packed", scale=true, bias=true,
+                     relu=false, stride=, padding=, dilation=, groups=) : f32[N, H, W, O]
+
+computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
+relu=true), where the packed `w * a` is cached on the weight tensor (`_PACKS`, weakly keyed, so
+it dies with the weight) under the weight's version counter and data pointer, the input's size
+and the convolution's attributes, and a copy of `a` compared by value each call (`a` is
+BatchNorm's rsqrt(var + eps) * gamma, a [O] vector recomputed every call). An in-place update of
+the weight (an optimizer step, `load_state_dict`, `copy_` under no_grad) bumps its version and
+repacks; a write that bypasses the version counter (`w.data.copy_(...)`) is not seen — the
+lowering (conv.py) uses this op only for weights that are graph inputs, and the cache holds
+only `nn.Parameter`s (any other tensor is packed per call, never cached: a planned buffer can
+hold new values under the same version). Without oneDNN it is `torch.convolution`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ember.ir import (
+    Arg,
+    InferContext,
+    Interpreter,
+    OpDef,
+    OpTypeError,
+    TensorType,
+    Type,
+    Value,
+    default_registry,
+)
+
+PACKED_OP = "loop.conv2d_packed"
+_FLAGS = ("scale", "bias", "relu")
+_CONV = ("stride", "padding", "dilation", "groups")
+MAX_PER_KEY = 4  # one weight under several scales (a shared conv weight): a few entries each
+
+# weight tensor -> {(version, data_ptr, input size, conv attributes): [(a copy, packed), ...]},
+# keyed by the tensor's identity (weakref's own dictionary would compare tensors with ==)
+_PACKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """x, w, a (or None), b (or None) by the op's scale=/bias= flags."""
+    want = 2 + bool(kw.get("scale")) + bool(kw.get("bias"))
+    if len(args) != want or any(not isinstance(kw.get(f, False), bool) for f in _FLAGS):
+        raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
+                          f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
+                          f"are true or false)")
+    rest = list(args[2:])
+    a = rest.pop(0) if kw.get("scale") else None
+    b = rest.pop(0) if kw.get("bias") else None
+    return args[0], args[1], a, b
+
+
+def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    x, w, a, b = _operands(args, kw)
+    nhwc = ctx.registry.lookup("loop.conv2d_nhwc") if ctx.registry else None
+    assert nhwc is not None
+    t = nhwc.infer(ctx, [x, w] + ([b] if b is not None else []),
+                   {k: v for k, v in kw.items() if k in _CONV})[0]
+    assert isinstance(t, TensorType)
+    if a is not None and not (isinstance(a, Value) and isinstance(a.type, TensorType)
+                              and list(a.type.shape) == [t.shape[3]]):
+        raise OpTypeError(f"{PACKED_OP}: the scale has one value per output channel")
+    return [t]
+
+
+def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and w.dtype == torch.float32 and x.device.type == "cpu" \
+        and w.device.type == "cpu" and torch.backends.mkldnn.is_available() \
+        and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+
+
+def _scaled(w: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
+    return w if a is None else w * a.reshape(-1, *([1] * (w.dim() - 1)))
+
+
+def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
+                  kw: Mapping[str, Any]) -> torch.Tensor:
+    """oneDNN's packed `w * a[o]` for an NCHW input of `size`: cached for a Parameter (module
+    docstring), packed afresh for any other tensor."""
+    conv = tuple(tuple(kw[k]) if isinstance(kw[k], list) else kw[k] for k in _CONV)
+    with torch.no_grad():  # packing is not part of any autograd graph
+        entries = None
+        if isinstance(w, torch.nn.Parameter):
+            per_weight = _PACKS.setdefault(w, {})
+            now = (w._version, w.data_ptr())
+            for stale in [k for k in per_weight if k[:2] != now]:  # the weight changed since
+                del per_weight[stale]
+            entries = per_weight.setdefault((*now, tuple(size), conv), [])
+            for cached_a, packed in entries:
+                if (a is None and cached_a is None) or (
+                        a is not None and cached_a is not None and torch.equal(a, cached_a)):
+                    return packed
+        packed = torch.ops.mkldnn._reorder_convolution_weight(
+            _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
+            list(kw["dilation"]), int(kw["groups"]), list(size))
+        if entries is not None:
+            del entries[:max(0, len(entries) + 1 - MAX_PER_KEY)]
+            entries.append((None if a is None else a.clone(), packed))
+        return packed
+
+
+def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    x, w, a, b = _operands(args, kw)
+    kw = {"groups": 1, **kw}
+    xc = x.permute(0, 3, 1, 2)  # NCHW seen with channels-last strides
+    if _mkldnn(x, w):
+        y = torch.ops.mkldnn._convolution_pointwise(
+            xc, packed_weight(w, a, xc.shape, kw), b, kw["padding"], kw["stride"],
+            kw["dilation"], kw["groups"], "none", [], "")
+    else:
+        with torch.no_grad():
+            y = torch.convolution(xc, _scaled(w, a), b, kw["stride"], kw["padding"],
+                                  kw["dilation"], False, [0, 0], kw["groups"])
+    if kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
+        y = torch.relu_(y)
+    return y.permute(0, 2, 3, 1).contiguous()
+
+
+PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIHW weight "
+                     "scaled per output channel (scale=true: a [O] operand) plus a bias "
+                     "(bias=true), relu=; oneDNN's packed weight cached on the weight "
+                     "(an extern's op; NHWC result)", _infer, _run, aliasing="fresh")
+if default_registry().lookup(PACKED_OP) is None:
+    default_registry().register(PACKED_OPDEF)
+
+__all__ = ["PACKED_OP", "packed_weight"]

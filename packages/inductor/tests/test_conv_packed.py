@@ -1,0 +1,112 @@
+"""`loop.conv2d_packed` (targets/cpu/packed.py): convolutions on oneDNN's packed weights, cached
+on the weight and repacked whenever the weight or the folded BatchNorm scale changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember.inductor  # noqa: F401  (registers the CPU target)
+from ember.inductor.kernels import compile_module, compiled_runner
+from ember.inductor.targets.cpu import packed
+from ember.ir import parse
+from ember.runtime.bench import ember_status
+from ember.runtime.compile import compile as ember_compile
+
+KW = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1}
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="oneDNN's packed weights need mkldnn")
+
+
+def _net() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8),
+                              torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3, padding=1, groups=2))
+    with torch.no_grad():
+        bn = net[1]
+        assert isinstance(bn, torch.nn.BatchNorm2d)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return net.eval()
+
+
+@needs_mkldnn
+def test_the_packed_weight_is_cached_and_repacked_when_it_changes() -> None:
+    w = torch.nn.Parameter(torch.randn(8, 3, 3, 3))
+    a = torch.rand(8) + 0.5
+    size = [2, 3, 6, 6]
+    first = packed.packed_weight(w, a, size, KW)
+    assert packed.packed_weight(w, a.clone(), size, KW) is first  # equal scale: reused
+    other = packed.packed_weight(w, a + 1, size, KW)
+    assert other is not first
+    with torch.no_grad():
+        w.mul_(2)  # an in-place update bumps the version: repacked
+    x = torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    again = packed.packed_weight(w, a, size, KW)
+    assert again is not first
+    got = torch.ops.mkldnn._convolution_pointwise(x, again, None, [1, 1], [1, 1], [1, 1], 1,
+                                                  "none", [], "")
+    torch.testing.assert_close(got, torch.conv2d(x, w.detach() * a[:, None, None, None],
+                                                 padding=1))
+    plain = torch.randn(8, 3, 3, 3)  # not a Parameter: packed per call, never cached
+    assert packed.packed_weight(plain, None, size, KW) is not \
+        packed.packed_weight(plain, None, size, KW)
+    assert plain not in packed._PACKS
+
+
+def test_bad_operands_are_refused_in_one_line() -> None:
+    with pytest.raises(Exception, match="scale=true"):
+        packed._operands([1, 2, 3], {"scale": False, "bias": False})
+
+
+@needs_mkldnn
+def test_compiled_conv_bn_relu_follows_weight_and_statistics_updates() -> None:
+    """A compiled conv -> BN -> ReLU -> conv runs on packed weights (the ReLU in the extern:
+    only a convolution reads it) and matches eager after in-place updates of the weights
+    and running statistics, and keeps NaN through the ReLU as torch.relu does."""
+    net = _net()
+    x = torch.randn(2, 3, 6, 6)
+    f = ember_compile(net)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), net(x))
+        conv0 = net[0]
+        bn = net[1]
+        assert isinstance(conv0, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d)
+        status = ember_status(f)
+        assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
+        assert conv0.weight in packed._PACKS  # the packed path ran, and cached
+        conv0.weight.add_(0.5)
+        torch.testing.assert_close(f(x), net(x))
+        bn.running_var.mul_(3)  # the folded scale changes: repacked
+        bn.running_mean.add_(1)
+        torch.testing.assert_close(f(x), net(x))
+        bn.running_var[0] = -1.0  # rsqrt of a negative variance: NaN through ReLU
+        want = net(x)
+        assert want.isnan().any()
+        torch.testing.assert_close(f(x), want, equal_nan=True)
+
+
+CONV_RELU_CONV = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5]) {
+  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %r = prims.maximum(%c1, 0.0) : f32[2, 4, 6, 5]
+  %c2 = prims.convolution(%r, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  return (%c2)
+}
+"""
+
+
+def test_relu_read_only_by_a_convolution_runs_inside_the_extern() -> None:
+    """No kernel would fuse that ReLU (the next convolution reads the NHWC buffer as it is):
+    the extern applies torch's relu_ in place, NaN kept."""
+    compiled = compile_module(parse(CONV_RELU_CONV))
+    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    assert [(n.kwargs["op"], n.kwargs["relu"]) for n in externs] \
+        == [("loop.conv2d_packed", True), ("loop.conv2d_packed", False)]
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(s, generator=g) for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
+    x[0, 0, 0, 0] = float("nan")
+    want = torch.conv2d(torch.relu(torch.conv2d(x, w1, padding=1)), w2)
+    got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
+    torch.testing.assert_close(got, want, equal_nan=True)
