@@ -15,7 +15,8 @@ import os
 
 # the device run sets EMBER_TEST_CUDA=1: real launches there, the interpreter everywhere else
 CUDA = os.environ.get("EMBER_TEST_CUDA") == "1"
-if not CUDA:
+REAL = os.environ.get("EMBER_TEST_REAL_COMPILE") == "1"  # real_compile_check's own process
+if not CUDA and not REAL:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
 import contextlib  # noqa: E402
@@ -45,7 +46,7 @@ def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def gpu_module(f: Any, *args: torch.Tensor) -> Module:
     """The GPU form of f's compiled module (code generation only: graphs typed @cuda:0)."""
     text = str(capture(f, args, {}).module)
-    retyped = re.sub(r"((?:f32|f16|i64)\[[^\]]*\])(?!@)", r"\1@cuda:0", text)
+    retyped = re.sub(r"((?:f32|f16|i64|b8)\[[^\]]*\])(?!@)", r"\1@cuda:0", text)
     return run_pipeline(parse(retyped), "decompose,cse,dce,inductor-cuda")
 
 
@@ -172,6 +173,102 @@ def test_interpreter_loads_keep_the_jit_with_the_reason() -> None:
     assert all(not k.fast and k.why == "Triton's interpreter" for k in report.kernels.values())
     for k in table.values():
         assert k.fn.__name__ == "launch"
+
+
+class FakeDriver:
+    """Triton's active driver without a GPU: an sm_90 target, a binary "loaded" as handle 4242
+    and a launcher that records; Triton's compile itself (and ptxas) runs for real."""
+
+    def __init__(self) -> None:
+        self.utils = SimpleNamespace(
+            load_binary=lambda name, kernel, shared, dev: (1, 4242, 20, 0, 1024),
+            get_device_properties=lambda d: {"max_shared_mem": 232448})
+
+    def launcher_cls(self, src: Any, md: Any) -> Any:
+        return SimpleNamespace(launch=Recorder(), num_ctas=1, launch_pdl=False,
+                               global_scratch_size=md.global_scratch_size,
+                               profile_scratch_size=md.profile_scratch_size,
+                               launch_cooperative_grid=md.launch_cooperative_grid)
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Any = None) -> int:
+        return 0
+
+
+def real_compile_check() -> None:
+    """Triton's own warmup of the GPU form (a multi-output softmax kernel and one over symbolic
+    sizes) compiled for sm_90 (Triton's compile and ptxas for real, a FakeDriver for the rest)
+    in the thread pool: every buffer specialized 16-byte aligned, sizes i64 and unspecialized,
+    and the bound launch passes exactly the binary's signature (buffers, sizes, XBLOCK) after
+    the launcher's 13 leading arguments. Runs in a process where Triton never interpreted
+    (test_real_triton_compile_fits_the_bound_launch starts it)."""
+    import tempfile
+
+    import triton.compiler.compiler as triton_compiler
+    from triton.runtime import driver
+
+    from packages.inductor.tests.test_symbolic_kernels import GRAPHS, SYMS
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember-test-triton-")
+    x, y = torch.randn(8, 300), torch.randn(8, 300)
+    m1 = gpu_module(lambda a, b: (torch.softmax(a * b, -1), (a > 0) & (b < 1)), x, y)
+    text = "ember.ir 1.0\n\n" + SYMS.format(h0=8, h1=16) + GRAPHS["softmax_norm"] + "\n"
+    m2 = run_pipeline(parse(re.sub(r"((?:f32|i64)\[[^\]]*\])(?!@)", r"\1@cuda:0", text)),
+                      "decompose,cse,dce,inductor-cuda")
+    triton_compiler.max_shared_mem = lambda dev: 232448  # type: ignore[assignment]
+    driver.set_active(FakeDriver())  # type: ignore[arg-type]
+    jobs = []
+    for m in (m1, m2):
+        sigs = codegen._signatures(m)
+        for k in m.kernels.values():
+            args, dev = sigs[k.name]  # type: ignore[misc]
+            jobs.append(launcher.Job(k.name, block_module(k), args, dev, len(args)))
+    report = launcher.LoadReport()
+    out = launcher.compile_and_bind(jobs, report, workers=2,
+                                    device=lambda d: contextlib.nullcontext(), init=lambda: None)
+    assert report.summary()["fast"] == len(jobs) >= 2, report.kernels
+    for job in jobs:
+        binary = job.module.warmup(*job.args)  # the JIT's cache: the same binary
+        sig = list(binary.src.signature.values())
+        nbuf = sum(isinstance(a, torch.dtype) for a in job.args)
+        assert sig[nbuf:] == ["i64"] * (len(job.args) - nbuf) + ["constexpr"], sig
+        assert set(binary.src.attrs) == {(i,) for i in range(nbuf)}  # all aligned
+        run = Recorder()
+        fast = job.module.bind(run, 4242, binary.packed_metadata, (False, False), 0,
+                               lambda d: 7, lambda: 0)
+        assert fast.__code__.co_argcount == len(job.args)
+        fast(*[torch.empty(64, dtype=a) if isinstance(a, torch.dtype) else 5 for a in job.args])
+        (call,) = run.calls
+        assert len(call) == 13 + len(sig) and call[3:5] == (7, 4242), call
+        assert out[job.name].__code__ is fast.__code__
+    print("real compile check: ok", report.summary())
+
+
+@CPU_ONLY
+def test_real_triton_compile_fits_the_bound_launch() -> None:
+    """real_compile_check in a fresh process (Triton cannot compile for real in a process
+    that imported it interpreting)."""
+    import subprocess
+    from pathlib import Path
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        if not os.path.exists(get_ptxas(90).path):
+            pytest.skip("triton without its ptxas")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"triton without its nvidia backend ({e})")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["EMBER_TEST_REAL_COMPILE"] = "1"
+    code = ("from packages.inductor.tests.test_cuda_launch import real_compile_check; "
+            "real_compile_check()")
+    p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "real compile check: ok" in p.stdout, p.stderr[-3000:]
 
 
 @pytest.mark.skipif(not (CUDA and torch.cuda.is_available()),
