@@ -156,16 +156,18 @@ def test_accumulating_mutation_matches_eager(fake: Any) -> None:
         torch.testing.assert_close(got, want)
 
 
-def test_a_static_input_that_moves_is_copied_and_rerecorded(fake: Any) -> None:
+def test_a_static_input_that_moves_is_recorded_again_then_copied(fake: Any) -> None:
+    """w is static (same tensor at warm-up and recording); a new w is recorded again with it
+    static; a second move makes it a copied input (recorded once more, then replayed)."""
     fake()
     c = er.compile(mlp, mode="reduce-overhead")
-    w1, w2 = torch.randn(8, 8), torch.randn(8, 8)
+    w1, w2, w3 = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
     x = torch.randn(4, 8)
-    for w in (w1, w1, w1, w2, w2, w1):
+    for w in (w1, w1, w1, w2, w2, w3, w1, w2):
         torch.testing.assert_close(c(x, w), mlp(x, w))
     (g,) = er.explain(c).cuda_graphs
-    assert g.rerecorded == 1 and g.recordings == 2, g.text()
-    assert "1 re-recording(s) (a static input moved)" in g.text()
+    assert (g.rerecorded, g.recordings, g.replays) == (2, 3, 7), g.text()
+    assert "2 re-recording(s) (a static input moved)" in g.text()
 
 
 def test_one_recording_per_size_binding_up_to_the_limit(fake: Any) -> None:
@@ -278,3 +280,39 @@ def test_binding_is_shapes_and_scalar_values() -> None:
     assert binding([a, 4]) != binding([b, 5])
     assert binding([a]) != binding([torch.zeros(3, 2)])
     assert binding([1]) != binding([1.0]) and binding([True]) != binding([1])
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str) -> None:
+    """Greedy generate() through a recorded forward: a static cache has one decode binding
+    (recorded once, replayed every later step, its in-place cache update written back in the
+    recording); a DynamicCache grows every step, so each binding is met once: warm-ups only."""
+    pytest.importorskip("transformers")
+    from ember.runtime.testing import tiny_hf_model
+
+    fake()
+    model: Any = tiny_hf_model("neox")[0]
+    torch.manual_seed(1)
+    ids = torch.randint(2, 100, (2, 5))
+    kw: dict[str, Any] = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        cf = er.compile(model.forward, mode="reduce-overhead")
+        model.forward = cf
+        try:
+            got = model.generate(ids, **kw)
+            again = model.generate(ids, **kw)
+        finally:
+            del model.forward
+    assert torch.equal(got, want) and torch.equal(again, want)
+    rep = er.explain(cf)
+    assert rep.fallbacks == [], str(rep)
+    if cache == "static":
+        decode = rep.cuda_graphs[-1]
+        # (the second generate() makes a new cache: recorded again with it in place)
+        assert decode.recordings == 2 and decode.rerecorded == 1, str(rep)
+        assert decode.replays >= 2 * 10 - 4, str(rep)
+    else:  # each cache length met once per generate(): recorded in the second, up to 8
+        assert rep.cuda_graphs[-1].recordings == 8, str(rep)

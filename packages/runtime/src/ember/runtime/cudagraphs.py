@@ -14,7 +14,8 @@ exceeds the GPU time. Under these modes each graph the inductor compiled is wrap
   most `max_recordings` per graph (default 8); a binding past that runs without a graph, counted.
 * **Static inputs**: a parameter, or an input found at the same address (data_ptr, strides) on
   every call of its binding so far, is read in place by the recording (never copied); every
-  call checks those addresses, and an input that moved is copied from then on (a re-recording).
+  call checks those addresses; where one moved, the binding is recorded again (an input that
+  moves twice, a new tensor each call, is copied from then on).
   Other inputs are copied into buffers the recording owns.
 * **One memory pool** per compiled function: its recordings' intermediates and outputs.
 * **Outputs are cloned out of the pool** after each replay, so the caller never holds memory
@@ -190,7 +191,7 @@ class _GraphRunner:
         self.owner, self.runner, self.rec, self.info = owner, runner, rec, info
         self.recordings: dict[tuple[Any, ...], _Recording] = {}
         self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
-        self.moved: set[int] = set()  # inputs that were static and moved: copied from now on
+        self.moves: dict[int, int] = {}  # static inputs that moved: how often
         self.n_inputs = n_inputs
 
     def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
@@ -201,8 +202,12 @@ class _GraphRunner:
             return self.runner(graph, inputs)
         key = binding(inputs)
         r = self.recordings.get(key)
+        again: set[int] = set()  # a re-recording: the inputs static in the last recording
         if r is not None and not self._still_static(r, inputs):
-            self.moved.update(i for i, a in r.static if _address(inputs[i]) != a)
+            for i, a in r.static:
+                if _address(inputs[i]) != a:
+                    self.moves[i] = self.moves.get(i, 0) + 1
+            again = {i for i, _ in r.static}
             del self.recordings[key]
             rec.rerecorded += 1
             r = None
@@ -217,10 +222,12 @@ class _GraphRunner:
                     rec.over_limit += 1
                     rec.plain += 1
                 return self.runner(graph, inputs)
-            # static: same address at warm-up and now (parameters always), never moved
+            # static: a parameter, or at the same address at warm-up and now, or static in the
+            # last recording; an input that moved twice (a new tensor each call) is copied
             static = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
-                      and i not in self.moved
-                      and (isinstance(x, torch.nn.Parameter) or first[i] == addrs[i])]
+                      and self.moves.get(i, 0) < 2
+                      and (isinstance(x, torch.nn.Parameter) or first[i] == addrs[i]
+                           or i in again)]
             got = self._record(graph, key, inputs, static)
             if got is None:
                 return self.runner(graph, inputs)

