@@ -140,7 +140,7 @@ def _raw_stream() -> Callable[[int], int]:
 
 def _current_device() -> Callable[[], int]:
     f = getattr(torch._C, "_cuda_getDevice", None)
-    return f if callable(f) else torch.cuda.current_device  # type: ignore[no-any-return]
+    return f if callable(f) else torch.cuda.current_device
 
 
 @dataclass
