@@ -33,9 +33,10 @@ class ReplayingRecorder:
         self.outs: dict[int, list[Any]] = {}
 
     def capture(self, fn: Callable[[], list[Any]], device: torch.device,
-                inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+                inputs: Sequence[Any], warm: Callable[[], Any]) -> tuple[Any, list[Any]]:
         if self.fail:
             raise RuntimeError(self.fail)
+        warm()
         saved = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         outs = fn()
         for x, s in zip(inputs, saved, strict=True):
@@ -294,7 +295,7 @@ def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str)
     model: Any = tiny_hf_model("neox")[0]
     torch.manual_seed(1)
     ids = torch.randint(2, 100, (2, 5))
-    kw: dict[str, Any] = dict(max_new_tokens=10, do_sample=False, pad_token_id=0)
+    kw: dict[str, Any] = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
     if cache == "static":
         kw["cache_implementation"] = "static"
     with torch.no_grad():
@@ -313,6 +314,7 @@ def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str)
         decode = rep.cuda_graphs[-1]
         # (the second generate() makes a new cache: recorded again with it in place)
         assert decode.recordings == 2 and decode.rerecorded == 1, str(rep)
-        assert decode.replays >= 2 * 10 - 4, str(rep)
-    else:  # each cache length met once per generate(): recorded in the second, up to 8
-        assert rep.cuda_graphs[-1].recordings == 8, str(rep)
+        assert decode.replays >= 2 * 6 - 4, str(rep)
+    else:  # each cache length met once per generate(): a warm-up, then recorded in the second
+        decode = rep.cuda_graphs[-1]
+        assert decode.recordings == decode.warmups == decode.replays >= 2, str(rep)

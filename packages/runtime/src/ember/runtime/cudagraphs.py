@@ -113,9 +113,10 @@ class Recorder(Protocol):
     """How graphs are recorded and replayed (the CUDA one below; tests substitute others)."""
 
     def capture(self, fn: Callable[[], list[Any]], device: torch.device,
-                inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+                inputs: Sequence[Any], warm: Callable[[], Any]) -> tuple[Any, list[Any]]:
         """Record `fn()` (which reads and may write `inputs`) without running it; return the
-        graph and fn's results, which each replay refreshes."""
+        graph and fn's results, which each replay refreshes. `warm()` runs the same kernels
+        without side effects: a recorder may run it first, on the stream it records on."""
 
     def replay(self, graph: Any) -> None: ...
 
@@ -128,7 +129,7 @@ class CUDARecorder:
         self.stream: torch.cuda.Stream | None = None
 
     def capture(self, fn: Callable[[], list[Any]], device: torch.device,
-                inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+                inputs: Sequence[Any], warm: Callable[[], Any]) -> tuple[Any, list[Any]]:
         with torch.cuda.device(device):
             if self.pool is None:
                 self.pool = torch.cuda.graph_pool_handle()
@@ -137,6 +138,9 @@ class CUDARecorder:
             g = torch.cuda.CUDAGraph()
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
+                # a run on the capture stream first: libraries that set up per-stream state on
+                # first use (cuBLAS workspaces) do it outside the capture
+                warm()
                 # thread_local: another thread's CUDA calls (a compile) do not fail the capture
                 g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
@@ -272,8 +276,11 @@ class _GraphRunner:
                     ins[p].copy_(outs[r])  # the write-back, in the graph
             return outs
 
+        def warm() -> None:  # the graph is pure: its write-backs are body's
+            self.runner(graph, ins)
+
         try:
-            g, outs = self.owner.recorder.capture(body, device, ins)
+            g, outs = self.owner.recorder.capture(body, device, ins, warm)
         except Exception as e:
             rec.skipped = f"recording failed: {type(e).__name__}: {_first_line(e)}"
             _sync(device)
@@ -316,8 +323,12 @@ class _GraphRunner:
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the device after a failed recording (its error, if any, was reported)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        try:
+            torch.cuda.synchronize(device)
+        except RuntimeError:
+            pass
 
 
 def _first_line(e: BaseException) -> str:
