@@ -15,7 +15,9 @@ The `triton` loader writes each block's source to `<kernel cache>/triton/<sha256
 private cache directory, cache.py) and imports it: `triton.jit` needs a source file. Like the
 `cpp` loader compiling a block with g++, it runs the block's code: blocks come from
 `codegen-triton` or, in an IR file, only with `--allow-kernels`. Its kernels take the tensors
-(ABI "tensor") and launch with the grid and warps written in the block.
+(ABI "tensor") and launch with the grid and warps written in the block. On cuda it compiles the
+module's kernels at load, in parallel, and hands out each block's bound launch past Triton's
+JIT (launcher.py); `load_report(module)` says which kernels got it and the compile seconds.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A kernel block is one Python module: a `@triton.jit` function named `kernel_symbol(name)` and a
 `launch(in0, ..., out0, ...)` that computes the grid and launches it with the schedule written
-into the source (so a dumped module replays with the same blocks and warps). Two shapes:
+into the source (so a dumped module replays with the same blocks and warps); for the GPU also
+`warmup()` and `bind()`, the launch past Triton's JIT (launcher.py). Two shapes:
 
 - pointwise (no reduction): a 1-D grid over the output's flattened elements, XBLOCK per
   program, masked; each loop variable is recovered from the flat index (`//`, `%` by the
