@@ -16,6 +16,7 @@ modules, constants) are bound by name in the functions' namespace.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ember.capture import (
@@ -30,6 +31,7 @@ from ember.capture import (
     Source,
 )
 from ember.capture.sources import LocalSource, prefixes, rebase
+from ember.runtime.fastguards import fast_check
 
 CHECK_ERROR = -2  # evaluating a guard raised: treated as a failed guard
 _ROOTS = ("S", "A", "K")
@@ -105,11 +107,25 @@ class CallCode:
             lines.append(f"    return {_out(output, ref)}")
         self.source = "\n".join(lines) + "\n"
         self.guards = guards
+        self.inputs = list(inputs)
         code = compile(self.source, "<ember generated guards>", "exec")
         exec(code, ns.values)  # ember's own generated source, see the module docstring
-        self.guard = ns.values["guard"]
+        self.full: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] = ns.values["guard"]
+        self.guard = self._first  # the fast check replaces it once a call passes (fastguards.py)
+        self.fast_source: str | None = None
         self.output = ns.values.get("output")
         self._ns = ns
+
+    def _first(self, S: Any, A: tuple[Any, ...], K: dict[str, Any]) -> Any:
+        """The full check; on the first call that passes, build the fast check from the
+        values it read (kept only where it returns the very same inputs)."""
+        r = self.full(S, A, K)
+        if isinstance(r, list):
+            got = fast_check(self.guards, self.inputs, self.full, S, A, K, r)
+            self.guard = self.full
+            if got is not None:
+                self.guard, self.fast_source = got
+        return r
 
     def check(self, S: Any, A: tuple[Any, ...], K: dict[str, Any]) -> int:
         """-1 when the guards hold, else the index of the first failing guard (or -2)."""
