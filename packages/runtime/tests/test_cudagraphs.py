@@ -88,7 +88,7 @@ def test_records_after_one_warmup_then_replays(fake: Any) -> None:
     text = str(rep)
     assert "CUDA graphs: 1 recording(s), 3 replay(s); 0 of 1 graph(s) not recorded" in text
     assert "graph 0 @mlp: 1 recording(s), 3 replay(s), 1 warm-up call(s)" in text
-    assert "bindings ([4, 8], [8, 8])" in text
+    assert "bindings (static shapes)" in text  # the guards hold every dim
 
 
 def test_kept_outputs_are_not_overwritten_by_the_next_replay(fake: Any) -> None:
@@ -183,7 +183,7 @@ def test_one_recording_per_size_binding_up_to_the_limit(fake: Any) -> None:
     assert rep.graph_count == 1, rep.recompilations
     (g,) = rep.cuda_graphs
     assert (g.recordings, g.replays, g.warmups, g.over_limit) == (2, 4, 3, 2), g.text()
-    assert g.bindings == ["([2, 8], [8, 8])", "([3, 8], [8, 8])"]
+    assert g.bindings == ["(s0=2, s1=8)", "(s0=3, s1=8)"]  # the symbols' values
     assert "(2 past the recording limit)" in g.text()
 
 
@@ -318,3 +318,23 @@ def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str)
     else:  # each cache length met once per generate(): a warm-up, then recorded in the second
         decode = rep.cuda_graphs[-1]
         assert decode.recordings == decode.warmups == decode.replays >= 2, str(rep)
+
+
+def test_binder_reads_only_symbolic_dims_and_scalars() -> None:
+    import types
+
+    import sympy
+
+    from ember.runtime.cudagraphs import Binder
+
+    def param(*shape: Any) -> Any:
+        return types.SimpleNamespace(type=types.SimpleNamespace(shape=shape))
+
+    s0 = sympy.Symbol("s0")
+    b = Binder([param(s0, 8), param(), param(8, s0)],
+               [torch.zeros(2, 8), 3, torch.zeros(8, 2)])
+    key = b([torch.zeros(5, 8), 3, torch.zeros(8, 5)])
+    assert key == (5, (int, 3)) and b.text(key) == "(s0=5, input 1=3)"
+    assert Binder([param(8)], [torch.zeros(8)]).text(()) == "(static shapes)"
+    unknown = Binder(None, [torch.zeros(2)])  # no types: every shape is read
+    assert unknown([torch.zeros(4)]) == binding([torch.zeros(4)])

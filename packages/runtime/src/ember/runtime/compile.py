@@ -387,7 +387,8 @@ class CompiledFunction:
         if self._cudagraphs is not None:
             runner = self._cudagraphs.wrap(self.history, runner, module.graph().name,
                                            self._graph_no, example_inputs,
-                                           graph_info(self._capturing, example_inputs), slow)
+                                           graph_info(self._capturing, example_inputs), slow,
+                                           module.graph().params)
         compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \
             else f"the compiled code of backend {self.backend_name!r}"
         run = self._judged(module, example_inputs, runner, compiled_code)

@@ -35,6 +35,7 @@ The counts (recordings, replays, warm-ups, calls without a graph) are in `Histor
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ MAX_RECORDINGS = 8  # per graph: a symbolic graph meets a new binding per size
 SCALARS = (int, float, bool, type(None))
 
 IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 @dataclass(frozen=True)
@@ -101,8 +103,48 @@ def skip_reason(examples: Sequence[Any], interpreter: str | None,
 
 def binding(inputs: Sequence[Any]) -> tuple[Any, ...]:
     """What one recording is specialized to: each tensor's shape, each scalar's value."""
-    return tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else (type(x), x)
-                 for x in inputs)
+    return tuple(x.shape if isinstance(x, torch.Tensor) else (type(x), x) for x in inputs)
+
+
+class Binder:
+    """The binding of a call, cheaply: the guards (and the generated call's checks) already
+    hold every static dim of the captured graph's inputs, so only its symbolic dims and its
+    scalar inputs can differ between calls (a decode step of ~400 inputs: a few reads, not
+    400 shapes). Where the graph's input types are not known, every shape is read."""
+
+    def __init__(self, params: Sequence[Any] | None, examples: Sequence[Any]):
+        self.where: list[tuple[int, int, str]] | None = None  # (input, dim, its size expr)
+        self.scalars = [i for i, x in enumerate(examples) if not isinstance(x, torch.Tensor)]
+        if params is None or len(params) != len(examples):
+            return
+        where: list[tuple[int, int, str]] = []
+        seen: set[str] = set()
+        for i, (p, x) in enumerate(zip(params, examples, strict=True)):
+            shape = getattr(getattr(p, "type", None), "shape", None)
+            if not isinstance(x, torch.Tensor):
+                continue
+            if shape is None or len(shape) != x.dim():
+                return
+            for d, e in enumerate(shape):
+                if not isinstance(e, int) and str(e) not in seen:  # (once per size expression)
+                    seen.add(str(e))
+                    where.append((i, d, str(e)))
+        self.where = where
+
+    def __call__(self, inputs: Sequence[Any]) -> tuple[Any, ...]:
+        if self.where is None:
+            return binding(inputs)
+        return (*(inputs[i].shape[d] for i, d, _ in self.where),
+                *((type(inputs[i]), inputs[i]) for i in self.scalars))
+
+    def text(self, key: tuple[Any, ...]) -> str:
+        """`(s0=14, input 3=2.5)`; `(static shapes)` for a graph with neither."""
+        if self.where is None:
+            return _binding_text(key)
+        n = len(self.where)
+        parts = [f"{e}={v}" for (_, _, e), v in zip(self.where, key[:n], strict=True)]
+        parts += [f"input {i}={v[1]!r}" for i, v in zip(self.scalars, key[n:], strict=True)]
+        return "(" + (", ".join(parts) or "static shapes") + ")"
 
 
 def _address(x: Any) -> tuple[int, tuple[int, ...]] | None:
@@ -163,7 +205,11 @@ class _Recording:
     def __init__(self, key: tuple[Any, ...], graph: Any, ins: list[Any], outs: list[Any],
                  static: list[int], copied: list[int], plan: list[tuple[str, int]]):
         self.key, self.graph, self.ins, self.outs = key, graph, ins, outs
-        self.static = [(i, _address(ins[i])) for i in static]
+        self.static = [(i, ins[i].data_ptr()) for i in static]
+        self.ptrs = [p for _, p in self.static]
+        # (the per-call check of ~400 parameters' addresses, at C speed where it can be)
+        self.take: Callable[[Sequence[Any]], Any] = \
+            operator.itemgetter(*static) if len(static) > 1 else _take(static)
         self.copied = copied
         # per result: ("clone", -) a pool tensor, ("input", i) the caller's static input i
         # (written back in the graph), ("view", i) a view of static input i, ("same", -) as is
@@ -180,23 +226,25 @@ class CudaGraphs:
         self.max_recordings = max_recordings
 
     def wrap(self, history: History, runner: IRRunner, name: str, graph_no: int | None,
-             examples: Sequence[Any], info: GraphInfo, interpreter: str | None) -> IRRunner:
+             examples: Sequence[Any], info: GraphInfo, interpreter: str | None,
+             params: Sequence[Any] | None = None) -> IRRunner:
         """`runner`, recorded and replayed as CUDA graphs where it can be (module docstring);
-        its record is added to `history` (the function's: resume functions share it)."""
+        its record is added to `history` (the function's: resume functions share it);
+        `params`: the captured graph's inputs (their types say which dims are symbolic)."""
         rec = CudaGraphRecord(graph_no, name)
         history.cuda_graphs.append(rec)
         rec.skipped = skip_reason(examples, interpreter, self.device_type)
-        return _GraphRunner(self, runner, rec, info, len(examples))
+        return _GraphRunner(self, runner, rec, info, Binder(params, examples))
 
 
 class _GraphRunner:
     def __init__(self, owner: CudaGraphs, runner: IRRunner, rec: CudaGraphRecord,
-                 info: GraphInfo, n_inputs: int):
+                 info: GraphInfo, binder: Binder):
         self.owner, self.runner, self.rec, self.info = owner, runner, rec, info
         self.recordings: dict[tuple[Any, ...], _Recording] = {}
         self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
         self.moves: dict[int, int] = {}  # static inputs that moved: how often
-        self.n_inputs = n_inputs
+        self.binder = binder
 
     def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
         rec = self.rec
@@ -204,12 +252,12 @@ class _GraphRunner:
                 isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)):
             rec.plain += 1  # (autograd records the call: no recording takes it)
             return self.runner(graph, inputs)
-        key = binding(inputs)
+        key = self.binder(inputs)
         r = self.recordings.get(key)
         again: set[int] = set()  # a re-recording: the inputs static in the last recording
         if r is not None and not self._still_static(r, inputs):
             for i, a in r.static:
-                if _address(inputs[i]) != a:
+                if inputs[i].data_ptr() != a:
                     self.moves[i] = self.moves.get(i, 0) + 1
             again = {i for i, _ in r.static}
             del self.recordings[key]
@@ -238,7 +286,7 @@ class _GraphRunner:
             r = got
             self.recordings[key] = r
             rec.recordings += 1
-            rec.bindings.append(_binding_text(key))
+            rec.bindings.append(self.binder.text(key))
             for i in r.copied:  # the recording did not run the graph: the first replay does
                 r.ins[i].copy_(inputs[i])
         else:
@@ -249,11 +297,8 @@ class _GraphRunner:
         return RunResult(self._outputs(r, inputs))
 
     def _still_static(self, r: _Recording, inputs: Sequence[Any]) -> bool:
-        for i, a in r.static:
-            x = inputs[i]
-            if x.data_ptr() != a[0] or x.stride() != a[1]:  # type: ignore[index]
-                return False
-        return True
+        # data_ptr alone: the guards hold each input's strides
+        return list(map(_DATA_PTR, r.take(inputs))) == r.ptrs
 
     def _record(self, graph: str | None, key: tuple[Any, ...], inputs: Sequence[Any],
                 static: list[int]) -> _Recording | None:
@@ -320,6 +365,13 @@ class _GraphRunner:
             else:
                 out.append(o)
         return out
+
+
+def _take(static: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """itemgetter's tuple for 0 or 1 indices (itemgetter(i) returns the item itself)."""
+    def take(xs: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(xs[i] for i in static)
+    return take
 
 
 def _sync(device: torch.device) -> None:
