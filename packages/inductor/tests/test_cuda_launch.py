@@ -169,6 +169,77 @@ def test_compile_and_bind_compiles_in_parallel_and_keeps_failures_on_the_jit() -
     assert s["kernels"] == 4 and s["fast"] == 1 and s["workers"] == 4
 
 
+class Block(torch.nn.Module):
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.proj = torch.nn.Linear(16, 16)  # an extern: the blocks' kernels stay apart
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.softmax(self.proj(self.norm(x)) * self.scale, -1)
+
+
+@CPU_ONLY
+def test_repeated_blocks_share_one_kernel_module() -> None:
+    """Kernels equal but for their names (a repeated block's) load one module (one import,
+    one compile on the GPU); a kernel that differs in a constant does not; results match."""
+    model = torch.nn.Sequential(Block(0.5), Block(0.5), Block(0.25)).eval()
+    x = torch.randn(4, 16)
+    c: Any = capture(model, (x,), {})
+    m = run_pipeline(c.module, "decompose,cse,dce,inductor-cuda-interpret")
+    ks = [k for k in m.kernels.values() if k.lang == "triton"]
+    assert len({k.source for k in ks}) == len(ks)  # every block's source differs by names
+    canon = [codegen._canonical(k.source) for k in ks]
+    assert len(set(canon)) < len(ks)
+    table = codegen.load_triton(m, ks)
+    report = codegen.load_report(m)
+    assert report is not None and report.shared == len(ks) - len(set(canon)) > 0
+    for cn in set(canon):  # one launch per canonical kernel
+        assert len({id(table[k.name].fn) for k, c2 in zip(ks, canon, strict=True)
+                    if c2 == cn}) == 1
+    assert len({id(t.fn) for t in table.values()}) == len(set(canon))
+    from ember.inductor.backend import compiled_runner
+    with torch.no_grad():
+        got = compiled_runner(m)(None, list(c.input_examples)).outputs[0]
+        torch.testing.assert_close(got, model(x))
+
+
+def test_canonical_form_keeps_what_computes() -> None:
+    a = codegen._canonical("# @a\ndef ember_k_a(in0):\n    # %x = prims.mul\n"
+                           "    v1_x = in0 * 2.0\n    return v1_x\n")
+    b = codegen._canonical("# @b\ndef ember_k_b(in0):\n    # %y = prims.mul (f.py:3)\n"
+                           "    v1_y = in0 * 2.0\n    return v1_y\n")
+    c = codegen._canonical("# @c\ndef ember_k_c(in0):\n    v1_y = in0 * 3.0\n"
+                           "    return v1_y\n")
+    d = codegen._canonical("def ember_k_d(in0):\n    v1_x = in0 * 2.0\n    v2_y = v1_x\n"
+                           "    return v1_x\n")
+    assert a == b and len({a, c, d}) == 3
+
+
+def test_jobs_of_one_module_compile_one_after_another() -> None:
+    import threading
+    import time
+    busy = threading.Lock()
+    calls: list[tuple[Any, ...]] = []
+
+    def warmup(*args: Any) -> Any:
+        assert busy.acquire(blocking=False), "two warmups of one module at once"
+        try:
+            time.sleep(0.05)
+            calls.append(args)
+            return fake_binary(1)
+        finally:
+            busy.release()
+    mod = SimpleNamespace(warmup=warmup, bind=lambda *a: ("bound",))
+    jobs = [launcher.Job(f"k{i}", mod, (dt,), 0, 1)
+            for i, dt in enumerate((torch.float32, torch.float16, torch.bfloat16))]
+    report = launcher.LoadReport()
+    out = launcher.compile_and_bind(jobs, report, workers=3,
+                                    device=lambda d: contextlib.nullcontext(), init=lambda: None)
+    assert set(out) == {"k0", "k1", "k2"} and len(calls) == 3
+
+
 def test_launch_hooks_and_the_jit_knob_rule_the_bound_path_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """triton 3.6's hooks are HookChains: an empty one (the default) is no hook, one with a

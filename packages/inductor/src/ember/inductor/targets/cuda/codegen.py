@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import weakref
@@ -201,6 +202,7 @@ def schedule_cuda(module: Module) -> Module:
 _LOADED: dict[str, Any] = {}  # source digest -> its module's launch function
 # (source digest, warmup arguments, device) -> the bound launch past the JIT (launcher.py)
 _BOUND: dict[tuple[Any, ...], Any] = {}
+_CANON: dict[str, str] = {}  # canonical digest (_canonical) -> the first such block's digest
 _REPORTS: dict[int, tuple[weakref.ref[Module], LoadReport]] = {}  # id(module) -> its last load
 
 
@@ -279,13 +281,19 @@ def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
     report = LoadReport()
     why_not = unavailable(_interpreting())
     sigs = _signatures(m) if why_not is None else {}
-    jobs: list[Job] = []
-    keys: dict[str, tuple[Any, ...]] = {}
+    jobs: dict[tuple[Any, ...], Job] = {}  # one compile per (module, arguments, device)
+    waiting: dict[tuple[Any, ...], list[str]] = {}
     for k in blocks:
         if k.name in on_cpu:
             raise LoadError(f"kernel @{k.name}: triton kernels run on cpu tensors only in "
                             f"Triton's interpreter (set TRITON_INTERPRET=1 before starting)")
         digest = hashlib.sha256(f"{_interpreting()}\0{k.source}".encode()).hexdigest()[:32]
+        # a kernel equal to one loaded before but for its names (a repeated block's) takes
+        # that one's module: one import, one compile
+        canon = _CANON.setdefault(_canonical(k.source), digest)
+        if canon != digest and canon in _LOADED:
+            digest = canon
+            report.shared += 1
         fn = _import(k, digest)
         sig = sigs.get(k.name, why_not or "no call of it")
         mod = sys.modules.get(f"ember_triton_{digest}")
@@ -295,21 +303,45 @@ def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
         else:
             args, dev = sig
             dev = torch.cuda.current_device() if dev < 0 else dev
-            key = keys[k.name] = (digest, args, dev)
+            key = (digest, args, dev)
             bound = _BOUND.get(key)
             if bound is not None:
                 fn = bound
                 report.kernels[k.name] = KernelLoad(True, "", 0.0)
             else:
-                jobs.append(Job(k.name, mod, args, dev, len(args)))
+                jobs.setdefault(key, Job(k.name, mod, args, dev, len(args)))
+                waiting.setdefault(key, []).append(k.name)
         table[k.name] = LoadedKernel(fn, "tensor")
-    for name, fast in compile_and_bind(jobs, report).items():
-        _BOUND[keys[name]] = fast
-        table[name] = LoadedKernel(fast, "tensor")
+    done = compile_and_bind(list(jobs.values()), report)
+    for key, job in jobs.items():
+        fast = done.get(job.name)
+        if fast is not None:
+            _BOUND[key] = fast
+        first = report.kernels[job.name]
+        for name in waiting[key]:
+            if fast is not None:
+                table[name] = LoadedKernel(fast, "tensor")
+            if name != job.name:  # compiled once: its time counted once
+                report.kernels[name] = KernelLoad(first.fast, first.why, 0.0)
     for dead in [i for i, (ref, _) in _REPORTS.items() if ref() is None]:
         del _REPORTS[dead]
     _REPORTS[id(m)] = (weakref.ref(m), report)
     return table
+
+
+_LOCAL = re.compile(r"\bv\d+_\w+")  # render.py's value locals: v<render>_<IR value name>
+_SYMBOL = re.compile(r"\bember_k_\w+")  # the kernel's symbol (sanitize.kernel_symbol)
+
+
+def _canonical(source: str) -> str:
+    """The block's source without what only names it: comment lines (IR names, locations)
+    dropped, the kernel symbol and value locals renamed in order of first use (a consistent
+    renaming: blocks with equal canonical text compute the same)."""
+    names: dict[str, str] = {}
+    text = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    text = _LOCAL.sub(lambda mt: names.setdefault(mt.group(0), f"t{len(names)}"), text)
+    text = _SYMBOL.sub("KSYM", text)
+    return hashlib.sha256(f"{_interpreting()}\0{text}".encode()).hexdigest()
 
 
 def load_report(m: Module) -> LoadReport | None:

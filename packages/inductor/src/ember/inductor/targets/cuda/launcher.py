@@ -91,13 +91,15 @@ class LoadReport:
     kernels: dict[str, KernelLoad] = field(default_factory=dict)
     compile_wall_s: float = 0.0  # the parallel compile, wall clock
     workers: int = 0
+    shared: int = 0  # kernels that took an equal kernel's module (a repeated block's)
 
     def summary(self) -> dict[str, Any]:
         ks = self.kernels.values()
         whys = sorted({k.why for k in ks if not k.fast})
         return {"kernels": len(self.kernels), "fast": sum(k.fast for k in ks),
                 "compile_wall_s": round(self.compile_wall_s, 3), "workers": self.workers,
-                "compile_sum_s": round(sum(k.compile_s for k in ks), 3), "not_fast": whys[:4]}
+                "compile_sum_s": round(sum(k.compile_s for k in ks), 3), "shared": self.shared,
+                "not_fast": whys[:4]}
 
 
 def unavailable(interpreting: bool) -> str | None:
@@ -198,10 +200,11 @@ def compile_and_bind(jobs: list[Job], report: LoadReport, workers: int | None = 
                      device: Callable[[int], AbstractContextManager[Any]] = torch.cuda.device,
                      init: Callable[[], None] = _init_driver) -> dict[str, Callable[..., Any]]:
     """Compile every job's kernel (a thread pool of `workers`, default EMBER_COMPILE_JOBS or
-    the CPU count, at most 32)
-    and bind its fast launch; a kernel that fails either keeps the JIT path, the reason in
-    `report` (a compile error then surfaces at its first call, as before). `device` and `init`
-    are the CUDA device context and the driver's initialisation (tests replace them)."""
+    the CPU count, at most 32) and bind its fast launch; a kernel that fails either keeps the
+    JIT path, the reason in `report` (a compile error then surfaces at its first call, as
+    before). Jobs of one block module (other argument types) compile one after another: the
+    JIT's caches are per function. `device` and `init` are the CUDA device context and the
+    driver's initialisation (tests replace them)."""
     out: dict[str, Callable[..., Any]] = {}
     if not jobs:
         return out
@@ -209,23 +212,26 @@ def compile_and_bind(jobs: list[Job], report: LoadReport, workers: int | None = 
     if workers is None:
         from ember.inductor.targets.cpu.cache import jobs as compile_jobs
         workers = min(32, compile_jobs())
-    n = max(1, min(len(jobs), workers))
+    groups: dict[int, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(id(job.module), []).append(job)
+    n = max(1, min(len(groups), workers))
     t0 = time.perf_counter()
     results: dict[str, tuple[Any, float] | BaseException] = {}
-    if n == 1:
-        for job in jobs:
+
+    def compile_group(group: list[Job]) -> None:
+        for job in group:
             try:
                 results[job.name] = _compile(job, device)
             except Exception as e:  # noqa: BLE001  (kept: the JIT path reports it at the call)
                 results[job.name] = e
+    if n == 1:
+        for group in groups.values():
+            compile_group(group)
     else:
         with ThreadPoolExecutor(n, thread_name_prefix="ember-triton-compile") as pool:
-            futs = {job.name: pool.submit(_compile, job, device) for job in jobs}
-            for name, fut in futs.items():
-                try:
-                    results[name] = fut.result()
-                except Exception as e:  # noqa: BLE001
-                    results[name] = e
+            for fut in [pool.submit(compile_group, g) for g in groups.values()]:
+                fut.result()
     report.compile_wall_s += time.perf_counter() - t0
     report.workers = max(report.workers, n)
     for job in jobs:
