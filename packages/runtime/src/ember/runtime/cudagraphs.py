@@ -48,6 +48,7 @@ from ember.runtime.history import CudaGraphRecord, History
 # the modes that record CUDA graphs ("max-autotune-no-cudagraphs" does not, as in torch)
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 MAX_RECORDINGS = 8  # per graph: a symbolic graph meets a new binding per size
+SEEN_LIMIT = 256  # bindings remembered from their warm-up (a growing cache meets one a step)
 SCALARS = (int, float, bool, type(None))
 
 IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
@@ -268,6 +269,8 @@ class _GraphRunner:
             first = self.seen.get(key)
             if first is None or len(self.recordings) >= self.owner.max_recordings:
                 if first is None:
+                    if len(self.seen) >= SEEN_LIMIT:  # the oldest is warmed up again if met
+                        del self.seen[next(iter(self.seen))]
                     self.seen[key] = addrs
                     rec.warmups += 1
                 else:
