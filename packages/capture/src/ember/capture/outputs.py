@@ -72,7 +72,10 @@ class OutputSpecs:
                 return OutSource(v.source)
             return OutDict(v.cls, tuple(v.items), tuple(self.value(i) for i in v.items.values()))
         if isinstance(v, SetVar) and all(isinstance(x, ConstVar) for x in v.items.values()):
-            return OutConst((frozenset if v.frozen else set)(v.items))
+            if v.frozen:
+                return OutConst(frozenset(v.items))
+            # a new set per call: a constant one would be shared, and its mutations kept
+            return OutSeq(set, tuple(self.value(x) for x in v.items.values()))
         if isinstance(v, ObjectVar):  # (modules too)
             return OutSource(v.source) if v.source is not None else OutConst(v.value)
         if isinstance(v, FunctionVar):

@@ -160,8 +160,8 @@ def _wrap_new(tx: Tracer, value: Any, source: Source | None) -> Var:
     if type(value) in (set, frozenset):
         if not all(type(x) in SCALARS for x in value):
             raise unhandled("a set of non-constant values")
-        if source is not None:
-            g(Guard(GuardKind.EQUALS_MATCH, source, frozenset(value)))
+        if source is not None:  # (a copy: the guard keeps its own; `set` is its type)
+            g(Guard(GuardKind.EQUALS_MATCH, source, type(value)(value)))
         return SetVar([ConstVar(x) for x in value], frozen=type(value) is frozenset,
                       source=source)
     if isinstance(value, types.CellType | types.FrameType |
