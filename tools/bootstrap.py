@@ -185,10 +185,11 @@ def torch_pin() -> str:
 
 def local_torch_wheel(version: tuple[int, int]) -> bool:
     """Whether pip finds the pinned torch for `version` without an index (pip's find-links:
-    the CPU wheels on this machine's disk). Asked of `.venv/`'s pip, which installs nothing."""
+    the CPU wheels on this machine's disk). Asked of this Python's pip (`.venv/`'s, in the nox
+    session), which installs nothing."""
     with tempfile.TemporaryDirectory() as target:
         r = subprocess.run(
-            [str(venv_bin("python")), "-m", "pip", "install", "--dry-run", "--quiet",
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
              "--ignore-installed", "--no-deps", "--no-index", "--only-binary=:all:",
              "--python-version", "{}.{}".format(*version), "--target", target, torch_pin()],
             capture_output=True, text=True, cwd=ROOT)
