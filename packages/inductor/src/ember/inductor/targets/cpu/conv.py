@@ -283,7 +283,10 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     args: list[Arg] = [xb, w]
     if scale:
         args.append(_affine(lw, res.name, steps, channels, "a"))
-    if shift:
+    if shift and len(steps) == 1 and steps[0][0] == "prims.add" \
+            and isinstance(steps[0][1], Value):  # a conv's own bias: no kernel to copy it
+        args.append(lw.extern_operand(steps[0][1]))
+    elif shift:
         args.append(_affine(lw, res.name, steps, channels, "b"))
     kw: dict[str, Arg] = {"op": PACKED_OP, "scale": scale, "bias": shift, "relu": inside,
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
