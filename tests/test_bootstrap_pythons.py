@@ -64,3 +64,13 @@ def test_extra_tests_exist() -> None:
 
     for path in noxfile.EXTRA_TESTS:
         assert (ROOT / path).exists(), path
+
+
+def test_other_pythons_install_the_packages_and_the_test_tools_only() -> None:
+    reqs = bootstrap.dev_requirements(bootstrap.EXTRA_DEV)
+    assert len(reqs) == len(bootstrap.EXTRA_DEV), reqs  # each still in the dev extra
+    cmd = bootstrap.install_command(bootstrap.extra_venv((3, 13)))
+    assert cmd[0] == str(bootstrap.extra_venv((3, 13)) / "bin" / "python")
+    assert f"{bootstrap.ROOT}[dev]" not in cmd and set(reqs) <= set(cmd)
+    assert str(bootstrap.ROOT / "packages" / "capture") in cmd
+    assert f"{bootstrap.ROOT}[dev]" in bootstrap.install_command()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,9 @@ EXAMPLES = ("ember-plugin-example",)
 MIN_PYTHON = (3, 11)
 # Pythons besides the main one whose capture and end-to-end tests `dev.py test` runs (issue 18)
 EXTRA_PYTHONS = ((3, 12), (3, 13))
+# what their venvs take of the `dev` extra: the test runner and what those tests import (no
+# linters, Hugging Face, Triton or plotting: a smaller, faster install)
+EXTRA_DEV = ("pytest", "hypothesis", "numpy", "networkx", "safetensors")
 
 Log = Callable[[str], object]
 
@@ -91,12 +95,22 @@ def extras(name: str) -> list[str]:
     return [g for g in ("test",) if g in groups]
 
 
+def dev_requirements(names: tuple[str, ...]) -> list[str]:
+    """The requirements of the umbrella's `dev` extra for the distributions `names`."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        reqs: list[str] = tomllib.load(f)["project"]["optional-dependencies"]["dev"]
+    return [r for r in reqs if re.split(r"[\s<>=!~\[;]", r, maxsplit=1)[0] in names]
+
+
 def install_command(venv: Path = VENV) -> list[str]:
+    """`.venv/`: everything; another Python's venv: the packages and what EXTRA_TESTS need."""
     cmd = [str(venv_bin("python", venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
     cmd += ["-c", str(CONSTRAINTS)]
     for name in PACKAGES + TEST_PACKAGES:
         wanted = extras(name)
         cmd += ["-e", str(ROOT / "packages" / name) + (f"[{','.join(wanted)}]" if wanted else "")]
+    if venv != VENV:
+        return cmd + dev_requirements(EXTRA_DEV)
     for name in EXAMPLES:
         cmd += ["-e", str(ROOT / "examples" / name)]
     cmd += ["-e", f"{ROOT}[dev]"]
