@@ -254,12 +254,16 @@ def test_launch_hooks_and_the_jit_knob_rule_the_bound_path_out(
 
 
 @CPU_ONLY
-def test_interpreter_loads_keep_the_jit_with_the_reason() -> None:
+def test_interpreter_loads_keep_the_jit_with_the_reason(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    import logging
     assert launcher.unavailable(True) == "Triton's interpreter"
     x = torch.randn(4, 8)
     m = run_pipeline(captured(lambda a: torch.relu(a) * 2, x),
                      "decompose,cse,dce,inductor-cuda-interpret")
-    table = codegen.load_triton(m, list(m.kernels.values()))
+    with caplog.at_level(logging.INFO, logger="ember.kernels"):
+        table = codegen.load_triton(m, list(m.kernels.values()))
+    assert "0 launch past Triton's JIT" in caplog.text and "Triton's interpreter" in caplog.text
     report = codegen.load_report(m)
     assert report is not None and report.kernels
     assert all(not k.fast and k.why == "Triton's interpreter" for k in report.kernels.values())

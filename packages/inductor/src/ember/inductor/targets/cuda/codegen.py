@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -202,6 +203,7 @@ def schedule_cuda(module: Module) -> Module:
 _LOADED: dict[str, Any] = {}  # source digest -> its module's launch function
 # (source digest, warmup arguments, device) -> the bound launch past the JIT (launcher.py)
 _BOUND: dict[tuple[Any, ...], Any] = {}
+_LOG = logging.getLogger("ember.kernels")  # the runtime's `kernels` log channel
 _CANON: dict[str, str] = {}  # canonical digest (_canonical) -> the first such block's digest
 _REPORTS: dict[int, tuple[weakref.ref[Module], LoadReport]] = {}  # id(module) -> its last load
 
@@ -323,6 +325,12 @@ def load_triton(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
                 table[name] = LoadedKernel(fast, "tensor")
             if name != job.name:  # compiled once: its time counted once
                 report.kernels[name] = KernelLoad(first.fast, first.why, 0.0)
+    if _LOG.isEnabledFor(logging.INFO) and report.kernels:
+        su = report.summary()
+        _LOG.info("triton: %d kernel(s), %d sharing an equal kernel's module; %d launch past "
+                  "Triton's JIT; compiled in %.2f s (wall, %d worker(s))%s", su["kernels"],
+                  su["shared"], su["fast"], su["compile_wall_s"], su["workers"],
+                  f"; the JIT: {'; '.join(su['not_fast'])}" if su["not_fast"] else "")
     for dead in [i for i, (ref, _) in _REPORTS.items() if ref() is None]:
         del _REPORTS[dead]
     _REPORTS[id(m)] = (weakref.ref(m), report)
