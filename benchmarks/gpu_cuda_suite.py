@@ -662,19 +662,26 @@ def main() -> int:
     ap.add_argument("--examples", type=int, default=2, help="opdb draws per family")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--models", default="", help="comma-separated model names (default all)")
+    ap.add_argument("--warm-caches", action="store_true",
+                    help="keep Triton's and TorchInductor's caches (default: fresh ones, so both "
+                         "compilers' compile times are cold)")
     ap.add_argument("--jit-models", default="mlp,timm/deit_tiny_patch16_224",
                     help="models also timed with ember's kernels launched through Triton's JIT")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("gpu_cuda_suite: no CUDA device", file=sys.stderr)
         return 2
+    if not a.warm_caches:  # read when each compiler first looks: fresh directories now
+        import tempfile
+        for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "EMBER_CACHE_DIR"):
+            os.environ[var] = tempfile.mkdtemp(prefix=var.lower() + "-")
     import triton
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "python": platform.python_version(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "ember commit": os.environ.get("EMBER_COMMIT", "?"),
            "cpus": str(os.cpu_count()),
-           "triton cache": os.environ.get("TRITON_CACHE_DIR", "default (~/.triton/cache)")}
+           "caches": "warm (as found)" if a.warm_caches else "fresh (Triton, TorchInductor, ember)"}
     emit({"section": "env", **env})
     sections = a.sections.split(",")
     rows: list[dict[str, Any]] = []
