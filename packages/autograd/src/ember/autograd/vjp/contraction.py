@@ -1,9 +1,16 @@
 """VJP rules of matmul, convolution, the indexing prims, and ops kept whole as externs.
 
-Convolution's input gradient is a stride-dilated, padded convolution of the cotangent with the
-weight's channels swapped per group and its taps reversed; its weight gradient is a convolution
-of the input (batch as channels) with the cotangent, stride and dilation exchanged, cut to the
-kernel size. Fused CPU attention (kept whole by `decompose{keep_attention=true}`) differentiates
+Convolution's gradients are torch's own backward kernel, `aten.convolution_backward`, as
+extern calls (as AOTAutograd and TorchInductor keep them): one call per gradient, each with an
+output mask for just that gradient, so the joint graph's dead code elimination drops the call a
+graph does not need (the first layer's input gradient), and the two calls cost what one call
+for both does. Written in prims (as
+ember first did: the input gradient a stride-dilated, padded convolution of the cotangent with
+the weight's channels swapped per group and its taps reversed; the weight gradient a
+convolution of the input, batch as channels, with the cotangent), the weight gradient is a
+convolution with an image-sized kernel, which oneDNN ran 2-5x slower than its backward kernel
+(conv+BN training on 2 cores), and both needed transposed copies of the activations. Fused CPU
+attention (kept whole by `decompose{keep_attention=true}`) differentiates
 through torch's own fused backward kernel, an extern call like the forward.
 """
 
@@ -29,40 +36,6 @@ def _matmul(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     return [ctx.p("matmul", ct, _swap_last(ctx, b)), ctx.p("matmul", _swap_last(ctx, a), ct)]
 
 
-def _mul(*xs: Dim) -> Dim:
-    out: Any = 1
-    for x in xs:
-        out = as_sympy(out) * as_sympy(x)
-    return simplify_dim(out)
-
-
-def _swap01(ctx: VJPContext, x: Value) -> Value:
-    return ctx.p("permute", x, dims=[1, 0, *range(2, len(ctx.shape(x)))])
-
-
-def _batch_to_channels(ctx: VJPContext, x: Value, groups: int) -> Value:
-    """[A, g * B, *rest] -> [B, g * A, *rest]: channel (i, b) becomes batch b, channel i * A +
-    a (the input of the weight gradient: the batch is what it sums over, per group)."""
-    if groups == 1:
-        return _swap01(ctx, x)
-    s = list(ctx.shape(x))
-    b = simplify_dim(as_sympy(s[1]) / groups)
-    y = ctx.p("reshape", x, shape=[s[0], groups, b, *s[2:]])
-    y = ctx.p("permute", y, dims=[2, 1, 0, *range(3, len(s) + 1)])
-    return ctx.p("reshape", y, shape=[b, _mul(groups, s[0]), *s[2:]])
-
-
-def _transpose_groups(ctx: VJPContext, w: Value, groups: int) -> Value:
-    """A weight [g * O, C, *k] as [g * C, O, *k]: each group's in and out channels swapped."""
-    if groups == 1:
-        return _swap01(ctx, w)
-    s = list(ctx.shape(w))
-    o = simplify_dim(as_sympy(s[0]) / groups)
-    y = ctx.p("reshape", w, shape=[groups, o, s[1], *s[2:]])
-    y = ctx.p("permute", y, dims=[0, 2, 1, *range(3, len(s) + 1)])
-    return ctx.p("reshape", y, shape=[_mul(groups, s[1]), o, *s[2:]])
-
-
 def _is_zero(d: Dim) -> bool:
     return isinstance(d, int) and d == 0
 
@@ -72,46 +45,21 @@ def _convolution(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[G
     x, w = node.args
     ct = cts[0]
     assert isinstance(x, Value) and isinstance(w, Value) and ct is not None
-    kw = node.kwargs
-    stride, padding, dilation = (attr_list(node, k) for k in ("stride", "padding", "dilation"))
-    groups = kw.get("groups", 1)
-    g = groups if isinstance(groups, int) else 1
     xs, ws, cs = ctx.shape(x), ctx.shape(w), ctx.shape(ct)
-    n = len(xs) - 2
     if any(_is_zero(d) for d in (*xs, *ws, *cs)):
         return [ctx.zeros(ctx.t(x)), ctx.zeros(ctx.t(w))]
+    return [_conv_backward(ctx, ct, x, w, node, [True, False, False]),
+            _conv_backward(ctx, ct, x, w, node, [False, True, False])]
 
-    # input: the cotangent dilated by the stride, padded so that a stride-1 convolution with
-    # the flipped, group-transposed weight gives back the input's size
-    config: list[list[Dim]] = [[0, 0, 0], [0, 0, 0]]
-    for i in range(n):
-        reach = dilation[i] * (as_sympy(ws[2 + i]) - 1)
-        lo = simplify_dim(reach - padding[i])
-        # what the forward's floor division dropped at the end
-        extra = (as_sympy(xs[2 + i]) + 2 * padding[i] - reach - 1
-                 - (as_sympy(cs[2 + i]) - 1) * stride[i])
-        config.append([lo, simplify_dim(as_sympy(lo) + extra), stride[i] - 1])
-    spatial = list(range(2, 2 + n))
-    wf = ctx.p("rev", _transpose_groups(ctx, w, g), dims=spatial)
-    pads = config[2:]
-    if all(isinstance(lo, int) and lo >= 0 and hi == lo and inner == 0
-           for lo, hi, inner in pads):
-        # stride 1 with the same padding on both sides (a "same" 3x3 convolution): the
-        # convolution pads, instead of a padded copy of the cotangent
-        gx = ctx.p("convolution", ct, wf, stride=[1] * n, padding=[lo for lo, _, _ in pads],
-                   dilation=dilation, groups=g)
-    else:
-        gx = ctx.p("convolution", ctx.p("pad", ct, 0.0, config=config), wf, stride=[1] * n,
-                   padding=[0] * n, dilation=dilation, groups=g)
 
-    # weight: batch as channels, stride and dilation exchanged, cut to the kernel size
-    gw = ctx.p("convolution", _batch_to_channels(ctx, x, g), _swap01(ctx, ct),
-               stride=dilation, padding=padding, dilation=stride, groups=g)
-    got = ctx.shape(gw)
-    if any(a != b for a, b in zip(got[2:], ws[2:], strict=True)):
-        gw = ctx.p("slice", gw, start=[0] * len(got), limit=[got[0], got[1], *ws[2:]],
-                   step=[1] * len(got))
-    return [gx, _swap01(ctx, gw)]
+def _conv_backward(ctx: VJPContext, ct: Value, x: Value, w: Value, node: Node,
+                   mask: list[bool]) -> Value:
+    """One gradient of prims.convolution from torch's backward kernel (`mask` picks it)."""
+    stride, padding, dilation = (attr_list(node, k) for k in ("stride", "padding", "dilation"))
+    n = len(ctx.shape(x)) - 2
+    (g,) = ctx.op(CONV_BACKWARD, ct, x, w, None, stride, padding, dilation, False, [0] * n,
+                  node.kwargs.get("groups", 1), mask)
+    return g
 
 
 # ---- indexing ------------------------------------------------------------------------------
@@ -158,6 +106,7 @@ def _scatter_add(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[G
 
 # ---- externs -------------------------------------------------------------------------------
 
+CONV_BACKWARD = "aten.convolution_backward.default"
 FLASH_CPU = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 
 

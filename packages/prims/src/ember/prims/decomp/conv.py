@@ -120,6 +120,19 @@ def convolution_(ctx: DecompContext, input: Value, weight: Value, bias: Value | 
     return y
 
 
+@register_decomposition("aten.convolution_backward.default")
+def convolution_backward(ctx: DecompContext, grad_output: Value, input: Value, weight: Value,
+                         bias_sizes: list[int] | None, stride: list[int], padding: list[int],
+                         dilation: list[int], transposed: bool, output_padding: list[int],
+                         groups: int, output_mask: list[bool]) -> list[Value]:
+    """Kept whole: torch's backward kernel as one extern call, what prims.convolution's VJP rule
+    emits (ember.autograd.vjp.contraction: in prims the weight gradient is a convolution with an
+    image-sized kernel, 2-5x slower than the kernel). Its results are the gradients output_mask
+    asks for, in order (the others are not results)."""
+    return ctx.b.emit(ctx.node.op, [grad_output, input, weight, bias_sizes, stride, padding,
+                                    dilation, transposed, output_padding, groups, output_mask])
+
+
 # ---- pooling windows -------------------------------------------------------------------------
 
 

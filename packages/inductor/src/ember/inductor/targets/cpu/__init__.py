@@ -44,7 +44,16 @@ def _attention(lw: Any, n: Node) -> None:
     lw.passthrough(n, n.op)
 
 
-LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d,
+# the convolution gradients of training (prims.convolution's VJP rule): torch's backward kernel
+CONV_BACKWARD = "aten.convolution_backward.default"
+
+
+def _extern(lw: Any, n: Node) -> None:
+    """A torch kernel the front end keeps whole: one extern call on strided views."""
+    lw.passthrough(n, n.op)
+
+
+LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: _extern,
                               **{op: _attention for op in FUSED_ATTENTION}}
 
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
