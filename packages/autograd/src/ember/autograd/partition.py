@@ -66,6 +66,8 @@ def nbytes(v: Value, hints: dict[str, int]) -> int:
 
 
 def _no_recompute(op: str) -> bool:
+    if op == "graph.stop_gradient":  # the identity (stop.py): free to recompute
+        return False
     return op in NO_RECOMPUTE or not op.startswith("prims.")
 
 

@@ -20,8 +20,9 @@ from ember.ir import DType, Graph, InferContext, OpTypeError, TensorType, Value
 from ember.ir.graph import Arg, map_args
 from ember.ir.registry import default_registry, register_op
 from ember.ir.types import Type
+from ember.prims.decomp import norms
 from ember.prims.decomp.context import DecompContext
-from ember.prims.decomp.table import DecompositionTable
+from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable
 
 STOP_GRADIENT = "graph.stop_gradient"
 DETACH_OPS = ("aten.detach.default", "aten.detach_copy.default")
@@ -81,6 +82,10 @@ def training_table(table: DecompositionTable) -> DecompositionTable:
     emb = out.get("aten.embedding.default")
     if emb is not None:
         out.replace("aten.embedding.default", _embedding(emb))
+    # batch norm's statistics read through the marker: its closed-form gradient (norms.py)
+    for op, fn in norms.training_batch_norms(_stop).items():
+        if out.get(op) is DECOMPOSITIONS.get(op):
+            out.replace(op, fn)
     return out
 
 

@@ -16,7 +16,7 @@ unbiased) as results 3 and 4.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -155,11 +155,14 @@ def _weight_norm_interface(ctx: DecompContext, v: Value, g: Value, dim: int = 0
 
 def _batch_norm(ctx: DecompContext, input: Value, weight: Value | None, bias: Value | None,
                 running_mean: Value | None, running_var: Value | None, training: bool,
-                momentum: float, eps: float, functional: bool = False) -> list[Value]:
+                momentum: float, eps: float, functional: bool = False,
+                stop: Stop | None = None) -> list[Value]:
     """[out, save_mean, save_invstd] (+ [new running_mean, new running_var] if functional).
     Training normalizes by the batch statistics over every dim but 1 (the channel); eval by the
     running ones, and then save_mean/save_invstd are what the node declares: empty (eager on
-    CPU) or the running mean and its invstd (torch's meta kernels, eager on CUDA)."""
+    CPU) or the running mean and its invstd (torch's meta kernels, eager on CUDA). `stop` (a
+    stop-gradient marker; the training path's) shapes the normalization for differentiation:
+    `_normalize_for_grad`."""
     rank = ctx.rank(input)
     if rank < 2:
         raise DecompositionError(f"{ctx.node.op}: input must have a channel dim (rank >= 2)")
@@ -169,7 +172,8 @@ def _batch_norm(ctx: DecompContext, input: Value, weight: Value | None, bias: Va
     shape = ctx.shape(x)
     device = ctx.device(x)
     if training:
-        y, mean, invstd, m2 = normalize(ctx, x, dims, eps)
+        y, mean, invstd, m2 = (normalize(ctx, x, dims, eps) if stop is None
+                               else _normalize_for_grad(ctx, x, dims, eps, stop))
         saved = [ctx.convert(mean, ctx.out_dtype(1)), ctx.convert(invstd, ctx.out_dtype(2))]
     else:
         if running_mean is None or running_var is None:
@@ -198,6 +202,71 @@ def _batch_norm(ctx: DecompContext, input: Value, weight: Value | None, bias: Va
         s = ctx.prim("add", ctx.prim("mul", batch, momentum), s)
         new.append(ctx.convert(s, ctx.out_dtype(3 + i)))
     return [*out, *new]
+
+
+Stop = Callable[[DecompContext, Value], Value]
+
+
+def _normalize_for_grad(ctx: DecompContext, x: Value, dims: Sequence[int], eps: float,
+                        stop: Stop) -> tuple[Value, Value, Value, Value]:
+    """`normalize`'s values, written so that differentiating them gives batch norm's closed-form
+    input gradient, rstd * (g - mean(g) - xhat * mean(g * xhat)) for the cotangent g of xhat:
+    two reductions (fused into one pass) and one pass over the activation, as eager's and
+    TorchInductor's backward kernels. Differentiated as `normalize` writes it, the chain rule
+    runs back through the mean twice and through the variance's own mean: four full-size
+    reductions and as many passes. Here xhat = (x - S(mean)) * S(rstd) - S(rstd) * (mean -
+    S(mean)) - S(xhat) * S(rstd)^2 / 2 * (var - S(var)), S the stop-gradient: the last two
+    terms are zero in value (exactly: v - v), and their gradients are the mean's and the
+    variance's terms of the closed form; var is taken around S(mean), which changes neither its
+    value nor (the deviations sum to zero) its gradient, and keeps the forward at eager's two
+    reductions."""
+    n = reduced_count(ctx, x, dims)
+    shape = ctx.shape(x)
+    n_mean: Any = max(n, 1) if isinstance(n, int) else sympy.Max(as_sympy(n), 1)
+    mean = divide(ctx, reduce(ctx, "sum", x, dims), n_mean)
+    mean_s = stop(ctx, mean)
+    xc = ctx.prim("sub", x, expand_back(ctx, mean_s, shape, dims))
+    m2 = reduce(ctx, "sum", ctx.prim("mul", xc, xc), dims)
+    var = divide(ctx, m2, n)
+    rstd = ctx.prim("rsqrt", ctx.prim("add", var, eps))
+    rstd_s = stop(ctx, rstd)
+    xhat_s = ctx.prim("mul", xc, expand_back(ctx, rstd_s, shape, dims))
+    zero_mean = ctx.prim("mul", rstd_s, ctx.prim("sub", mean, mean_s))
+    half_r2 = ctx.prim("mul", ctx.prim("mul", rstd_s, rstd_s), 0.5)
+    zero_var = ctx.prim("mul", half_r2, ctx.prim("sub", var, stop(ctx, var)))
+    y = ctx.prim("sub", xhat_s, expand_back(ctx, zero_mean, shape, dims))
+    y = ctx.prim("sub", y, ctx.prim("mul", stop(ctx, xhat_s),
+                                    expand_back(ctx, zero_var, shape, dims)))
+    return y, mean, rstd, m2
+
+
+def training_batch_norms(stop: Stop) -> dict[str, Callable[..., list[Value]]]:
+    """The batch norm decompositions in training mode for a joint graph (ember.autograd's
+    training table): normalized by `_normalize_for_grad` with the marker `stop`."""
+
+    def legit(ctx: DecompContext, input: Value, weight: Value | None, bias: Value | None,
+              running_mean: Value | None, running_var: Value | None, training: bool,
+              momentum: float, eps: float) -> list[Value]:
+        return _batch_norm(ctx, input, weight, bias, running_mean, running_var, training,
+                           momentum, eps, stop=stop)
+
+    def no_stats(ctx: DecompContext, input: Value, weight: Value | None, bias: Value | None,
+                 training: bool, momentum: float, eps: float) -> list[Value]:
+        if not training:
+            raise DecompositionError(f"{ctx.node.op}: training=False needs running statistics")
+        return _batch_norm(ctx, input, weight, bias, None, None, True, momentum, eps,
+                           stop=stop)
+
+    def functional(ctx: DecompContext, input: Value, weight: Value | None, bias: Value | None,
+                   running_mean: Value, running_var: Value, training: bool, momentum: float,
+                   eps: float) -> list[Value]:
+        return _batch_norm(ctx, input, weight, bias, running_mean, running_var, training,
+                           momentum, eps, functional=True, stop=stop)
+
+    return {"aten.native_batch_norm.default": legit,
+            "aten._native_batch_norm_legit.default": legit,
+            "aten._native_batch_norm_legit.no_stats": no_stats,
+            "aten._native_batch_norm_legit_functional.default": functional}
 
 
 def _declared_empty(ctx: DecompContext, i: int) -> bool:
