@@ -51,7 +51,8 @@ def test_the_packed_weight_is_cached_and_repacked_when_it_changes() -> None:
     plain = torch.randn(8, 3, 3, 3)  # not a Parameter: packed per call, never cached
     assert packed.packed_weight(plain, None, size, KW) is not \
         packed.packed_weight(plain, None, size, KW)
-    assert plain not in packed._PACKS
+    assert not packed.is_cached(plain)
+    assert packed.is_cached(w)
 
 
 def test_bad_operands_are_refused_in_one_line() -> None:
@@ -74,7 +75,7 @@ def test_compiled_conv_bn_relu_follows_weight_and_statistics_updates() -> None:
         assert isinstance(conv0, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d)
         status = ember_status(f)
         assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
-        assert conv0.weight in packed._PACKS  # the packed path ran, and cached
+        assert packed.is_cached(conv0.weight)  # the packed path ran, and cached
         conv0.weight.add_(0.5)
         torch.testing.assert_close(f(x), net(x))
         bn.running_var.mul_(3)  # the folded scale changes: repacked

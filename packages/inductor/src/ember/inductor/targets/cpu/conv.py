@@ -13,6 +13,11 @@ writes the input as an NHWC buffer by a copy kernel (its producer fuses into tha
 when it already is one), computes weight * A and bias B by small kernels every call, and emits
 `loop.extern(op="loop.conv2d_nhwc")`, read back through a permuted view; relu=true adds a
 NaN-propagating max(y, 0) kernel over the NHWC result (not oneDNN's post-op: epilogue.py).
+Where the weight is a graph input (a parameter), the extern is `loop.conv2d_packed`
+(packed.py) instead: it takes the raw weight and A, and keeps oneDNN's packed `weight * A`
+across calls (repacked when the weight or A changes), so neither the scaled weight nor
+oneDNN's per-call weight reorder is paid each call; a ReLU read only by convolutions is then
+applied in place inside that extern (torch's relu_, NaN kept).
 """
 
 from __future__ import annotations

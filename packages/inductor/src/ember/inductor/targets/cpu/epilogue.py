@@ -4,11 +4,14 @@
 `relu(conv(x, w * A[o]) + B[o])` with `A`, `B` per output channel: the lowering folds such a
 chain into the convolution (oneDNN applies the bias as it writes the result), so no kernel
 reads and writes the activation again. The ReLU is ember's own NaN-propagating max (a kernel
-that fuses into the result's pointwise reader), never oneDNN's ReLU post-op, which maps NaN
-to 0 where torch.relu keeps it (BatchNorm with a negative running variance gives NaN). `A` and `B` (and the scaled weight) are small
-kernels computed on every call from the graph's inputs, so parameters changed between calls
-(running statistics, weights) are read as they are then. Folding rounds differently from the
-unfolded chain (as TorchInductor's freezing does): within f32 tolerances.
+that fuses into the result's pointwise reader, or torch's relu_ inside the convolution's extern
+when only convolutions read it), never oneDNN's ReLU post-op, which maps NaN to 0 where
+torch.relu keeps it (BatchNorm with a negative running variance gives NaN). `A` and `B` (and
+the scaled weight) are small kernels computed on every call from the graph's inputs, so
+parameters changed between calls (running statistics, weights) are read as they are then; a
+parameter weight's packed `weight * A` is cached by packed.py, which compares A by value and
+the weight's version each call. Folding rounds differently from the unfolded chain (as
+TorchInductor's freezing does): within f32 tolerances.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
                      relu=false, stride=, padding=, dilation=, groups=) : f32[N, H, W, O]
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
-relu=true), where the packed `w * a` is cached on the weight tensor (`_PACKS`, weakly keyed, so
-it dies with the weight) under the weight's version counter and data pointer, the input's size
-and the convolution's attributes, and a copy of `a` compared by value each call (`a` is
+relu=true), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
+weight dies) while the weight's version counter and data pointer stay the same, under the
+input's size, the convolution's attributes and the bytes of `a` (`a` is
 BatchNorm's rsqrt(var + eps) * gamma, a [O] vector recomputed every call). An in-place update of
 the weight (an optimizer step, `load_state_dict`, `copy_` under no_grad) bumps its version and
 repacks; a write that bypasses the version counter (`w.data.copy_(...)`) is not seen — the
@@ -23,11 +23,12 @@ hold new values under the same version). Without oneDNN it is `torch.convolution
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from ember.ir import (
     Arg,
@@ -42,19 +43,40 @@ from ember.ir import (
 )
 
 PACKED_OP = "loop.conv2d_packed"
-_FLAGS = ("scale", "bias", "relu")
 _CONV = ("stride", "padding", "dilation", "groups")
-MAX_PER_KEY = 4  # one weight under several scales (a shared conv weight): a few entries each
+MAX_ENTRIES = 8  # per weight: a weight shared by convolutions of other sizes or scales
 
-# weight tensor -> {(version, data_ptr, input size, conv attributes): [(a copy, packed), ...]},
-# keyed by the tensor's identity (weakref's own dictionary would compare tensors with ==)
-_PACKS: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+@dataclass
+class _Packs:
+    """The packed forms of one weight tensor, valid while its version and data pointer are
+    `state`: (input size, convolution attributes, the scale's bytes) -> packed weight."""
+    ref: weakref.ref[torch.Tensor]
+    state: tuple[int, int]
+    entries: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
+
+
+# id(weight) -> its packs; an entry drops itself when its weight dies (the weakref's
+# callback runs as the weight is freed, before its id can be reused). Keyed by id, not by the
+# tensor: a lookup must not build weak references or compare tensors (it runs per conv call).
+_PACKS: dict[int, _Packs] = {}
+
+
+def _forget(key: int) -> Any:
+    return lambda _ref: _PACKS.pop(key, None)
+
+
+def is_cached(w: torch.Tensor) -> bool:
+    """Whether `w` has packed forms cached (tests, debugging)."""
+    p = _PACKS.get(id(w))
+    return p is not None and p.ref() is w and bool(p.entries)
 
 
 def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
     """x, w, a (or None), b (or None) by the op's scale=/bias= flags."""
-    want = 2 + bool(kw.get("scale")) + bool(kw.get("bias"))
-    if len(args) != want or any(not isinstance(kw.get(f, False), bool) for f in _FLAGS):
+    scale, bias, relu = kw.get("scale", False), kw.get("bias", False), kw.get("relu", False)
+    if scale.__class__ is not bool or bias.__class__ is not bool \
+            or relu.__class__ is not bool or len(args) != 2 + scale + bias:
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
                           f"are true or false)")
@@ -77,10 +99,14 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
     return [t]
 
 
+# oneDNN's packing is there (checked once: it is per build, and _run asks on every call)
+_ONEDNN = torch.backends.mkldnn.is_available() \
+    and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+
+
 def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and w.dtype == torch.float32 and x.device.type == "cpu" \
-        and w.device.type == "cpu" and torch.backends.mkldnn.is_available() \
-        and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+    return _ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 \
+        and x.device.type == "cpu" and w.device.type == "cpu"
 
 
 def _scaled(w: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
@@ -90,41 +116,42 @@ def _scaled(w: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
 def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
                   kw: Mapping[str, Any]) -> torch.Tensor:
     """oneDNN's packed `w * a[o]` for an NCHW input of `size`: cached for a Parameter (module
-    docstring), packed afresh for any other tensor."""
-    conv = tuple(tuple(kw[k]) if isinstance(kw[k], list) else kw[k] for k in _CONV)
+    docstring), packed afresh for any other tensor. The scale is compared by its bytes (a NaN
+    matches itself, -0.0 does not match 0.0: equal bytes pack to the same weight)."""
+    cache = isinstance(w, torch.nn.Parameter)
+    if cache:
+        key = (*size, *kw["stride"], *kw["padding"], *kw["dilation"], kw.get("groups", 1),
+               None if a is None else a.detach().numpy().tobytes())
+        state = (w._version, w.data_ptr())
+        p = _PACKS.get(id(w))
+        if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
+            p = _PACKS[id(w)] = _Packs(weakref.ref(w, _forget(id(w))), state)
+        packed = p.entries.get(key)
+        if packed is not None:
+            return packed
     with torch.no_grad():  # packing is not part of any autograd graph
-        entries = None
-        if isinstance(w, torch.nn.Parameter):
-            per_weight = _PACKS.setdefault(w, {})
-            now = (w._version, w.data_ptr())
-            for stale in [k for k in per_weight if k[:2] != now]:  # the weight changed since
-                del per_weight[stale]
-            entries = per_weight.setdefault((*now, tuple(size), conv), [])
-            for cached_a, packed in entries:
-                if (a is None and cached_a is None) or (
-                        a is not None and cached_a is not None and torch.equal(a, cached_a)):
-                    return packed
         packed = torch.ops.mkldnn._reorder_convolution_weight(
             _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
-            list(kw["dilation"]), int(kw["groups"]), list(size))
-        if entries is not None:
-            del entries[:max(0, len(entries) + 1 - MAX_PER_KEY)]
-            entries.append((None if a is None else a.clone(), packed))
-        return packed
+            list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
+    if cache:
+        if len(p.entries) >= MAX_ENTRIES:
+            p.entries.clear()
+        p.entries[key] = packed
+    return packed
 
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     x, w, a, b = _operands(args, kw)
-    kw = {"groups": 1, **kw}
+    groups = kw.get("groups", 1)
     xc = x.permute(0, 3, 1, 2)  # NCHW seen with channels-last strides
     if _mkldnn(x, w):
         y = torch.ops.mkldnn._convolution_pointwise(
             xc, packed_weight(w, a, xc.shape, kw), b, kw["padding"], kw["stride"],
-            kw["dilation"], kw["groups"], "none", [], "")
+            kw["dilation"], groups, "none", [], "")
     else:
         with torch.no_grad():
             y = torch.convolution(xc, _scaled(w, a), b, kw["stride"], kw["padding"],
-                                  kw["dilation"], False, [0, 0], kw["groups"])
+                                  kw["dilation"], False, [0, 0], groups)
     if kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
         y = torch.relu_(y)
     return y.permute(0, 2, 3, 1).contiguous()
@@ -137,4 +164,4 @@ PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIH
 if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
 
-__all__ = ["PACKED_OP", "packed_weight"]
+__all__ = ["PACKED_OP", "is_cached", "packed_weight"]
