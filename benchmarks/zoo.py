@@ -56,7 +56,7 @@ if (ROOT / ".devlibs").is_dir():  # `bytecode` carried to a machine with no inde
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size  # noqa: E402
+from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size, tm  # noqa: E402
 
 COMPILERS = ("torch.compile", "ember")
 RTOL, ATOL = 1e-3, 1e-3
@@ -607,15 +607,26 @@ def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[s
     return [js, md]
 
 
+def model_named(name: str) -> Model | None:
+    """A zoo model by name, or `timm/NAME` for any other timm model (ad hoc runs outside the
+    zoo's 52, built as the zoo builds its timm models: random weights, its own input size)."""
+    if name in BY_NAME:
+        return BY_NAME[name]
+    if name.startswith("timm/") and name[5:].replace("_", "").replace(".", "").isalnum():
+        return tm(name[5:], "ad hoc", "not in the zoo")
+    return None
+
+
 def select(a: argparse.Namespace) -> list[Model]:
     if a.models == "all":
         models = list(ZOO)
     else:
         names = [n.strip() for n in a.models.split(",") if n.strip()]
-        unknown = [n for n in names if n not in BY_NAME]
+        unknown = [n for n in names if model_named(n) is None]
         if unknown:
-            raise SystemExit(f"zoo: unknown model(s) {', '.join(unknown)} (see --list)")
-        models = [BY_NAME[n] for n in names]
+            raise SystemExit(f"zoo: unknown model(s) {', '.join(unknown)} (see --list; "
+                             f"timm/NAME runs any timm model)")
+        models = [m for n in names if (m := model_named(n)) is not None]
     if a.shard:
         k, n = (int(x) for x in a.shard.split("/"))
         if not 1 <= k <= n:
@@ -648,7 +659,8 @@ def merge(paths: list[Path], outdir: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="all", help="all, or a comma-separated list (--list)")
+    ap.add_argument("--models", default="all", help="all, or a comma-separated list (--list; "
+                    "timm/NAME: any timm model, ad hoc)")
     ap.add_argument("--list", action="store_true", help="print the zoo and exit")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -685,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker:
         import torch
         torch.set_num_threads(a.threads)
-        m = BY_NAME[a.worker]
+        m = model_named(a.worker)
+        assert m is not None, a.worker
         return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
                       a.warm, a.check_only, a.ember_backend)
     models = select(a)
