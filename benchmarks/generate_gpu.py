@@ -78,8 +78,13 @@ def build_model(layers: int, device: str) -> Any:
 
 
 def generate(model: Any, ids: torch.Tensor, new: int, cache: str) -> torch.Tensor:
+    # disable_compile: on CUDA with a static cache, generate() otherwise wraps the decode step
+    # in torch.compile(mode="reduce-overhead") itself (transformers' CompileConfig), under
+    # every variant (an "eager" row would be torch.compile's, and ember's compiled forward
+    # would be traced by dynamo)
     kw: dict[str, Any] = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                              pad_token_id=0, attention_mask=torch.ones_like(ids))
+                              pad_token_id=0, attention_mask=torch.ones_like(ids),
+                              disable_compile=True)
     if cache == "static":
         kw["cache_implementation"] = "static"
     with torch.no_grad():
