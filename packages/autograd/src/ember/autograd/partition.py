@@ -32,6 +32,11 @@ POLICIES = ("save-all", "recompute-all", "min-cut")
 # ops whose results the backward never recomputes (costly, or random)
 NO_RECOMPUTE = frozenset({"prims.matmul", "prims.convolution", "prims.philox_uniform",
                           "prims.sort", "prims.topk"})
+# reductions: a row statistic (softmax's max and sum, a norm's mean and variance) is a few
+# bytes to save, while recomputing it makes the backward read the whole operand again, often
+# in a kernel of its own (as AOTAutograd saves softmax's max and logsumexp, a norm's rstd)
+NO_RECOMPUTE_REDUCTIONS = frozenset({"prims.sum", "prims.prod", "prims.amax", "prims.amin",
+                                     "prims.argmax", "prims.argmin"})
 INF = float("inf")
 
 
@@ -68,7 +73,7 @@ def nbytes(v: Value, hints: dict[str, int]) -> int:
 def _no_recompute(op: str) -> bool:
     if op == "graph.stop_gradient":  # the identity (stop.py): free to recompute
         return False
-    return op in NO_RECOMPUTE or not op.startswith("prims.")
+    return op in NO_RECOMPUTE or op in NO_RECOMPUTE_REDUCTIONS or not op.startswith("prims.")
 
 
 def choose_keep(policy: str, j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],

@@ -22,6 +22,7 @@ from ember.ir.registry import default_registry, register_op
 from ember.ir.types import Type
 from ember.prims.decomp import norms
 from ember.prims.decomp.context import DecompContext
+from ember.prims.decomp.pointwise import opmath
 from ember.prims.decomp.table import DECOMPOSITIONS, DecompositionTable
 
 STOP_GRADIENT = "graph.stop_gradient"
@@ -70,9 +71,26 @@ def _embedding(inner: Any) -> Any:
     return embedding
 
 
+def _softmax(log: bool) -> Any:
+    """aten._softmax / aten._log_softmax whose row max is read through the marker: the result
+    does not depend on the shift, so its gradient through the max is zero in exact arithmetic;
+    differentiated, it would cost the backward a tie count and two more row sums (eager's
+    softmax backward has none of them)."""
+
+    def decomposition(ctx: DecompContext, self: Value, dim: int, half_to_float: bool) -> Value:
+        out = ctx.out_dtype()
+        return ctx.convert(norms.softmax(ctx, ctx.convert(self, opmath(out)), dim, log,
+                                         shift=_stop), out)
+
+    return decomposition
+
+
+SOFTMAX_OPS = {"aten._softmax.default": False, "aten._log_softmax.default": True}
+
+
 def training_table(table: DecompositionTable) -> DecompositionTable:
     """`table` with detach decomposing to the stop-gradient marker (and embedding's padding
-    row reading the weight through it)."""
+    row reading the weight through it, softmax's row max too)."""
     out = table.copy(f"{table.name or 'unnamed'}+stop_gradient")
     for op in DETACH_OPS:
         if op in out:
@@ -82,6 +100,10 @@ def training_table(table: DecompositionTable) -> DecompositionTable:
     emb = out.get("aten.embedding.default")
     if emb is not None:
         out.replace("aten.embedding.default", _embedding(emb))
+    for op, log in SOFTMAX_OPS.items():
+        # only over ember's own decomposition: a table that replaced it keeps its own
+        if out.get(op) is DECOMPOSITIONS.get(op):
+            out.replace(op, _softmax(log))
     # batch norm's statistics read through the marker: its closed-form gradient (norms.py)
     for op, fn in norms.training_batch_norms(_stop).items():
         if out.get(op) is DECOMPOSITIONS.get(op):

@@ -68,8 +68,22 @@ def _conv_backward(ctx: VJPContext, ct: Value, x: Value, w: Value, node: Node,
 def _gather(ctx: VJPContext, node: Node, cts: list[Value | None]) -> list[Grad]:
     x, idx = node.args
     ct = cts[0]
-    assert isinstance(x, Value) and ct is not None
-    return [ctx.p("scatter_add", ctx.zeros(ctx.t(x)), idx, ct, dim=node.kwargs["dim"]), None]
+    assert isinstance(x, Value) and isinstance(idx, Value) and ct is not None
+    dim = node.kwargs["dim"]
+    assert isinstance(dim, int)
+    xs, js = ctx.shape(x), ctx.shape(idx)
+    if len(xs) == len(js) > dim >= 0 and js[dim] == 1 and all(
+            a == b for d, (a, b) in enumerate(zip(xs, js, strict=True)) if d != dim):
+        # one index per row along `dim` (cross-entropy's pick of the target's log-probability):
+        # a one-hot select, pointwise, so it fuses into its reader instead of a scatter into a
+        # dense zeros buffer (the same values: 0 + ct is ct, also for NaN and inf)
+        keep = [d for d in range(len(xs)) if d != dim]
+        cols = ctx.bcast(ctx.p("iota", length=xs[dim], start=0, step=1, dtype=ctx.t(idx).dtype,
+                               device=ctx.t(x).device), xs, [dim])
+        hit = ctx.p("eq", cols, ctx.bcast(ctx.p("squeeze", idx, dims=[dim]), xs, keep))
+        spread = ctx.bcast(ctx.p("squeeze", ct, dims=[dim]), xs, keep)
+        return [ctx.where(hit, spread, 0.0), None]
+    return [ctx.p("scatter_add", ctx.zeros(ctx.t(x)), idx, ct, dim=dim), None]
 
 
 def _src_grad(ctx: VJPContext, ct: Value, idx: Value, src: Value, dim: Any) -> Value:

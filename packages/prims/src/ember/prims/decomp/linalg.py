@@ -419,3 +419,80 @@ def cudnn_attention(ctx: DecompContext, query: Value, key: Value, value: Value,
     out, lse = attention(ctx, query, key, value, attn_bias, dropout_p, is_causal, scale)
     lse = ctx.prim("unsqueeze", lse, dims=[ctx.rank(lse)])  # -inf on fully masked rows
     return _fused_rest(ctx, [out, _as_result(ctx, lse, 1)], query, key)
+
+
+@register_decomposition("aten._scaled_dot_product_flash_attention_for_cpu_backward.default")
+def flash_attention_for_cpu_backward(ctx: DecompContext, grad_out: Value, query: Value,
+                                     key: Value, value: Value, out: Value, logsumexp: Value,
+                                     dropout_p: float, is_causal: bool,
+                                     attn_mask: Value | None = None, scale: float | None = None
+                                     ) -> tuple[Value, Value, Value]:
+    """The CPU flash kernel's backward (the VJP rule of its forward emits it; the inductor on
+    CPU keeps it as one extern): the probabilities recomputed from the saved logsumexp,
+    `p = exp(s - lse)` (0 at masked scores and on fully masked rows, whose stored logsumexp is
+    0), then `dv = p^T do`, `ds = p * (do v^T - rowsum(do * out))`, `dq = ds k * scale`,
+    `dk = ds^T q * scale`, in f32 for f16/bf16; shared key/value heads (GQA) sum their
+    groups' gradients."""
+    if dropout_p != 0:
+        raise DecompositionError(f"{ctx.node.op}: dropout_p={dropout_p} is not decomposed (its "
+                                 f"forward's random numbers are the kernel's own)")
+    if is_causal and attn_mask is not None:
+        raise DecompositionError(f"{ctx.node.op}: attn_mask and is_causal=True together")
+    comp = opmath(ctx.dtype(query))
+    hq = ctx.shape(query)[-3] if ctx.rank(query) >= 3 else None
+    hk = ctx.shape(key)[-3] if ctx.rank(key) >= 3 else None
+    groups = 1
+    if hq is not None and hk is not None and not dims_equal(hq, hk):
+        if not (isinstance(hq, int) and isinstance(hk, int) and hk and hq % hk == 0):
+            raise DecompositionError(f"{ctx.node.op}: GQA needs static query heads ({hq}) that "
+                                     f"are a multiple of key/value heads ({hk})")
+        groups = hq // hk
+        key, value = _repeat_heads(ctx, key, hq), _repeat_heads(ctx, value, hq)
+    q, k, v, do, o = (ctx.convert(t, comp) for t in (query, key, value, grad_out, out))
+    factor = _scale_of(ctx, q, scale)
+    s = _times(ctx, batched_matmul(ctx, q, transpose_last(ctx, k)), factor)
+    shape = ctx.shape(s)
+    if is_causal:
+        allowed = ctx.broadcast_to(causal_mask(ctx, shape[-2], shape[-1], ctx.device(q)), shape)
+        s = ctx.prim("where", allowed, s, -math.inf)
+    elif attn_mask is not None:
+        s, mask = ctx.broadcast(s, attn_mask)
+        if not _same(ctx.shape(s), shape):
+            raise DecompositionError(f"{ctx.node.op}: an attn_mask that broadcasts the scores "
+                                     f"to a larger shape is not decomposed")
+        if ctx.dtype(mask) == DType.b8:
+            s = ctx.prim("where", mask, s, -math.inf)
+        else:
+            s = ctx.prim("add", s, ctx.convert(mask, comp))
+    rows = list(range(len(shape) - 1))
+    lse = ctx.prim("broadcast_in_dim", ctx.convert(logsumexp, comp), shape=list(shape),
+                   broadcast_dims=rows)
+    p = ctx.prim("exp", ctx.prim("sub", s, lse))
+    dv = batched_matmul(ctx, transpose_last(ctx, p), do)
+    dp = batched_matmul(ctx, do, transpose_last(ctx, v))
+    d = ctx.prim("sum", ctx.prim("mul", do, o), dims=[len(shape) - 1])
+    ds = ctx.prim("mul", p, ctx.prim("sub", dp, ctx.prim("broadcast_in_dim", d,
+                                                           shape=list(shape),
+                                                           broadcast_dims=rows)))
+    dq = _times(ctx, batched_matmul(ctx, ds, k), factor)
+    dk = _times(ctx, batched_matmul(ctx, transpose_last(ctx, ds), q), factor)
+    if groups > 1:  # head h = kv head h // groups: sum each kv head's group
+        dk, dv = (_sum_groups(ctx, g, groups) for g in (dk, dv))
+    got = [dq, dk, dv]
+    for g, x in zip(got, (query, key if groups == 1 else None, value if groups == 1 else None),
+                    strict=True):
+        if x is not None and not _same(ctx.shape(g), ctx.shape(x)):
+            raise DecompositionError(f"{ctx.node.op}: query, key and value with broadcast "
+                                     f"batch dims are not decomposed")
+    return _as_result(ctx, dq, 0), _as_result(ctx, dk, 1), _as_result(ctx, dv, 2)
+
+
+def _sum_groups(ctx: DecompContext, g: Value, groups: int) -> Value:
+    """[*B, hk * groups, S, E] -> [*B, hk, S, E]: each kv head's queries' gradients summed
+    (the inverse of `_repeat_heads`'s static form)."""
+    s = ctx.shape(g)
+    h = len(s) - 3
+    hq = s[h]
+    assert isinstance(hq, int)
+    split = reshape(ctx, g, [*s[:h], hq // groups, groups, *s[h + 1:]])
+    return ctx.prim("sum", split, dims=[h + 1])

@@ -39,17 +39,21 @@ from ember.prims.decomp.table import register_decomposition
 # ---- softmax --------------------------------------------------------------------------------
 
 
-def softmax(ctx: DecompContext, x: Value, dim: int, log: bool) -> Value:
+def softmax(ctx: DecompContext, x: Value, dim: int, log: bool,
+            shift: Callable[[DecompContext, Value], Value] | None = None) -> Value:
     """softmax (or log_softmax) of x along dim, in x's dtype: exp(x - max) / sum, with eager's
-    NaN for rows that are all -inf or hold +inf."""
+    NaN for rows that are all -inf or hold +inf. `shift` wraps the row max (the training path
+    passes a stop-gradient: the result does not depend on the shift, so no gradient goes
+    through the max, as in eager's softmax backward)."""
     rank = ctx.rank(x)
     if rank == 0:
-        return ctx.prim("reshape", softmax(ctx, as_vector(ctx, x), 0, log), shape=[])
+        return ctx.prim("reshape", softmax(ctx, as_vector(ctx, x), 0, log, shift), shape=[])
     d = ctx.norm_dim(dim, rank)
     shape = ctx.shape(x)
     if shape[d] == 0:  # an empty result: there is no max to take
         return x
-    z = ctx.prim("sub", x, expand_back(ctx, ctx.prim("amax", x, dims=[d]), shape, [d]))
+    m = ctx.prim("amax", x, dims=[d])
+    z = ctx.prim("sub", x, expand_back(ctx, m if shift is None else shift(ctx, m), shape, [d]))
     e = ctx.prim("exp", z)
     s = ctx.prim("sum", e, dims=[d])
     if log:

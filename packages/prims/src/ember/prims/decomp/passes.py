@@ -24,8 +24,12 @@ from ember.prims.rules import is_number
 
 # Fused attention kernels a backend may keep as one extern call (inductor on CPU, as
 # TorchInductor does: torch's flash kernel beats matmul + softmax + matmul ~1.4x), only without
-# dropout (eager's random numbers cannot be matched: dropout decomposes to philox).
-FUSED_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu.default",)
+# dropout (eager's random numbers cannot be matched: dropout decomposes to philox). The
+# backward kernel is what the forward's VJP rule emits on the training path (it recomputes the
+# probabilities from the saved logsumexp instead of saving them); op -> dropout_p's position.
+FUSED_ATTENTION_DROPOUT = {"aten._scaled_dot_product_flash_attention_for_cpu.default": 3,
+                           "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": 6}
+FUSED_ATTENTION = tuple(FUSED_ATTENTION_DROPOUT)
 
 # torch's own operator namespaces; an operator of any other (a `torch.library` custom op) has
 # no decomposition unless a table gives one: it stays one opaque op, typed by its fake kernel,
@@ -75,8 +79,11 @@ def decompose_module(module: Module, table: DecompositionTable, *,
 
 
 def _kept_attention(n: Node) -> bool:
-    dropout = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
-    return n.op in FUSED_ATTENTION and dropout in (0, 0.0, None)
+    at = FUSED_ATTENTION_DROPOUT.get(n.op)
+    if at is None:
+        return False
+    dropout = n.args[at] if len(n.args) > at else n.kwargs.get("dropout_p", 0.0)
+    return dropout in (0, 0.0, None)
 
 
 def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
