@@ -340,3 +340,20 @@ def test_binder_reads_only_symbolic_dims_and_scalars() -> None:
     assert Binder([param(8)], [torch.zeros(8)]).text(()) == "(static shapes)"
     unknown = Binder(None, [torch.zeros(2)])  # no types: every shape is read
     assert unknown([torch.zeros(4)]) == binding([torch.zeros(4)])
+
+
+def test_a_graph_on_the_reference_interpreter_is_not_recorded(fake: Any) -> None:
+    """Random ops run on the reference interpreter (philox inputs): it may sync with the host,
+    so the graph is not recorded, and explain says why."""
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+    fake()
+    c = er.compile(noisy, mode="reduce-overhead")
+    with pytest.warns(er.FallbackWarning):
+        for _ in range(3):
+            c(torch.randn(4))
+    (g,) = er.explain(c).cuda_graphs
+    assert g.skipped is not None and g.skipped.startswith(
+        "part of it runs on the reference interpreter, which may sync with the host"), g.text()
+    assert (g.recordings, g.plain) == (0, 3)
