@@ -17,7 +17,7 @@ import ember.runtime as er
 from ember.ir import Graph, Node, TensorType, Value
 
 CONV_BACKWARD = "aten.convolution_backward.default"
-TOL = {"rtol": 1e-4, "atol": 1e-5}
+TOL: dict[str, Any] = {"rtol": 1e-4, "atol": 1e-5}
 
 
 class _Net(nn.Module):
@@ -79,7 +79,7 @@ def test_conv_bn_training_matches_eager(bn: str, backend: str) -> None:
 
 
 def _plan(layers: int) -> Any:
-    from ember.capture import capture
+    from ember.capture import Captured, capture
     from ember.runtime.training import plan_training
     from ember.runtime.writeback import backend_module
 
@@ -87,7 +87,7 @@ def _plan(layers: int) -> Any:
     m = _Net(nn.BatchNorm2d, layers)
     x, _ = _data(0)
     cap = capture(m, (x,), {})
-    assert not isinstance(cap, Exception) and hasattr(cap, "module")
+    assert isinstance(cap, Captured), cap
     no_grad = {u.result for u in cap.updates if not u.grad}
     return plan_training(backend_module(cap), cap.input_examples, no_grad)
 
@@ -97,7 +97,7 @@ def test_convolution_gradients_are_one_kernel_call_each() -> None:
     # does not require grad): three calls, and no convolution written in prims
     bwd = _plan(2).backward.graph()
     calls = [n for n in bwd.nodes if n.op == CONV_BACKWARD]
-    masks = sorted(tuple(n.args[-1]) for n in calls)  # type: ignore[arg-type]
+    masks = sorted(tuple(n.args[-1]) for n in calls if isinstance(n.args[-1], list))
     assert masks == [(False, True, False), (False, True, False), (True, False, False)], masks
     assert not [n for n in bwd.nodes if n.op == "prims.convolution"]
 
