@@ -8,15 +8,16 @@ exceeds the GPU time. Under these modes each graph the inductor compiled is wrap
   inputs only tensors and Python scalars, and no part of the graph on the reference
   interpreter (its ops may sync with the host). Otherwise the graph runs as in the default
   mode and `explain()` says why in its "CUDA graphs" section.
-* **Warm-up, then one recording per size binding**: a binding is the inputs' shapes and scalar
-  values (`binding`); a symbolic graph gets one recording per binding it meets twice (the first
-  call of a binding is the warm-up: Triton compiles and specializes there, outside capture). At
-  most `max_recordings` per graph (default 8); a binding past that runs without a graph, counted.
-* **Static inputs**: a parameter, or an input found at the same address (data_ptr, strides) on
-  every call of its binding so far, is read in place by the recording (never copied); every
-  call checks those addresses; where one moved, the binding is recorded again (an input that
-  moves twice, a new tensor each call, is copied from then on).
-  Other inputs are copied into buffers the recording owns.
+* **Warm-up, then one recording per size binding**: a binding is the values of the graph's
+  size symbols and scalar inputs (`Binder`: the guards hold every other dim); a symbolic graph
+  gets one recording per binding it meets twice (the first call of a binding is the warm-up:
+  Triton compiles and specializes there, outside capture). At most `max_recordings` per graph
+  (default 8); a binding past that runs without a graph, counted.
+* **Static inputs**: a parameter, or an input at the same address (data_ptr, strides) at the
+  warm-up and the recording, is read in place by the recording (never copied; the recording
+  holds it, so its memory is not reused under it); every call checks those addresses; where
+  one moved, the binding is recorded again (an input that moves twice, a new tensor each call,
+  is copied from then on). Other inputs are copied into buffers the recording owns.
 * **One memory pool** per compiled function: its recordings' intermediates and outputs.
 * **Outputs are cloned out of the pool** after each replay, so the caller never holds memory
   that the next replay overwrites (the "CUDAGraphs output overwritten" failure of keeping a
@@ -265,17 +266,17 @@ class _GraphRunner:
             rec.rerecorded += 1
             r = None
         if r is None:
+            if len(self.recordings) >= self.owner.max_recordings:  # (nothing more to remember)
+                rec.over_limit += 1
+                rec.plain += 1
+                return self.runner(graph, inputs)
             addrs = [_address(x) for x in inputs]
             first = self.seen.get(key)
-            if first is None or len(self.recordings) >= self.owner.max_recordings:
-                if first is None:
-                    if len(self.seen) >= SEEN_LIMIT:  # the oldest is warmed up again if met
-                        del self.seen[next(iter(self.seen))]
-                    self.seen[key] = addrs
-                    rec.warmups += 1
-                else:
-                    rec.over_limit += 1
-                    rec.plain += 1
+            if first is None:
+                if len(self.seen) >= SEEN_LIMIT:  # the oldest is warmed up again if met
+                    del self.seen[next(iter(self.seen))]
+                self.seen[key] = addrs
+                rec.warmups += 1
                 return self.runner(graph, inputs)
             # static: a parameter, or at the same address at warm-up and now, or static in the
             # last recording; an input that moved twice (a new tensor each call) is copied
