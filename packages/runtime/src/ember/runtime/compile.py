@@ -603,6 +603,7 @@ class CompiledFunction:
         self._no_grad_results = {u.result for u in res.updates if not u.grad}
         self._capturing = res
         runner = self._compile_graph(backend, backend_module(res), res.input_examples)
+        self._capturing = None  # (it holds the first call's inputs)
         graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
             brk, runner, [self.child(r) for r in brk.resumes], self.callee)
         self.entries.append(graph_entry)
