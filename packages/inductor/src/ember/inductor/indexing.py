@@ -25,7 +25,9 @@ from ember.ir.expr import (
     PyMod,
     as_sympy,
     parse_expr,
+    rebuild,
     simplify_dim,
+    substitute_dims,
     symbol,
     to_text,
     value_range,
@@ -85,10 +87,9 @@ def _parse_text(text: str) -> Dim:
 
 
 def substitute(e: Dim, subst: Mapping[sympy.Symbol, Dim]) -> Dim:
-    """Replace loop variables at once (`i0 -> r0 * 4`): the composition of index maps."""
-    if isinstance(e, int) or not subst:
-        return e
-    return simplify_dim(e.xreplace({k: as_sympy(v) for k, v in subst.items()}))
+    """Replace loop variables at once (`i0 -> r0 * 4`): the composition of index maps. Not
+    sympy's `xreplace`: that rebuilds every max/min through sympy's costly evaluation."""
+    return substitute_dims(e, subst)
 
 
 Bounds = tuple[int, int] | None  # inclusive [lo, hi] of an index expression, None: unknown
@@ -125,8 +126,8 @@ def simplify_index(e: Dim, ranges: Mapping[sympy.Symbol, int] | None = None) -> 
     if isinstance(e, int) or e.is_Atom:
         return simplify_dim(e)
     rng = ranges or {}
-    ones = {v: sympy.Integer(0) for v, n in rng.items() if n == 1}  # a loop of one step
-    return simplify_dim(_simp(e.xreplace(ones) if ones else e, rng))
+    ones = {v: 0 for v, n in rng.items() if n == 1}  # a loop of one step
+    return simplify_dim(_simp(as_sympy(substitute_dims(e, ones)) if ones else e, rng))
 
 
 def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
@@ -141,7 +142,7 @@ def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
                                      for o in bs if o is not b):
                 return a
     if not isinstance(e, (FloorDiv, PyMod)) or not args[1].is_Integer or int(args[1]) <= 0:
-        return e.func(*args) if args != list(e.args) else e
+        return rebuild(e, args) if args != list(e.args) else e
     a, d = args[0], int(args[1])
     if isinstance(e, FloorDiv):
         if isinstance(a, FloorDiv) and a.args[1].is_Integer and int(a.args[1]) > 0:

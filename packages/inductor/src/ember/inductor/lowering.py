@@ -35,7 +35,7 @@ from ember.inductor.indexing import (
 from ember.inductor.indexing import substitute as subst_index
 from ember.inductor.targets import device_kind, graph_devices, targets
 from ember.ir import Arg, Builder, DType, Graph, Module, Node, Ref, TensorType, Value
-from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, simplify_dim
+from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, max_dim, min_dim, simplify_dim
 from ember.ir.graph import map_args
 from ember.ir.passes import PipelineError, register_pass
 from ember.prims import PRIMS_BY_OP
@@ -358,11 +358,12 @@ def _full(lw: _Lowering, n: Node) -> None:
 def _clamp(e: sympy.Expr, lo: int, hi: int, need_lo: bool, need_hi: bool) -> Dim:
     """e clamped to [lo, hi] where it may leave it (the loads of a `where`'s unselected side
     still run in C++: they must stay inside the buffer)."""
-    if need_lo:
-        e = sympy.Max(e, sympy.Integer(lo))
+    out: Dim = e
+    if need_lo:  # max_dim/min_dim: sympy's own Max/Min evaluation costs milliseconds a call
+        out = max_dim(out, lo)
     if need_hi:
-        e = sympy.Min(e, sympy.Integer(hi))
-    return simplify_dim(e)
+        out = min_dim(out, hi)
+    return out
 
 
 def _in_range(bb: BodyBuilder, var: sympy.Symbol, lo: int | None, hi: int | None,

@@ -441,3 +441,86 @@ def _range(e: sympy.Expr, env: Mapping[str, Interval],
             return (0, bhi - 1)
         return (alo, ahi) if bhi < alo and ahi <= 0 else (blo + 1, 0)
     return None
+
+
+# ---- cheap construction and substitution ---------------------------------------------------
+# sympy's own Max/Min constructors prove argument order with its assumption system (relational
+# `is_ge`, `factor_terms`): milliseconds per call, and every `xreplace` of an expression holding
+# one rebuilds it that way. Index maps of concatenations and paddings hold one per piece, and
+# fusion substitutes them thousands of times (a DenseNet spent most of its compile there). These
+# build the same sympy nodes (`evaluate=False`: canonical argument order, equal to an evaluated
+# one with the same arguments) after folding what interval arithmetic proves.
+
+
+def _sign_env(e: sympy.Expr) -> dict[str, Interval]:
+    """Each free symbol's range from its assumptions: ember's symbols are never negative."""
+    return {s.name: (0, _INF) if s.is_nonnegative else (-_INF, _INF) for s in e.free_symbols
+            if isinstance(s, sympy.Symbol)}
+
+
+def _dominated(a: sympy.Expr, b: sympy.Expr, is_max: bool) -> bool:
+    """True when `b` is always >= `a` (max) or <= `a` (min), so `a` never decides."""
+    d = b - a if is_max else a - b
+    if d.is_Integer:
+        return int(d) >= 0
+    r = value_range(d, _sign_env(d))
+    return r is not None and r[0] >= 0
+
+
+def _lattice(cls: type[sympy.Max] | type[sympy.Min], args: tuple[Dim, ...]) -> Dim:
+    is_max = cls is sympy.Max
+    flat: list[sympy.Expr] = []
+    for a in args:
+        e = as_sympy(a)
+        flat.extend(e.args if isinstance(e, cls) else (e,))
+    consts = [int(e) for e in flat if e.is_Integer]
+    rest = list(dict.fromkeys(e for e in flat if not e.is_Integer))
+    live: list[sympy.Expr] = [sympy.Integer(max(consts) if is_max else min(consts))] \
+        if consts else []
+    for e in rest:  # drop an argument another one always beats (at most a few: pairwise)
+        if any(_dominated(e, o, is_max) for o in live):
+            continue
+        live = [o for o in live if not _dominated(o, e, is_max)] + [e]
+    if len(live) == 1:
+        return simplify_dim(live[0])
+    return cls(*live, evaluate=False)
+
+
+def max_dim(*args: Dim) -> Dim:
+    """max(args...) as ir-v1 holds it (a sympy Max), built without sympy's costly evaluation:
+    constants fold, nested maxima flatten, and an argument that interval arithmetic shows
+    never wins is dropped."""
+    return _lattice(sympy.Max, args)
+
+
+def min_dim(*args: Dim) -> Dim:
+    """min(args...), as `max_dim`."""
+    return _lattice(sympy.Min, args)
+
+
+def rebuild(e: sympy.Expr, args: list[sympy.Expr] | tuple[sympy.Expr, ...]) -> sympy.Expr:
+    """`e.func(*args)`, but max/min through `max_dim`/`min_dim`."""
+    if isinstance(e, sympy.Max):
+        return as_sympy(max_dim(*args))
+    if isinstance(e, sympy.Min):
+        return as_sympy(min_dim(*args))
+    return e.func(*args)
+
+
+def substitute_dims(e: Dim, subst: Mapping[sympy.Symbol, Dim]) -> Dim:
+    """`e` with symbols replaced at once (sympy's `xreplace`, with max/min rebuilt cheaply)."""
+    if isinstance(e, int) or not subst:
+        return e
+    table = {k: as_sympy(v) for k, v in subst.items()}
+    memo: dict[sympy.Expr, sympy.Expr] = {}
+
+    def walk(x: sympy.Expr) -> sympy.Expr:
+        if x.is_Atom:
+            return table.get(x, x)
+        got = memo.get(x)
+        if got is None:
+            args = [walk(a) for a in x.args]
+            same = all(a is b for a, b in zip(args, x.args, strict=True))
+            got = memo[x] = x if same else rebuild(x, args)
+        return got
+    return simplify_dim(walk(e))
