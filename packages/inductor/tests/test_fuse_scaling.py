@@ -25,7 +25,7 @@ S = "f32[4, 6]"
 
 
 def _reference_vertical(m: Module, g: Graph, max_nodes: int, reductions: bool,
-                        taken: set[str]) -> bool:
+                        taken: set[str], start: int = 0) -> bool:
     """The old rule 1/2/4 step: scan from the top for the first fusable producer."""
     for p in list(g.nodes):
         if p.op == "loop.pointwise":
