@@ -3,7 +3,7 @@
 The key covers the source, the compiler command and flags, the compiler's version, the CPU
 (`-march=native` code runs only where it was built) and the versions of ember.inductor and torch.
 A module's kernels are split into several translation units (`build_all`), compiled by
-concurrent g++ processes, one library each. An entry is `<key>.so` plus `<key>.json`
+concurrent g++ processes (one per core, the longest unit first), one library each. An entry is `<key>.so` plus `<key>.json`
 holding the library's sha256; both are written (mode 0600) to a temporary file and moved into
 place with `os.replace`, so readers never see half a file. The directory is
 `$EMBER_CACHE_DIR/inductor` or `~/.cache/ember/inductor`, created mode 0700.
@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -318,28 +319,26 @@ def build_all(sources: Sequence[str]) -> list[Path]:
 
 def _compile(sources: Sequence[str], todo: list[int], paths: list[Path | None], tmp: Path,
              store: Path) -> None:
-    running: list[tuple[int, subprocess.Popen[str], Path]] = []
-    errors: list[str] = []
-
-    def reap(item: tuple[int, subprocess.Popen[str], Path]) -> None:
-        k, proc, out = item
-        _, err = proc.communicate()
-        if proc.returncode != 0:
-            errors.append(err[-4000:])
-            return
-        paths[k] = _store(sources[k], out.read_bytes(), store)
-
-    for k in todo:
-        cpp = tmp / f"tu{k}.cpp"
+    """Compile the `todo` units, at most `jobs()` g++ processes at once, the longest source
+    first and the next one started as soon as any finishes (threads only wait on g++)."""
+    def run(k: int) -> tuple[int, subprocess.CompletedProcess[str], Path]:
+        cpp, out = tmp / f"tu{k}.cpp", tmp / f"tu{k}.so"
         cpp.write_text(sources[k])
-        out = tmp / f"tu{k}.so"
-        while len(running) >= jobs():
-            reap(running.pop(0))
-        running.append((k, subprocess.Popen(
-            [CXX, *flags(), str(cpp), "-o", str(out)], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True), out))
-    for item in running:
-        reap(item)
+        return k, subprocess.run([CXX, *flags(), str(cpp), "-o", str(out)],
+                                 capture_output=True, text=True, check=False), out
+
+    order = sorted(todo, key=lambda k: (-len(sources[k]), k))
+    if len(order) == 1:
+        done = [run(order[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(jobs(), len(order))) as pool:
+            done = list(pool.map(run, order))
+    errors: list[str] = []
+    for k, proc, out in sorted(done, key=lambda d: d[0]):
+        if proc.returncode != 0:
+            errors.append(proc.stderr[-4000:])
+            continue
+        paths[k] = _store(sources[k], out.read_bytes(), store)
     if errors:
         raise CompileError(f"{CXX} failed on the kernels:\n{errors[0]}")
 

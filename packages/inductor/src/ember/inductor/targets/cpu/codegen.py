@@ -56,13 +56,28 @@ def module_source(m: Module) -> str:
 
 def module_units(m: Module, blocks: list[Kernel] | None = None) -> list[list[Kernel]]:
     """The module's kernel blocks split into translation units compiled in parallel: each
-    unit is the prelude plus a contiguous run of kernels (at most one unit per compile job)."""
+    unit is the prelude plus some kernels, in module order, at most one unit per compile job
+    (and at least KERNELS_PER_UNIT kernels a unit). Kernels go to units by their source
+    length (largest first, to the lightest unit) so the concurrent g++ processes finish
+    together: the build takes as long as its slowest unit, and kernel sizes vary by 10x (a
+    DenseNet's concatenations). Deterministic: the same module gives the same units, so the
+    cache keyed by each unit's source finds them again."""
     blocks = [k for k in m.kernels.values() if k.lang == "cpp"] if blocks is None else blocks
     prelude = [k for k in blocks if k.name == PRELUDE_NAME]
     rest = [k for k in blocks if k.name != PRELUDE_NAME]
+    if not rest:
+        return []
     n = max(1, min(cache.jobs(), math.ceil(len(rest) / KERNELS_PER_UNIT)))
-    size = math.ceil(len(rest) / n) if rest else 0
-    return [prelude + rest[i:i + size] for i in range(0, len(rest), size)] if rest else []
+    load = [0] * n
+    unit_of: dict[int, int] = {}
+    for k in sorted(range(len(rest)), key=lambda k: (-len(rest[k].source), k)):
+        u = min(range(n), key=lambda j: (load[j], j))
+        unit_of[k] = u
+        load[u] += len(rest[k].source)
+    units: list[list[Kernel]] = [list(prelude) for _ in range(n)]
+    for k, kern in enumerate(rest):
+        units[unit_of[k]].append(kern)
+    return [u for u in units if len(u) > len(prelude)]
 
 
 def load_cpp(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
