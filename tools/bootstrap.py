@@ -143,7 +143,9 @@ def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
     elif not force and is_current(venv):
         log(f"{name} is up to date")
         return venv
-    log(f"installing all ember packages (editable) + dev tools into {name} (first time: minutes)")
+    tools = "dev" if venv == VENV else "test"
+    log(f"installing all ember packages (editable) + {tools} tools into {name} (first time: "
+        f"minutes)")
     stamp.unlink(missing_ok=True)  # a failed install must not leave a valid stamp behind
     subprocess.run(install_command(venv), check=True, cwd=ROOT)
     stamp.write_text(fingerprint(venv) + "\n")
