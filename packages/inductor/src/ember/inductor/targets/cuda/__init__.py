@@ -20,6 +20,7 @@ import torch
 
 from ember.inductor.launch import register_loader
 from ember.inductor.targets import Target, register_target, targets
+from ember.inductor.targets.cuda.autotune import autotune_cuda, with_autotune
 from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
 from ember.ir.passes import register_pipeline
 
@@ -54,5 +55,5 @@ def available() -> bool:
 if available():
     register_cuda_target()
 
-__all__ = ["FRONT", "INDUCTOR_CUDA", "INDUCTOR_CUDA_INTERPRET", "TRITON_LOADER", "available",
-           "codegen_triton", "register_cuda_target"]
+__all__ = ["FRONT", "INDUCTOR_CUDA", "INDUCTOR_CUDA_INTERPRET", "TRITON_LOADER", "autotune_cuda",
+           "available", "codegen_triton", "register_cuda_target", "with_autotune"]

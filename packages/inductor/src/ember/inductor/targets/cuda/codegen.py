@@ -48,6 +48,7 @@ from ember.inductor.targets.cuda.launcher import (
     compile_and_bind,
     unavailable,
 )
+from ember.inductor.targets.cuda.matmul_template import Pair, fused_externs, render_matmul
 from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
     Arg,
@@ -87,7 +88,10 @@ def codegen_triton(module: Module, *, interpret: bool = False) -> Module:
             continue
         for p in g.params:
             _retype(p)
-        g.nodes = [_lower_node(src, g, n, kernels, fallback, interpret) for n in g.nodes]
+        # max-autotune's matmul template: the extern's product is computed in its epilogue
+        fused = fused_externs(g)
+        g.nodes = [_lower_node(src, g, n, kernels, fallback, interpret, fused.get(n))
+                   for n in g.nodes if n not in fused.values()]
         g.result_types = [o.type for o in g.outputs]
         graphs.append(g)
     out = Module(src.symbols, {}, src.version)
@@ -106,7 +110,7 @@ def _device(n: Node) -> str:
 
 
 def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph],
-                interpret: bool) -> Node:
+                interpret: bool, mm: Node | None = None) -> Node:
     if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
         ctx = InferContext(module=m, registry=default_registry())
         for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
@@ -123,6 +127,19 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     name = ref.name
     while any(k.name == name for k in kernels):  # two loop nodes may share one body
         name += "_"
+    if mm is not None:  # the matmul template with this kernel as its epilogue
+        pos = next(k for k, x in enumerate(n.args[1:]) if mm.results and x is mm.results[0])
+        rendered = render_matmul(name, Pair(mm, n, pos), m.items, interpret)
+        kernels.append(Kernel(name, LANG, rendered.source))
+        args = [*mm.args, *(x for k, x in enumerate(n.args[1:]) if k != pos)]
+        for a in mm.args:
+            if isinstance(a, Value):
+                _retype(a)
+        kw0: dict[str, Arg] = {"out_dtypes": [r.type.dtype for r in n.results],  # type: ignore[union-attr]
+                               "out_shapes": [list(r.type.shape) for r in n.results]}  # type: ignore[union-attr]
+        if _device(n) != "cpu":
+            kw0["device"] = _device(n)
+        return _node("kernels.call", [Ref(name), *args], kw0, n, [_retype(r) for r in n.results])
     try:
         rendered = render(name, n, body, m.items, interpret)
     except CodegenError as e:
