@@ -41,30 +41,16 @@ PIPELINE = at.with_autotune("decompose,cse,dce,inductor-cuda-interpret")
 
 def tuned(fn: Callable[..., Any], args: tuple[torch.Tensor, ...], timer: at.Timer
           ) -> tuple[Module, at.TuneReport]:
-    with at.tuning_timer(timer):
+    with at.tuning_timer(timer), at.collecting() as reports:
         m = run_pipeline(capture(fn, args, {}).module, PIPELINE)  # type: ignore[union-attr]
-    return m, _report()
-
-
-_LAST: list[at.TuneReport] = []
-
-
-def _report() -> at.TuneReport:
-    return _LAST[-1]
+    assert len(reports) == 1
+    return m, reports[0]
 
 
 @pytest.fixture(autouse=True)
-def _capture_reports(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """Keep each autotune run's report (the pass's module is cloned by later passes); each
-    test starts with an empty tuning cache."""
+def _fresh_tuning_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Each test starts with an empty tuning cache."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
-    real = at.autotune
-
-    def keep(module: Module, **kw: Any) -> tuple[Module, at.TuneReport]:
-        out, rep = real(module, **kw)
-        _LAST.append(rep)
-        return out, rep
-    monkeypatch.setattr(at, "autotune", keep)
 
 
 def run(m: Module, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
@@ -148,9 +134,9 @@ def test_second_compile_reads_the_tuning_cache() -> None:
     assert any(d["winner"] == rep1.choices[0].winner and d["timings_ms"] for d in data)
     for p in files:  # damaged entries: ignored and tuned again, never an error
         p.write_text("{not json")
-    tuned(f, (x,), counting(seen, prefer(cuda_xblock=2)))
+    _, rep3 = tuned(f, (x,), counting(seen, prefer(cuda_xblock=2)))
     assert len(seen) > n
-    assert not _report().choices[0].cached
+    assert not rep3.choices[0].cached
 
 
 def test_cache_key_names_device_and_triton_version() -> None:
@@ -275,7 +261,9 @@ def test_compile_max_autotune_tunes(triton_on_cpu: Target) -> None:
     with at.tuning_timer(counting(seen, prefer(cuda_xblock=1))):
         cf = ember_compile(f, mode="max-autotune-no-cudagraphs")
         torch.testing.assert_close(cf(x), f(x))
-    assert seen and _report().choices
+    assert seen
+    notes = [n for n in cf.history.notes if "autotune:" in n]  # explain's notes
+    assert notes and "1 kernel(s) in" in notes[0] and "xblock=1" in notes[0]
     n = len(seen)
     with at.tuning_timer(counting(seen, prefer(cuda_xblock=1))):
         cf = ember_compile(f)  # the default mode: no tuning

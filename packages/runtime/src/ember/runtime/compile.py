@@ -506,14 +506,18 @@ class CompiledFunction:
             else contextlib.nullcontext()
         start = time.perf_counter()
         pipeline = pipeline_for(module, o.pipeline)
+        tuning: Any = contextlib.nullcontext([])
         if self.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
-            from ember.inductor.targets.cuda.autotune import with_autotune
+            from ember.inductor.targets.cuda.autotune import collecting, with_autotune
             pipeline = with_autotune(pipeline)  # the CUDA target's: tuned schedules
+            tuning = collecting()
         self._last_producer = f"pipeline {expand_pipeline(pipeline)}"
-        with table:
+        with table, tuning as tuned:
             out = run_pipeline(module, pipeline,
                                verify_each=o.verify_each,
                                print_after=after if o.dump_each or timed else None)
+        for rep in tuned:  # explain() shows the tuning time and the choices
+            self.history.note(f"{self._graph_label(module)}: {rep.summary()}")
         if timed:
             logs.pipeline.info("%s: pipeline %s: %s; total %.1f ms", self._graph_label(module),
                                o.pipeline, ", ".join(f"{st} {t * 1e3:.1f} ms" for st, t in times),

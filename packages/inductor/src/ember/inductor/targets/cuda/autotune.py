@@ -59,7 +59,8 @@ Timer = Callable[[Callable[[], object], Candidate], float]  # (run, candidate) -
 CACHE_VERSION = 1  # bump when the candidate sets or the file's fields change
 _LOG = logging.getLogger("ember.kernels")
 _TIMER: ContextVar[Timer | None] = ContextVar("ember_tuning_timer", default=None)
-_REPORTS: dict[int, TuneReport] = {}  # id(module the pass returned) -> its tuning
+# the reports of a `collecting()` block (compile() notes them in explain)
+_COLLECT: ContextVar[list[TuneReport] | None] = ContextVar("ember_tuning_reports", default=None)
 
 
 @dataclass
@@ -120,9 +121,15 @@ def default_timer(interpret: bool) -> Timer:
     return wall
 
 
-def last_report(m: Module) -> TuneReport | None:
-    """The tuning that produced module `m` (this process)."""
-    return _REPORTS.get(id(m))
+@contextlib.contextmanager
+def collecting() -> Iterator[list[TuneReport]]:
+    """The reports of every autotune-cuda run inside this block, in order."""
+    got: list[TuneReport] = []
+    token = _COLLECT.set(got)
+    try:
+        yield got
+    finally:
+        _COLLECT.reset(token)
 
 
 def with_autotune(pipeline: str) -> str:
@@ -163,8 +170,9 @@ def autotune(module: Module, *, interpret: bool = False, timer: Timer | None = N
         for pair in mt.epilogue_pairs(g, out.items):
             _tune_matmul(out, pair, interpret, timer, cache, report)
     report.seconds = time.perf_counter() - t0
-    _REPORTS.clear()  # the last compile's report only: no growth over a long run
-    _REPORTS[id(out)] = report
+    sink = _COLLECT.get()
+    if sink is not None:
+        sink.append(report)
     if report.choices or report.skipped:
         _LOG.info("%s", report.summary())
     return out, report
@@ -431,5 +439,5 @@ def _cache_write(key: str, winner: Candidate, timings: list[tuple[Candidate, flo
 
 
 __all__ = ["Candidate", "Choice", "Timer", "TuneReport", "autotune", "autotune_cuda",
-           "cache_path", "default_timer", "last_report", "loop_candidates", "tuning_timer",
+           "cache_path", "collecting", "default_timer", "loop_candidates", "tuning_timer",
            "with_autotune"]
