@@ -240,3 +240,24 @@ def test_build_runs_jobs_compilers_at_once_longest_first(
     assert peak[0] == 2
     assert set(started[:2]) == set(sorted(started)[-2:])  # the two longest go first
     assert [p.read_bytes() for p in paths] == [b"lib" + s.encode() for s in srcs]
+
+
+def test_fuse_looks_the_target_up_once_per_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of 30 pointwise ops fuses into one kernel asking for the graph's devices (a
+    scan of every value) once per scan, not once per candidate pair."""
+    lines, prev = [], "%x"
+    for k in range(30):
+        lines.append(f"  %v{k} = prims.{'exp' if k % 2 else 'neg'}({prev}) : {S}")
+        prev = f"%v{k}"
+    src = ("ember.ir 1.0\n\ngraph @f(%x: f32[4, 6]) -> (f32[4, 6]) {\n" + "\n".join(lines)
+           + f"\n  return ({prev})\n}}\n")
+    calls = [0]
+    real = fusion.graph_devices
+
+    def counted(g: Graph) -> set[str]:
+        calls[0] += 1
+        return real(g)
+    monkeypatch.setattr(fusion, "graph_devices", counted)
+    text = _fuse(src, 1000)
+    assert len(re.findall(r"= loop\.pointwise\(", text)) == 1
+    assert calls[0] <= 3

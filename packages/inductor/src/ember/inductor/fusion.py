@@ -47,7 +47,7 @@ from ember.inductor.body import (
 )
 from ember.inductor.indexing import index_text, index_value, ivar, parse_index
 from ember.inductor.indexing import substitute as subst_index
-from ember.inductor.targets import device_kind, graph_devices, targets
+from ember.inductor.targets import Target, device_kind, graph_devices, targets
 from ember.ir import Graph, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim
 from ember.ir.passes import register_pass
@@ -102,12 +102,20 @@ def _readers(g: Graph, v: Value) -> list[Node]:
 Readers = Callable[[Value], list[Node]]
 
 
+class _Unknown:
+    """Not known yet (target_veto's `target`: look it up)."""
+
+
+UNKNOWN = _Unknown()
+
+
 class _ReaderIndex:
     """The nodes reading each value, in graph order, kept up to date while vertical fusion
     rewrites and removes nodes (it never reorders them). Scanning the graph for every lookup
     made `fuse` cubic in the node count: 287 s of a 305 s mobilenetv2 compile."""
 
     def __init__(self, g: Graph):
+        self.target = graph_target(g)  # fusion keeps every value's device
         self.pos = {id(n): k for k, n in enumerate(g.nodes)}
         self.of: dict[Value, list[Node]] = {}
         self.reads: dict[int, set[Value]] = {}
@@ -177,14 +185,24 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
     size = body_size(pbody) + body_size(cbody)
     if size > max_nodes:
         return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
-    return target_veto(m, g, producer, consumer)
+    return target_veto(m, g, producer, consumer,
+                       readers.target if isinstance(readers, _ReaderIndex) else UNKNOWN)
 
 
-def target_veto(m: Module, g: Graph, a: Node, b: Node) -> str | None:
-    """The reason the target of g's device gives (its FusionHooks.veto) to keep kernels a and
-    b apart, or None (no target, no veto, or the veto lets them fuse)."""
+def graph_target(g: Graph) -> Target | None:
+    """The target of g's one device kind (None: several kinds, or none registered)."""
     kinds = {device_kind(d) for d in graph_devices(g)} or {"cpu"}
-    target = targets().get(kinds.pop()) if len(kinds) == 1 else None
+    return targets().get(kinds.pop()) if len(kinds) == 1 else None
+
+
+def target_veto(m: Module, g: Graph, a: Node, b: Node,
+                target: Target | None | _Unknown = UNKNOWN) -> str | None:
+    """The reason the target of g's device gives (its FusionHooks.veto) to keep kernels a and
+    b apart, or None (no target, no veto, or the veto lets them fuse). `target`: g's target as
+    `graph_target` gives it, where the caller knows it (fusion asks for thousands of pairs
+    of one graph: each look-up scans every value's device)."""
+    if isinstance(target, _Unknown):
+        target = graph_target(g)
     veto = target.fusion.veto if target is not None else None
     why = veto(m, g, a, b) if veto is not None else None
     return f"the {target.device_kind} target keeps them apart: {why}" \
@@ -397,6 +415,7 @@ def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> int | N
             for v in reads[i]:
                 readers.setdefault(v, []).append(i)
     above = _ancestors(dg, len(g.nodes))
+    target = graph_target(g)
     for a in sorted(reads):
         na = g.nodes[a]
         for b in sorted({b for v in reads[a] for b in readers[v] if b > a}):
@@ -407,7 +426,7 @@ def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> int | N
                 continue
             if body_size(_body(m, na)) + body_size(_body(m, nb)) > max_nodes:
                 continue
-            if target_veto(m, g, na, nb) is not None:
+            if target_veto(m, g, na, nb, target) is not None:
                 continue
             _merge(m, g, a, b, dg, taken)
             pos = {id(n): k for k, n in enumerate(g.nodes)}
