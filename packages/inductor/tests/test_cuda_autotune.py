@@ -106,6 +106,20 @@ def test_rows_choose_between_persistent_and_looped() -> None:
     torch.testing.assert_close(run(m, (y,))[0], y.sum(-1), atol=1e-4, rtol=1e-4)
 
 
+def test_a_failing_timer_keeps_the_default_schedule() -> None:
+    def broken(run: Callable[[], object], c: at.Candidate) -> float:
+        raise RuntimeError("no timer today")
+    x = torch.randn(3, 50)
+    args = (torch.randn(6, 5), torch.randn(5, 4), torch.randn(4), torch.randn(6, 4))
+    m, rep = tuned(lambda a: torch.softmax(a, -1), (x,), broken)
+    assert not rep.choices and list(rep.skipped.values()) == ["no candidate ran"]
+    assert "not tuned" in rep.summary()
+    torch.testing.assert_close(run(m, (x,))[0], torch.softmax(x, -1))
+    m, rep = tuned(mlp, args, broken)
+    assert "kernels.extern" in calls(m)  # the matmul stays an extern
+    torch.testing.assert_close(run(m, args)[0], mlp(*args), atol=1e-4, rtol=1e-4)
+
+
 def test_candidates_follow_the_kernel() -> None:
     pw = at.loop_candidates({"XBLOCK": 16, "num_warps": 1}, 15, None)
     assert pw[0] == {"cuda_xblock": 16, "cuda_warps": 1}  # the default first
@@ -129,6 +143,11 @@ def test_second_compile_reads_the_tuning_cache() -> None:
     assert [c.cached for c in rep2.choices] == [True]
     assert rep2.choices[0].winner == rep1.choices[0].winner
     assert [k.source for k in m1.kernels.values()] == [k.source for k in m2.kernels.values()]
+
+    def other_name(a: torch.Tensor) -> torch.Tensor:  # the same kernel under another name
+        return torch.softmax(a, -1)
+    _, rep = tuned(other_name, (x,), counting(seen, prefer(cuda_xblock=4)))
+    assert len(seen) == n and rep.choices[0].cached
     files = list(at.cache_path("x").parent.glob("*.json"))
     data = [json.loads(p.read_text()) for p in files]
     assert any(d["winner"] == rep1.choices[0].winner and d["timings_ms"] for d in data)

@@ -166,9 +166,17 @@ def autotune(module: Module, *, interpret: bool = False, timer: Timer | None = N
             ref = n.args[0] if n.args else None
             if n.op in ("loop.pointwise", "loop.reduction") and isinstance(ref, Ref) \
                     and "cuda_xblock" in n.kwargs:
-                _tune_loop(out, n, ref.name, interpret, timer, cache, report)
+                try:
+                    _tune_loop(out, n, ref.name, interpret, timer, cache, report)
+                except Exception as e:  # noqa: BLE001  (tuning never fails a compile)
+                    report.skipped[ref.name] = f"{type(e).__name__}: {str(e)[:120]}"
         for pair in mt.epilogue_pairs(g, out.items):
-            _tune_matmul(out, pair, interpret, timer, cache, report)
+            try:
+                _tune_matmul(out, pair, interpret, timer, cache, report)
+            except Exception as e:  # noqa: BLE001  (the extern stays)
+                pair.epilogue.kwargs.pop(mt.ATTR, None)
+                report.skipped[f"{pair.epilogue.args[0]} (matmul)"] = \
+                    f"{type(e).__name__}: {str(e)[:120]}"
     report.seconds = time.perf_counter() - t0
     sink = _COLLECT.get()
     if sink is not None:
@@ -250,7 +258,7 @@ def _tune_loop(m: Module, n: Node, name: str, interpret: bool, timer: Timer, cac
         xn, rn = _static_numel(n.kwargs.get("ranges")), None
     xn = xn or 1
     cands = loop_candidates(base.schedule, xn, rn)
-    key = _key("loop", base.source, _device_of(types[0], interpret))
+    key = _key("loop", base.source, _device_of(types[0], interpret))  # names left out
     hit = _cache_read(key) if cache else None
     if hit is not None and hit in cands:
         n.kwargs.update(hit)
@@ -403,9 +411,12 @@ def _runners(name: str, sources: list[str], bufs: list[torch.Tensor], interpret:
 # ---- the tuning cache ----------------------------------------------------------------------------
 
 def _key(kind: str, source: str, device: str) -> str:
+    """The tuning cache's key: the kernel's source without its names (codegen's canonical
+    text: an equal kernel in another graph or block finds the entry), the device, triton."""
     import triton
-    text = json.dumps([CACHE_VERSION, kind, hashlib.sha256(source.encode()).hexdigest(), device,
-                       triton.__version__])
+
+    from ember.inductor.targets.cuda.codegen import _canonical
+    text = json.dumps([CACHE_VERSION, kind, _canonical(source), device, triton.__version__])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
