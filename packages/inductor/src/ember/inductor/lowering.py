@@ -392,8 +392,10 @@ def _concatenate(lw: _Lowering, n: Node) -> None:
     dim = int(_attr(n, "dim"))
     sizes = [p.type.shape[dim] for p in pieces if isinstance(p, Value)
              and isinstance(p.type, TensorType)]
+    # the pieces' extents along `dim` must be known (the offsets are constants of the body);
+    # the other dims may be size symbols (a size-generic kernel)
     if len(sizes) != len(pieces) or not all(isinstance(d, int) for d in sizes) \
-            or not all(isinstance(d, int) for d in t.shape):
+            or not isinstance(t.shape[dim], int):
         lw.passthrough(n, n.op)
         return
     parts = [(p, off, sz) for p, off, sz in zip(pieces, itertools.accumulate([0, *sizes]),
@@ -473,10 +475,12 @@ def _gather(lw: _Lowering, n: Node) -> None:
     lazy = lw.env.get(idx, idx)
     index = list(lazy.index) if isinstance(lazy, View) else [ivar(k) for k in range(t.rank)]
     src = lazy.src if isinstance(lazy, View) else lazy
-    sizes = (*xt.shape, *t.shape)
-    if xt.rank != t.rank or not all(isinstance(s, int) for s in sizes) \
+    # (sizes may be symbols: the ids' count is the output's size along `dim`); the ids may
+    # vary only along `dim` (size symbols in their index are constants of the call)
+    others = {ivar(k) for k in range(t.rank) if k != d}
+    if xt.rank != t.rank \
             or any(t.shape[k] != xt.shape[k] for k in range(t.rank) if k != d) \
-            or any(not isinstance(e, int) and not e.free_symbols <= {ivar(d)} for e in index) \
+            or any(not isinstance(e, int) and e.free_symbols & others for e in index) \
             or not isinstance(idx.type, TensorType):
         lw.passthrough(n, n.op)
         return
