@@ -118,22 +118,23 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
     """oneDNN's packed `w * a[o]` for an NCHW input of `size`: cached for a Parameter (module
     docstring), packed afresh for any other tensor. The scale is compared by its bytes (a NaN
     matches itself, -0.0 does not match 0.0: equal bytes pack to the same weight)."""
-    cache = isinstance(w, torch.nn.Parameter)
-    if cache:
+    p: _Packs | None = None
+    key: tuple[Any, ...] = ()
+    if isinstance(w, torch.nn.Parameter):
         key = (*size, *kw["stride"], *kw["padding"], *kw["dilation"], kw.get("groups", 1),
                None if a is None else a.detach().numpy().tobytes())
         state = (w._version, w.data_ptr())
         p = _PACKS.get(id(w))
         if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
             p = _PACKS[id(w)] = _Packs(weakref.ref(w, _forget(id(w))), state)
-        packed = p.entries.get(key)
-        if packed is not None:
-            return packed
+        hit = p.entries.get(key)
+        if hit is not None:
+            return hit
     with torch.no_grad():  # packing is not part of any autograd graph
-        packed = torch.ops.mkldnn._reorder_convolution_weight(
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_convolution_weight(
             _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
             list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
-    if cache:
+    if p is not None:
         if len(p.entries) >= MAX_ENTRIES:
             p.entries.clear()
         p.entries[key] = packed
