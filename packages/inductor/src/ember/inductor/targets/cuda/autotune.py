@@ -60,7 +60,8 @@ CACHE_VERSION = 1  # bump when the candidate sets or the file's fields change
 _LOG = logging.getLogger("ember.kernels")
 _TIMER: ContextVar[Timer | None] = ContextVar("ember_tuning_timer", default=None)
 # the reports of a `collecting()` block (compile() notes them in explain)
-_COLLECT: ContextVar[list[TuneReport] | None] = ContextVar("ember_tuning_reports", default=None)
+_COLLECT: ContextVar[tuple[list[TuneReport], ...]] = ContextVar("ember_tuning_reports",
+                                                               default=())
 
 
 @dataclass
@@ -123,9 +124,10 @@ def default_timer(interpret: bool) -> Timer:
 
 @contextlib.contextmanager
 def collecting() -> Iterator[list[TuneReport]]:
-    """The reports of every autotune-cuda run inside this block, in order."""
+    """The reports of every autotune-cuda run inside this block, in order (blocks nest: an
+    outer block sees the runs of the inner ones, e.g. compile()'s own)."""
     got: list[TuneReport] = []
-    token = _COLLECT.set(got)
+    token = _COLLECT.set((*_COLLECT.get(), got))
     try:
         yield got
     finally:
@@ -178,8 +180,7 @@ def autotune(module: Module, *, interpret: bool = False, timer: Timer | None = N
                 report.skipped[f"{pair.epilogue.args[0]} (matmul)"] = \
                     f"{type(e).__name__}: {str(e)[:120]}"
     report.seconds = time.perf_counter() - t0
-    sink = _COLLECT.get()
-    if sink is not None:
+    for sink in _COLLECT.get():
         sink.append(report)
     if report.choices or report.skipped:
         _LOG.info("%s", report.summary())
