@@ -216,6 +216,36 @@ def test_template_attribute_dumps_and_replays() -> None:
     torch.testing.assert_close(run(out, args)[0], mlp(*args), atol=1e-4, rtol=1e-4)
 
 
+CUDA_MLP = """ember.ir 1.0
+
+graph @f(%x: f16[40, 24]@cuda:0, %w: f16[24, 72]@cuda:0, %b: f16[72]@cuda:0) -> (f16[40, 72]@cuda:0) {
+  %y = aten.mm.default(%x, %w) : f16[40, 72]@cuda:0
+  %z = aten.add.Tensor(%y, %b) : f16[40, 72]@cuda:0
+  %r = aten.relu.default(%z) : f16[40, 72]@cuda:0
+  return (%r)
+}
+"""
+
+
+def test_template_renders_for_cuda_graphs() -> None:
+    """The GPU form (code generation only here): one kernels.call on cuda:0 in place of the
+    extern and its epilogue; its block, imported in the interpreter, computes the result."""
+    from ember.inductor.targets.cuda import codegen
+    m = run_pipeline(parse(CUDA_MLP), "decompose,cse,dce,lower-loops,fuse,schedule-cuda")
+    (pair,) = mt.epilogue_pairs(m.graphs["f"], m.items)
+    pair.epilogue.kwargs[mt.ATTR] = [64, 32, 32, 8, 3]
+    out = run_pipeline(parse(str(m)), "codegen-triton,plan-buffers")
+    (node,) = out.graphs["f"].nodes
+    assert node.op == "kernels.call" and node.kwargs["device"] == "cuda:0"
+    (k,) = out.kernels.values()
+    assert "num_stages=3" in k.source and "BLOCK_N=32" in k.source
+    launch = codegen._import(k, "gpu_form_" + str(abs(hash(k.source))))
+    x, w, b = torch.randn(40, 24).half(), torch.randn(24, 72).half(), torch.randn(72).half()
+    y = torch.empty(40, 72, dtype=torch.float16)
+    launch(x, w, b, y)
+    torch.testing.assert_close(y, torch.relu(x @ w + b), atol=2e-2, rtol=2e-2)
+
+
 def test_pairs_need_a_single_pointwise_reader() -> None:
     def two_readers(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         y = x @ w
@@ -288,6 +318,21 @@ def test_compile_max_autotune_tunes(triton_on_cpu: Target) -> None:
         cf = ember_compile(f)  # the default mode: no tuning
         torch.testing.assert_close(cf(x), f(x))
     assert len(seen) == n
+
+
+def test_symbolic_sizes_keep_the_default_schedule(triton_on_cpu: Target) -> None:
+    from ember.runtime import compile as ember_compile
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return torch.sin(a) + 1
+    seen: list[at.Candidate] = []
+    with at.tuning_timer(counting(seen, prefer(cuda_xblock=1))), at.collecting() as reps:
+        cf = ember_compile(f, mode="max-autotune-no-cudagraphs", dynamic=True)
+        for n in (5, 9):
+            x = torch.randn(n)
+            torch.testing.assert_close(cf(x), f(x))
+    assert not seen  # nothing timed: the best block depends on the size a call brings
+    assert reps and all(set(r.skipped.values()) == {"symbolic sizes"} for r in reps)
 
 
 def test_with_autotune_places_the_pass() -> None:
