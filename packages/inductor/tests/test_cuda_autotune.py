@@ -106,6 +106,21 @@ def test_rows_choose_between_persistent_and_looped() -> None:
     torch.testing.assert_close(run(m, (y,))[0], y.sum(-1), atol=1e-4, rtol=1e-4)
 
 
+def test_a_candidate_with_a_wrong_result_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = at.render
+
+    def broken_at_256(name: str, node: Any, *a: Any, **kw: Any) -> Any:
+        out = real(name, node, *a, **kw)
+        if node.kwargs.get("cuda_xblock") == 256:  # this candidate computes cos, not sin
+            out = dataclasses.replace(out, source=out.source.replace("tl.sin(", "tl.cos("))
+        return out
+    monkeypatch.setattr(at, "render", broken_at_256)
+    x = torch.randn(3, 300)
+    m, rep = tuned(lambda a: torch.sin(a) * 2, (x,), prefer(cuda_xblock=256))
+    assert rep.choices[0].winner["cuda_xblock"] != 256
+    assert all(c["cuda_xblock"] != 256 for c, _ in rep.choices[0].timings)
+
+
 def test_a_failing_timer_keeps_the_default_schedule() -> None:
     def broken(run: Callable[[], object], c: at.Candidate) -> float:
         raise RuntimeError("no timer today")

@@ -273,8 +273,19 @@ def _tune_loop(m: Module, n: Node, name: str, interpret: bool, timer: Timer, cac
         for k in SCHED_KEYS:
             n.kwargs.pop(k, None)
     timings: list[tuple[Candidate, float]] = []
+    outs = inputs[len(n.args) - 1:]
+    want: list[torch.Tensor] | None = None
     for c, run in zip(cands, _runners(name, sources, inputs, interpret), strict=True):
         try:
+            if run is None:
+                continue
+            if want is None:  # the first that runs (the default): the reference result
+                run()
+                want = [o.clone() for o in outs]
+            elif not _agrees(run, outs, want):
+                _LOG.info("autotune @%s: candidate %s disagrees with the default schedule's "
+                          "result: not a winner", name, c)
+                continue
             timings.append((c, timer(run, c)))
         except Exception as e:  # noqa: BLE001  (a candidate that fails is not a winner)
             _LOG.debug("autotune @%s: candidate %s failed: %s", name, c, e)
@@ -325,20 +336,25 @@ def _tune_matmul(m: Module, pair: mt.Pair, interpret: bool, timer: Timer, cache:
     others = [x for j, x in enumerate(ins[:len(p.args) - 1]) if j != pair.position]
     outs = ins[len(p.args) - 1:]
     timings: list[tuple[Candidate, float]] = []
-    try:
-        epi_run = _runners(name, [epi.source], ins, interpret)[0]
+    epi_run = _runners(name, [epi.source], ins, interpret)[0]
+    if epi_run is None:
+        raise CodegenError("the epilogue kernel does not load")
 
-        def extern_run() -> None:
-            torch.matmul(ta, tb, out=product)
-            epi_run()
-        timings.append((extern, timer(extern_run, extern)))
-    except Exception as e:  # noqa: BLE001
-        _LOG.debug("autotune @%s: extern + epilogue failed: %s", name, e)
+    def extern_run() -> None:
+        torch.matmul(ta, tb, out=product)
+        epi_run()
+    extern_run()  # the extern's result: the reference each template is checked against
+    want = [o.clone() for o in outs]
+    timings.append((extern, timer(extern_run, extern)))
     for c in cands[1:]:
         try:
             src = mt.render_matmul(f"{name}_mm", pair, m.items, interpret, c["cuda_matmul"],
                                    c["cuda_warps"]).source
             run = _runners(f"{name}_mm", [src], [ta, tb, *others, *outs], interpret)[0]
+            if run is None or not _agrees(run, outs, want):
+                _LOG.info("autotune @%s: template %s does not load or disagrees with extern "
+                          "+ epilogue: not a winner", name, c)
+                continue
             timings.append((c, timer(run, c)))
         except Exception as e:  # noqa: BLE001
             _LOG.debug("autotune @%s: template %s failed: %s", name, c, e)
@@ -386,18 +402,39 @@ def _buffers(n: Node, interpret: bool) -> list[torch.Tensor]:
             if isinstance(v, Value)]
 
 
+def _agrees(run: Callable[[], object], outs: list[torch.Tensor], want: list[torch.Tensor]
+            ) -> bool:
+    """Whether a candidate computes the reference's result on the random inputs (within a
+    tolerance by dtype: another block or tile sums in another order; integers exactly)."""
+    run()
+    for o, w in zip(outs, want, strict=True):
+        if o.dtype.is_floating_point:
+            tol = 1e-3 if o.dtype in (torch.float32, torch.float64) else 3e-2
+            if not torch.allclose(o.float(), w.float(), rtol=tol, atol=tol, equal_nan=True):
+                return False
+        elif not torch.equal(o, w):
+            return False
+    return True
+
+
 def _runners(name: str, sources: list[str], bufs: list[torch.Tensor], interpret: bool
-             ) -> list[Callable[[], object]]:
+             ) -> list[Callable[[], object] | None]:
     """Each candidate's launch over `bufs`. On the GPU the candidates compile together in
     launcher.py's thread pool and launch past the JIT, as a module load does; a candidate
     that does not bind (or in the interpreter, which compiles nothing) runs its launch()."""
+    from ember.inductor.launch import LoadError
     from ember.inductor.targets.cuda import codegen
     from ember.inductor.targets.cuda.launcher import Job, LoadReport, compile_and_bind, unavailable
-    fns: list[Callable[..., Any]] = []
+    fns: list[Callable[..., Any] | None] = []
     jobs: list[Job] = []
     for i, src in enumerate(sources):
         digest = hashlib.sha256(f"{interpret}\0{src}".encode()).hexdigest()[:32]
-        fns.append(codegen._import(Kernel(name, codegen.LANG, src), digest))
+        try:
+            fns.append(codegen._import(Kernel(name, codegen.LANG, src), digest))
+        except LoadError as e:  # that candidate only
+            _LOG.info("autotune @%s: a candidate does not load: %s", name, e)
+            fns.append(None)
+            continue
         mod = sys.modules.get(f"ember_triton_{digest}")
         if unavailable(interpret) is None and callable(getattr(mod, "bind", None)) \
                 and bufs and bufs[0].is_cuda:
@@ -406,7 +443,7 @@ def _runners(name: str, sources: list[str], bufs: list[torch.Tensor], interpret:
             jobs.append(Job(f"{i}", mod, args, dev, len(args)))
     for j, fast in compile_and_bind(jobs, LoadReport()).items():
         fns[int(j)] = fast
-    return [functools.partial(f, *bufs) for f in fns]
+    return [None if f is None else functools.partial(f, *bufs) for f in fns]
 
 
 # ---- the tuning cache ----------------------------------------------------------------------------
