@@ -214,6 +214,21 @@ def test_matmul_template_is_kept_only_where_it_wins(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(run(m, args)[0], mlp(*args), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_template_takes_a_batched_linear(dtype: torch.dtype) -> None:
+    """x: [B, T, K] through F.linear: the product is read as [i0 * T + i1, i2] (a reshape folded
+    into the epilogue's index): still one kernel, the tile's rows split into i0, i1."""
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return F.gelu(F.linear(x, w, b)) + r
+    args = (torch.randn(3, 7, 10).to(dtype), torch.randn(9, 10).to(dtype),
+            torch.randn(9).to(dtype), torch.randn(3, 7, 9).to(dtype))
+    m, rep = tuned(f, args, template_wins)
+    assert "kernels.extern" not in calls(m)
+    assert any("cuda_matmul" in c.winner for c in rep.choices)
+    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(run(m, args)[0], f(*args), atol=tol, rtol=tol)
+
+
 def test_template_attribute_dumps_and_replays() -> None:
     args = (torch.randn(17, 8), torch.randn(8, 5), torch.randn(5), torch.randn(17, 5))
     with at.tuning_timer(template_wins):

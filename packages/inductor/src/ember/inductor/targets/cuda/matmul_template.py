@@ -9,7 +9,8 @@ swizzle": neighbouring programs share A's rows and B's columns in L2), every loa
 M, N, K), and the epilogue's body rendered on the accumulator before the only store.
 
 The pair is recognised on the loop IR (`epilogue_pairs`): a `loop.pointwise` whose body reads
-the result of a 2-d `loop.extern(op="prims.matmul")` at its own index (`[i0, i1]`), that result
+the result of a 2-d `loop.extern(op="prims.matmul")` in its own order (`[i0, i1]`, or a
+reshape: `[i0 * T + i1, i2]` after a [B, T, K] linear), that result
 read by nothing else and not a graph output, no fused reduction in the body, static sizes. The
 epilogue is whatever `fuse` put into that kernel, so bias, activation and residual adds need no
 pattern of their own (the CPU target's epilogue.py matches per-channel affine chains after
@@ -23,11 +24,14 @@ has no bind(): launcher.py's fast path is for the loop kernels' ABI).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ember.inductor.indexing import parse_index
+import sympy
+
+from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import kernel_symbol, safe_text, short
 from ember.inductor.targets.cuda.render import (
     INT32_LIMIT,
@@ -83,28 +87,39 @@ def epilogue_pairs(g: Graph, items: Mapping[str, Any]) -> list[Pair]:
             continue
         p = rs[0]
         bufs = p.args[1:]
-        if sum(x is v for x in bufs) != 1 or p.kwargs.get("ranges") != list(vt.shape) \
-                or len(p.results) != 1:
+        ranges = p.kwargs.get("ranges")
+        m_, n_ = (int(d) for d in vt.shape)
+        if sum(x is v for x in bufs) != 1 or len(p.results) != 1 \
+                or not isinstance(ranges, list) or len(ranges) < 2 \
+                or not all(isinstance(d, int) for d in ranges) or ranges[-1] != n_ \
+                or math.prod(ranges[:-1]) != m_:
             continue
         ref = p.args[0]
         body = items.get(ref.name) if isinstance(ref, Ref) else None
         if not isinstance(body, Graph):
             continue
         pos = next(k for k, x in enumerate(bufs) if x is v)
-        if _identity_reads(body, body.params[pos]):
+        if _identity_reads(body, body.params[pos], ranges, [m_, n_]):
             pairs.append(Pair(n, p, pos))
     return pairs
 
 
-def _identity_reads(body: Graph, param: Value) -> bool:
-    """Whether the body reads `param` only as loop.load(param, index=[i0, i1]), and holds no
-    fused reduction (a row's values are not one tile's)."""
+def _identity_reads(body: Graph, param: Value, ranges: list[int], shape: list[int]) -> bool:
+    """Whether the body reads `param` (of `shape`) only in the loop's own order (flat offset
+    = the loop variables' row-major offset over `ranges`: [i0, i1], or a reshape such as
+    [i0 * T + i1, i2] of a [B, T, N] epilogue), and holds no fused reduction (a row's values
+    are not one tile's)."""
+    own = sum(sympy.Symbol(f"i{k}") * math.prod(ranges[k + 1:]) for k in range(len(ranges)))
     for n in body.nodes:
         if n.op == "loop.reduce":
             return False
         if param in n.operands():
-            if n.op != "loop.load" or [str(parse_index(s)) for s in n.kwargs["index"]  # type: ignore[union-attr]
-                                       ] != ["i0", "i1"]:
+            if n.op != "loop.load":
+                return False
+            index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
+            flat = flat_offset(index, shape)  # over plain symbols (parse_index's have assumptions)
+            flat = flat.subs({x: sympy.Symbol(str(x)) for x in flat.free_symbols})
+            if sympy.expand(flat - own) != 0:
                 return False
     return True
 
@@ -194,16 +209,15 @@ def render_matmul(name: str, pair: Pair, items: Mapping[str, Any], interpret: bo
         f"    tb = tl.load(in1 + rk[:, None] * sbk + rn[None, :] * sbn, "
         f"mask=(rk[:, None] < {k}) & (rn[None, :] < {n}), other=0)",
         f"    acc += tl.dot(ta, tb{prec})",
-        "i0 = rm[:, None]",
-        "i1 = rn[None, :]",
-        f"cmask = (i0 < {m}) & (i1 < {n})",
+        *_row_vars(p),
+        f"cmask = (rm[:, None] < {m}) & (rn[None, :] < {n})",
         # the product rounded to its dtype, as the extern's result is, then computed in f32
         f"mm = acc.to({tl_dtype(dot_dt)}).to(tl.float32)" if dot_dt != DType.f32 else "mm = acc",
     ):
         w.emit(1, line)
     vals = w.body(1, body, body_bufs, "cmask", "[BLOCK_M, BLOCK_N]")
-    w.emit(1, f"tl.store(out0 + i0 * {n} + i1, {vals[0]}.to({tl_dtype(ot.dtype)}), "
-              f"mask=cmask)")
+    w.emit(1, f"tl.store(out0 + rm[:, None] * {n} + rn[None, :], "
+              f"{vals[0]}.to({tl_dtype(ot.dtype)}), mask=cmask)")
     grid = f"(({m} + {bm} - 1) // {bm}) * (({n} + {bn} - 1) // {bn})"
     sched = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": gm, "num_stages": stages,
              "num_warps": warps}
@@ -218,6 +232,21 @@ def render_matmul(name: str, pair: Pair, items: Mapping[str, Any], interpret: bo
             f"[{m}, {k}] x [{k}, {n}] with the epilogue {safe_text('@' + short(ref.name))}",
             prelude(interpret), "", "@triton.jit"]
     return Rendered("\n".join([*head, *w.lines, *launch]), sched, [])
+
+
+def _row_vars(p: Node) -> list[str]:
+    """The epilogue's loop variables over the tile: the leading ones from the row (a [B, T, N]
+    epilogue's i0, i1 from rm = i0 * T + i1), the last one the column."""
+    got = p.kwargs["ranges"]
+    ranges = [int(d) for d in got if isinstance(d, int)] if isinstance(got, list) else []
+    lead = ranges[:-1]
+    out = []
+    for k, d in enumerate(lead):
+        stride = math.prod(lead[k + 1:])
+        e = "rm[:, None]" if stride == 1 else f"(rm[:, None] // {stride})"
+        out.append(f"i{k} = {e}" if k == 0 else f"i{k} = {e} % {d}")
+    out.append(f"i{len(lead)} = rn[None, :]")
+    return out
 
 
 def default_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
