@@ -117,7 +117,9 @@ def _identity_reads(body: Graph, param: Value, ranges: list[int], shape: list[in
             if n.op != "loop.load":
                 return False
             index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            flat = flat_offset(index, shape)  # over plain symbols (parse_index's have assumptions)
+            got = flat_offset(index, shape)
+            flat = sympy.Integer(got) if isinstance(got, int) else got
+            # over plain symbols (parse_index's carry assumptions)
             flat = flat.subs({x: sympy.Symbol(str(x)) for x in flat.free_symbols})
             if sympy.expand(flat - own) != 0:
                 return False
