@@ -64,3 +64,20 @@ def test_symbolic_cat_and_embedding_compile_to_kernels(text: str, name: str,
         got = run(name, ins).outputs
         for a, b in zip(got, want, strict=True):
             torch.testing.assert_close(a, b)
+
+
+def test_reshape_of_a_symbolic_dim_reads_with_an_affine_index() -> None:
+    """[s0, s1, 256] read as [s0*s1, 256]: `(256*i0 + i1) // (256*s1)` is `i0 // s1` (i1 <
+    256), and the flat offset `256*s1*(i0 // s1) + 256*mod(i0, s1) + i1` is `256*i0 + i1`:
+    no division or modulo per element in the vectorised loop (as with static sizes)."""
+    from ember.inductor.indexing import flat_offset, ivar, simplify_index
+    from ember.ir.expr import FloorDiv, PyMod, symbol
+
+    i0, i1, s0, s1 = ivar(0), ivar(1), symbol("s0"), symbol("s1")
+    assert simplify_index(FloorDiv(256 * i0 + i1, 256 * s1), {i1: 256}) == FloorDiv(i0, s1)
+    assert simplify_index(FloorDiv(FloorDiv(i0, s1), s0)) == FloorDiv(i0, s0 * s1)
+    split = i1 + 256 * PyMod(i0, s1) + 256 * s1 * FloorDiv(256 * i0 + i1, 256 * s1)
+    assert simplify_index(split, {i1: 256}) == 256 * i0 + i1
+    assert flat_offset([FloorDiv(i0, s1), PyMod(i0, s1), i1], [s0, s1, 256]) == 256 * i0 + i1
+    # not exact where the small part may reach the divisor's factor: left as it is
+    assert simplify_index(FloorDiv(256 * i0 + i1, 256 * s1), {i1: 512}) != FloorDiv(i0, s1)

@@ -127,7 +127,12 @@ def simplify_index(e: Dim, ranges: Mapping[sympy.Symbol, int] | None = None) -> 
         return simplify_dim(e)
     rng = ranges or {}
     ones = {v: 0 for v, n in rng.items() if n == 1}  # a loop of one step
-    return simplify_dim(_simp(as_sympy(substitute_dims(e, ones)) if ones else e, rng))
+    out = _simp(as_sympy(substitute_dims(e, ones)) if ones else e, rng)
+    if any(isinstance(a, PyMod) and not a.args[1].is_Integer
+           for a in sympy.preorder_traversal(out)):
+        # a flat offset through a reshape of symbolic size: s1*256*(i0 // s1) + 256*mod(i0, s1)
+        out = _simp(_fold_divmod(sympy.expand(out)), rng)
+    return simplify_dim(out)
 
 
 def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
@@ -141,6 +146,8 @@ def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
                                                         else b[1] <= o[0])
                                      for o in bs if o is not b):
                 return a
+    if isinstance(e, (FloorDiv, PyMod)) and _size_divisor(args[1]) is not None:
+        return _simp_symbolic(e, args[0], args[1], rng)
     if not isinstance(e, (FloorDiv, PyMod)) or not args[1].is_Integer or int(args[1]) <= 0:
         return rebuild(e, args) if args != list(e.args) else e
     a, d = args[0], int(args[1])
@@ -164,6 +171,38 @@ def _simp(e: sympy.Expr, rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
         x, small = _split(r, g)
         return g * _simp(PyMod(x, sympy.Integer(d // g)), rng) + small
     return PyMod(r, sympy.Integer(d))
+
+
+def _size_divisor(d: sympy.Expr) -> tuple[int, sympy.Expr] | None:
+    """`d` as c * P with c a positive int and P a product of size symbols (not loop
+    variables), where P is not 1: a divisor that is a size expression (`256*s1`)."""
+    c, rest = d.as_coeff_Mul()
+    if not c.is_Integer or int(c) <= 0 or rest == 1:
+        return None
+    for f in sympy.Mul.make_args(rest):
+        base = f.base if f.is_Pow and f.exp.is_Integer and int(f.exp) > 0 else f
+        if not base.is_Symbol or base.name[:1] in ("i", "r"):
+            return None
+    return int(c), rest
+
+
+def _simp_symbolic(e: sympy.Expr, a: sympy.Expr, d: sympy.Expr,
+                   rng: Mapping[sympy.Symbol, int]) -> sympy.Expr:
+    """`//` and `mod` by a size expression c*P (sizes are >= 1 where a loop runs):
+    (x // A) // B is x // (A*B), and (g*x + small) // (g*d') is x // d' when 0 <= small < g
+    (g dividing c): a reshape of a dim of symbolic size reads `i0 // s1`, not
+    `(256*i0 + i1) // (256*s1)`."""
+    cp = _size_divisor(d)
+    assert cp is not None
+    c, _ = cp
+    if isinstance(e, FloorDiv):
+        if isinstance(a, FloorDiv) and (a.args[1].is_Integer and int(a.args[1]) > 0
+                                        or _size_divisor(a.args[1]) is not None):
+            return _simp(FloorDiv(a.args[0], a.args[1] * d), rng)
+        g = _common(a, c, rng)
+        if g is not None:
+            return _simp(FloorDiv(_split(a, g)[0], d / g), rng)
+    return FloorDiv(a, d) if isinstance(e, FloorDiv) else PyMod(a, d)
 
 
 def _within(r: sympy.Expr, d: int, rng: Mapping[sympy.Symbol, int]) -> bool:
@@ -191,16 +230,22 @@ def _fold_divmod(total: sympy.Expr) -> sympy.Expr:
             c, rest = t.as_coeff_Mul()
             terms[rest] = terms.get(rest, 0) + c
         for rest, c in terms.items():
-            if not isinstance(rest, PyMod) or not rest.args[1].is_Integer:
+            if not isinstance(rest, PyMod) or not (rest.args[1].is_Integer or _size_divisor(
+                    rest.args[1]) is not None):  # (a size expression: s1, 256*s1)
                 continue
             x, d = rest.args
             fd = FloorDiv(x.args[0], x.args[1] * d) if isinstance(x, FloorDiv) \
-                and x.args[1].is_Integer and int(x.args[1]) > 0 < int(d) else FloorDiv(x, d)
-            if terms.get(fd) == c * d:
+                and _positive(x.args[1]) and _positive(d) else FloorDiv(x, d)
+            want_c, want = (c * d * fd).as_coeff_Mul()  # the k*d*(x // d) term's key
+            if terms.get(want) == want_c:
                 total = sympy.expand(total - c * rest - c * d * fd + c * x)
                 break
         else:
             return total
+
+
+def _positive(d: sympy.Expr) -> bool:
+    return bool(d.is_Integer and int(d) > 0) or _size_divisor(d) is not None
 
 
 def row_major_strides(shape: Sequence[Dim]) -> list[Dim]:
