@@ -13,6 +13,10 @@ rotating each repetition), median ± half the IQR:
    Contenders: eager, torch.compile (`dynamic=None`, its default) and ember (`dynamic=None`,
    its default). Reported: the first pass over all steps (compiles included), the median step
    of a second pass, and how many graphs each compiler made (torch: dynamo's unique graphs).
+3. **per-call overhead**: tiny BERT and GPT-NeoX (2 layers x 32, 8 tokens, one thread), where
+   the call's fixed costs dominate: the whole call vs its pieces (the guard check, fast and
+   full; the runner: generated wrapper and kernels; the output rebuild) and torch.compile's
+   call, in CPU time of the calling thread (best of 9 x 100 calls).
 
 Numbers are measured, never asserted; nothing is written unless `--out FILE` (markdown).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import os
 import statistics
 import sys
@@ -189,6 +194,74 @@ def decode_steps(filt: str, steps: int, reps: int, with_torch: bool) -> list[str
     return rows
 
 
+# ---- 3. per-call overhead ---------------------------------------------------------------------
+def _cpu_us(fn: Callable[[], Any], n: int = 100, reps: int = 9) -> float:
+    """The best of `reps` runs of `n` calls, in this thread's CPU time (us per call): on a
+    shared machine, time spent descheduled is not the call's."""
+    best = math.inf
+    for _ in range(reps):
+        t = time.thread_time()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.thread_time() - t) / n * 1e6)
+    return best
+
+
+def _tiny_models() -> list[tuple[str, Any, tuple[Any, ...]]]:
+    from transformers import BertConfig, BertModel, GPTNeoXConfig, GPTNeoXForCausalLM
+    torch.manual_seed(0)
+    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 32}
+    return [("tiny BERT", BertModel(BertConfig(**small)).eval(), (torch.randint(0, 100, (1, 8)),)),
+            ("tiny GPT-NeoX", GPTNeoXForCausalLM(GPTNeoXConfig(**small)).eval(),
+             (torch.randint(0, 100, (1, 8)),))]
+
+
+def call_overhead(with_torch: bool) -> list[str]:
+    """Where a call's time goes when the data is tiny (2 layers x 32, 8 tokens, one thread):
+    the compiled module's call, its guard check (the fast check ember runs, and the full one
+    it replaces), the graph's runner (generated wrapper + kernels) and the output rebuild."""
+    from ember.runtime.compile import compiled_function_of
+    rows = ["", "## Per-call overhead on tiny models (1 thread, us of CPU time per call, best of "
+            "9 x 100)", "", "| model | guards | eager | ember call | guard check (fast) | "
+            "guard check (full) | runner | output | torch.compile call |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, m, args in _tiny_models():
+            with torch.no_grad():
+                c = er.compile(m)
+                c(*args)
+                c(*args)
+                cf = compiled_function_of(c)
+                assert cf is not None
+                e: Any = cf.entries[0]
+                S, code = cf.self_obj, e.code
+                inputs = code.guard(S, args, {})
+                outs = e.runner(inputs)
+                t = {"eager": _cpu_us(functools.partial(m, *args)),
+                     "call": _cpu_us(functools.partial(c, *args)),
+                     "fast": _cpu_us(functools.partial(code.guard, S, args, {})),
+                     "full": _cpu_us(functools.partial(code.full, S, args, {})),
+                     "runner": _cpu_us(functools.partial(e.runner, inputs)),
+                     "output": _cpu_us(functools.partial(e.resume, outs, S, args, {}, inputs))}
+                tc = "-"
+                if with_torch:
+                    torch._dynamo.reset()
+                    tm = torch.compile(m)
+                    tm(*args)
+                    tm(*args)
+                    tc = f"{_cpu_us(functools.partial(tm, *args)):.0f}"
+            rows.append(f"| {name} | {len(code.guards)} | {t['eager']:.0f} | {t['call']:.0f} | "
+                        f"{t['fast']:.0f} | {t['full']:.0f} | {t['runner']:.0f} | "
+                        f"{t['output']:.0f} | {tc} |")
+            print(rows[-1], flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--no-torch-compile", action="store_true")
-    ap.add_argument("--skip-generic", action="store_true", help="only the decode table")
-    ap.add_argument("--skip-decode", action="store_true", help="only the generic table")
+    ap.add_argument("--skip-generic", action="store_true", help="skip the generic table")
+    ap.add_argument("--skip-decode", action="store_true", help="skip the decode table")
+    ap.add_argument("--skip-overhead", action="store_true", help="skip the per-call table")
     ap.add_argument("--out", type=Path, default=None, help="write the tables (markdown) here")
     a = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -207,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         rows += generic_vs_specialized(a.filter, a.reps)
     if not a.skip_decode:
         rows += decode_steps(a.filter, a.steps, a.reps, not a.no_torch_compile)
+    if not a.skip_overhead:
+        rows += call_overhead(not a.no_torch_compile)
     if a.out is not None:
         a.out.write_text("\n".join(rows) + "\n")
     return 0
