@@ -125,6 +125,11 @@ FRESH_CASES: dict[str, list[Case]] = {
                               "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1]})],
     "aten._scaled_dot_product_flash_attention_for_cpu.default": [
         lambda: ([_r(1, 2, 4, 8), _r(1, 2, 4, 8), _r(1, 2, 4, 8)], {})],
+    # training's convolution gradients (grad_output, input, weight, ..., output_mask)
+    "aten.convolution_backward.default": [
+        lambda mask=mask: ([_r(1, 3, 5, 5), _r(1, 2, 5, 5), _r(3, 2, 3, 3), None, [1, 1],
+                            [1, 1], [1, 1], False, [0, 0], 1, mask], {})
+        for mask in ([True, False, False], [False, True, False], [True, True, False])],
 }
 # Fresh ops checked on whole graphs: their results live in modules (bodies, kernels).
 GRAPH_CASES = {
