@@ -111,7 +111,8 @@ class CallCode:
         code = compile(self.source, "<ember generated guards>", "exec")
         exec(code, ns.values)  # ember's own generated source, see the module docstring
         self.full: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] = ns.values["guard"]
-        self.guard = self._first  # the fast check replaces it once a call passes (fastguards.py)
+        # the fast check replaces it once a call passes (fastguards.py)
+        self.guard: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] = self._first
         self.fast_source: str | None = None
         self.output = ns.values.get("output")
         self._ns = ns
