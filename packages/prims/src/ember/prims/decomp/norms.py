@@ -215,33 +215,22 @@ def _normalize_for_grad(ctx: DecompContext, x: Value, dims: Sequence[int], eps: 
                         stop: Stop) -> tuple[Value, Value, Value, Value]:
     """`normalize`'s values, written so that differentiating them gives batch norm's closed-form
     input gradient, rstd * (g - mean(g) - xhat * mean(g * xhat)) for the cotangent g of xhat:
-    two reductions (fused into one pass) and one pass over the activation, as eager's and
-    TorchInductor's backward kernels. Differentiated as `normalize` writes it, the chain rule
-    runs back through the mean twice and through the variance's own mean: four full-size
-    reductions and as many passes. Here xhat = (x - S(mean)) * S(rstd) - S(rstd) * (mean -
-    S(mean)) - S(xhat) * S(rstd)^2 / 2 * (var - S(var)), S the stop-gradient: the last two
-    terms are zero in value (exactly: v - v), and their gradients are the mean's and the
-    variance's terms of the closed form; var is taken around S(mean), which changes neither its
-    value nor (the deviations sum to zero) its gradient, and keeps the forward at eager's two
-    reductions."""
+    its reductions (sum g, sum g * xc) read only the cotangent and saved values, so one pass
+    computes them, as in eager's and TorchInductor's backward kernels. The one change: the
+    variance is taken around S(mean), S the stop-gradient. Its value is the same, and so is its
+    gradient (the variance's derivative by the mean is -2 * sum(x - mean) / n, zero); but
+    differentiated through the mean, the mean's reduction would wait for the variance's (it
+    sums the variance's term 2 * (x - mean) * ct_var), one more pass over the activation and
+    one more reduction kernel after it. The forward is unchanged (cse merges the two x - mean)."""
     n = reduced_count(ctx, x, dims)
     shape = ctx.shape(x)
     n_mean: Any = max(n, 1) if isinstance(n, int) else sympy.Max(as_sympy(n), 1)
     mean = divide(ctx, reduce(ctx, "sum", x, dims), n_mean)
-    mean_s = stop(ctx, mean)
-    xc = ctx.prim("sub", x, expand_back(ctx, mean_s, shape, dims))
-    m2 = reduce(ctx, "sum", ctx.prim("mul", xc, xc), dims)
-    var = divide(ctx, m2, n)
-    rstd = ctx.prim("rsqrt", ctx.prim("add", var, eps))
-    rstd_s = stop(ctx, rstd)
-    xhat_s = ctx.prim("mul", xc, expand_back(ctx, rstd_s, shape, dims))
-    zero_mean = ctx.prim("mul", rstd_s, ctx.prim("sub", mean, mean_s))
-    half_r2 = ctx.prim("mul", ctx.prim("mul", rstd_s, rstd_s), 0.5)
-    zero_var = ctx.prim("mul", half_r2, ctx.prim("sub", var, stop(ctx, var)))
-    y = ctx.prim("sub", xhat_s, expand_back(ctx, zero_mean, shape, dims))
-    y = ctx.prim("sub", y, ctx.prim("mul", stop(ctx, xhat_s),
-                                    expand_back(ctx, zero_var, shape, dims)))
-    return y, mean, rstd, m2
+    xc = ctx.prim("sub", x, expand_back(ctx, mean, shape, dims))
+    xc_s = ctx.prim("sub", x, expand_back(ctx, stop(ctx, mean), shape, dims))
+    m2 = reduce(ctx, "sum", ctx.prim("mul", xc_s, xc_s), dims)
+    rstd = ctx.prim("rsqrt", ctx.prim("add", divide(ctx, m2, n), eps))
+    return ctx.prim("mul", xc, expand_back(ctx, rstd, shape, dims)), mean, rstd, m2
 
 
 def training_batch_norms(stop: Stop) -> dict[str, Callable[..., list[Value]]]:
