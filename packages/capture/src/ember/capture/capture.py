@@ -150,6 +150,8 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     return None
                 runs.append(finish(cap, env, tx.recorder.sym_layouts))
         except Specialize as e:
+            if learnt.tie(e.fact, env.symbols):
+                continue  # two symbols at their real difference: one written as the other + c
             for n in e.names & env.symbols.keys():
                 learnt.make_static(env.symbols[n])
             continue
@@ -161,6 +163,8 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             # an op that fails only at the probe sizes (a dynamic dim meeting a static size of
             # a weight): the symbols whose probes the message names become static
             text = str(e.exc)
+            if learnt.tie_from_error(text, env):
+                continue  # two sizes equal at the real sizes only: tied the same way
             hits = [s for s in env.symbols.values() if str(s.probe) in text
                     and not set(s.origins) <= learnt.static]
             if hits:  # the newest first: it is usually the one that met a static size

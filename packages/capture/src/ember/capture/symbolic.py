@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,10 +49,11 @@ class Specialize(BaseException):  # noqa: N818  (not an error: it restarts the c
     """Restart the capture with these symbols static. A BaseException so that no `except
     Exception` of the symbolic interpreter (which models the user's try/except) catches it."""
 
-    def __init__(self, names: set[str], why: str):
+    def __init__(self, names: set[str], why: str, fact: sympy.Basic | None = None):
         super().__init__(why)
         self.names = set(names)
         self.why = why
+        self.fact = fact  # the branch's relation, where a branch on sizes caused it
 
 
 class Narrow(BaseException):  # noqa: N818
@@ -100,9 +102,61 @@ class Restarts:
     # KV cache's 2 x layers tensors costs its own restart (its head dim meets the weights').
     sizes: set[int] = field(default_factory=set)
 
+    # input dim -> (another input dim, c): its size is the other's + c at the real sizes, and
+    # the next attempt writes it as the other's symbol + c (torch's ShapeEnv replacements). A
+    # branch comparing two symbols (a KV cache's length with an attention mask one longer)
+    # goes the real way only where the probes keep their real difference; independent probes
+    # take the other branch, which made both static: a recompile per decode step.
+    ties: dict[str, tuple[str, int]] = field(default_factory=dict)
+
     def make_static(self, info: SymInfo) -> None:
         self.static |= set(info.origins)
         self.sizes.add(info.hint)
+
+    def tie(self, fact: sympy.Basic | None, symbols: Mapping[str, SymInfo]) -> bool:
+        """Learn a tie from a branch on `fact` that the probes took the other way, where it
+        compares two symbols by their difference (`s1 + 1 - s0 > 0`): the next attempt writes
+        the later-lifted one as the other's symbol + their real difference (`s0 + 1`), which
+        its input's guard checks.
+        False where the relation is of another form (its symbols are then made static)."""
+        if not isinstance(fact, sympy.Rel | sympy.Not):
+            return False
+        rel = fact.args[0] if isinstance(fact, sympy.Not) else fact
+        if not isinstance(rel, sympy.Rel) or len(rel.free_symbols) != 2:
+            return False
+        a, b = sorted(rel.free_symbols, key=lambda x: x.name)
+        diff = sympy.expand(rel.lhs - rel.rhs)
+        ca, cb = diff.coeff(a), diff.coeff(b)
+        if ca == 0 or ca + cb != 0 or (diff - ca * a - cb * b).free_symbols:
+            return False
+        return self._learn_tie(symbols[a.name], symbols[b.name])
+
+    def tie_from_error(self, text: str, env: ShapeEnv) -> bool:
+        """Learn a tie from an op that failed only at the probe sizes because two sizes that
+        are equal at the real sizes were not at the probes (`The size of tensor a (10008) must
+        match the size of tensor b (13045)`: a cache's length + 1 against a mask's length)."""
+        exprs = []
+        for v in {int(t) for t in re.findall(r"\d+", text)}:
+            e = env.expr_of(v)
+            if e is not None and len(e.free_symbols) == 1:
+                x = next(iter(e.free_symbols))
+                if sympy.expand(e - x).is_Integer:  # s + c
+                    exprs.append((x.name, e))
+        hints = env.hints()
+        for i, (na, ea) in enumerate(exprs):
+            for nb, eb in exprs[i + 1:]:
+                if na != nb and evaluate(ea, hints) == evaluate(eb, hints) and \
+                        self._learn_tie(env.symbols[na], env.symbols[nb]):
+                    return True
+        return False
+
+    def _learn_tie(self, ia: SymInfo, ib: SymInfo) -> bool:
+        wa, wb = ia.origins[0], ib.origins[0]
+        if wa in self.ties or wb in self.ties:
+            return False  # tied already, and still the other way: give up (make static)
+        self.ties[wa] = (wb, ia.hint - ib.hint)
+        self.ties[wb] = (wa, ib.hint - ia.hint)
+        return True
 
 
 @dataclass
@@ -115,11 +169,13 @@ class ShapeEnv:
     known: dict[int, sympy.Expr] = field(default_factory=dict)  # probe value -> expression
     relations: list[sympy.Basic] = field(default_factory=list)
     int_args: dict[str, str] = field(default_factory=dict)  # symbol -> the int argument it is
+    tied_sizes: dict[int, sympy.Expr] = field(default_factory=dict)  # real size -> `s0 - 1`
 
     def dim_symbol(self, hint: int, lo: int, hi: int | float, where: str
-                   ) -> sympy.Symbol | None:
+                   ) -> sympy.Expr | None:
         """The symbol for input dim `where` of real size `hint`, or None where it stays static
-        (0/1, or made static by an earlier attempt). Equal sizes share a symbol (duck sizing)."""
+        (0/1, or made static by an earlier attempt). Equal sizes share a symbol (duck sizing);
+        a dim tied to another's symbol (Restarts.ties) is that symbol + the real difference."""
         if hint < 2 or where in self.learnt.static or hint in self.learnt.sizes:
             return None
         lo, hi = self.learnt.ranges.get(where, (max(lo, 2), hi))
@@ -127,6 +183,12 @@ class ShapeEnv:
             if s.hint == hint:
                 s.origins.append(where)
                 return symbol(s.name)
+        tied = self.tied_sizes.get(hint)  # (duck sizing for tied dims too)
+        if tied is None:
+            tied = self._tied(where, hint, lo, hi)
+        if tied is not None:
+            self.tied_sizes[hint] = tied
+            return tied
         name = f"s{len(self.symbols)}"
         taken = {s.probe for s in self.symbols.values()}
         info = SymInfo(name, hint, lo, hi, _probe(len(self.symbols), self.run, lo, hi, taken),
@@ -135,6 +197,27 @@ class ShapeEnv:
         s = symbol(name)
         self.known[info.probe] = s
         return s
+
+    def _tied(self, where: str, hint: int, lo: int, hi: int | float) -> sympy.Expr | None:
+        """`other + c` where `where` is tied to a dim that has a symbol already (its guard
+        then checks `x.shape[d] == other + c` after the other's guard bound it); the other's
+        range narrows so that `where` stays in its own (a cache of length >= 2 needs a mask
+        of length >= 3). None: no tie, or the ranges or probe do not fit."""
+        tie = self.learnt.ties.get(where)
+        if tie is None:
+            return None
+        other_where, c = tie
+        for other in self.symbols.values():
+            if other_where in other.origins and other.hint + c == hint:
+                new_lo, new_hi = max(other.lo, lo - c), min(other.hi, hi - c)
+                if not new_lo <= min(other.hint, other.probe) <= max(other.hint, other.probe) \
+                        <= new_hi:
+                    return None
+                other.lo, other.hi = new_lo, new_hi
+                e = symbol(other.name) + c
+                self.remember(other.probe + c, e)
+                return e
+        return None
 
     def probe_of(self, name: str) -> int:
         return self.symbols[name].probe
@@ -230,7 +313,7 @@ class ShapeEnv:
                     lo += 1
                 if lo <= info.hint <= hi and lo < hi:
                     raise Narrow(name, int(lo), hi)
-        raise Specialize(names, f"the probe sizes take the other branch of {fact}")
+        raise Specialize(names, f"the probe sizes take the other branch of {fact}", fact)
 
 
 def _implied(rel: sympy.Basic, real: bool, ranges: Mapping[str, tuple[Any, Any]]) -> bool:
@@ -448,7 +531,7 @@ def int_argument(value: int, where: str) -> int:
     if rng is None:
         return value
     s = env.dim_symbol(value, rng[0], rng[1], where)
-    if s is None:
+    if not isinstance(s, sympy.Symbol):  # static, or tied to another symbol: kept static
         return value
     env.int_args.setdefault(s.name, where)
     return SymInt(env.probe_of(s.name), s, env)
