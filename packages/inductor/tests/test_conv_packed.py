@@ -111,3 +111,23 @@ def test_relu_read_only_by_a_convolution_runs_inside_the_extern() -> None:
     want = torch.conv2d(torch.relu(torch.conv2d(x, w1, padding=1)), w2)
     got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@needs_mkldnn
+def test_a_weight_whose_data_is_reassigned_is_repacked() -> None:
+    # `.data =` keeps the version counter; the cache's data-pointer check must not meet a new
+    # storage at a freed storage's address (two reassignments between calls free the packed
+    # one, and the allocator hands its address out again)
+    w = torch.nn.Parameter(torch.randn(8, 3, 3, 3))
+    size = [2, 3, 6, 6]
+    x = torch.randn(2, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    for _ in range(10):
+        got = torch.ops.mkldnn._convolution_pointwise(
+            x, packed.packed_weight(w, None, size, KW), None, [1, 1], [1, 1], [1, 1], 1,
+            "none", [], "")
+        torch.testing.assert_close(got, torch.conv2d(x, w.detach(), padding=1))
+        # the packed-from storage is held, so no new storage can take its address
+        pinned = packed._PACKS[id(w)].source
+        assert pinned.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+        w.data = w.data * 2
+        w.data = w.data * 1.5

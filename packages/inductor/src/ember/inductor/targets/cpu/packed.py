@@ -11,9 +11,10 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
 relu=true), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
-weight dies) while the weight's version counter and data pointer stay the same, under the
-input's size, the convolution's attributes and the bytes of `a` (`a` is
-BatchNorm's rsqrt(var + eps) * gamma, a [O] vector recomputed every call). An in-place update of
+weight dies) while the weight's version counter and data pointer stay the same (the
+packed-from storage is held, so a freed storage's address cannot come back under
+`w.data = ...`), under the input's size, the convolution's attributes and the bytes of `a`
+(`a` is BatchNorm's rsqrt(var + eps) * gamma, a [O] vector recomputed every call). An in-place update of
 the weight (an optimizer step, `load_state_dict`, `copy_` under no_grad) bumps its version and
 repacks; a write that bypasses the version counter (`w.data.copy_(...)`) is not seen — the
 lowering (conv.py) uses this op only for weights that are graph inputs, and the cache holds
@@ -53,6 +54,9 @@ class _Packs:
     `state`: (input size, convolution attributes, the scale's bytes) -> packed weight."""
     ref: weakref.ref[torch.Tensor]
     state: tuple[int, int]
+    # the packed-from data (a detached alias): held so that, after `w.data = ...` (which
+    # keeps the version), no new storage can take its address and pass the pointer check
+    source: torch.Tensor
     entries: dict[tuple[Any, ...], torch.Tensor] = field(default_factory=dict)
 
 
@@ -126,7 +130,7 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
         state = (w._version, w.data_ptr())
         p = _PACKS.get(id(w))
         if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
-            p = _PACKS[id(w)] = _Packs(weakref.ref(w, _forget(id(w))), state)
+            p = _PACKS[id(w)] = _Packs(weakref.ref(w, _forget(id(w))), state, w.detach())
         hit = p.entries.get(key)
         if hit is not None:
             return hit
