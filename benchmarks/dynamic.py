@@ -24,6 +24,7 @@ Numbers are measured, never asserted; nothing is written unless `--out FILE` (ma
     --reps N          timed repetitions (default 9)
     --steps N         decode steps (default 48)
     --no-torch-compile
+    --cpu-time        the generic table on one thread, in CPU time (steadier on a loaded machine)
 """
 
 from __future__ import annotations
@@ -55,18 +56,19 @@ def _median_iqr(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs), (q[2] - q[0]) / 2
 
 
-def _time(fn: Callable[[], Any]) -> float:
-    t = time.perf_counter()
+def _time(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    t = clock()
     fn()
-    return (time.perf_counter() - t) * 1e3
+    return (clock() - t) * 1e3
 
 
-def _interleaved(runs: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
+def _interleaved(runs: dict[str, Callable[[], Any]], reps: int,
+                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {k: [] for k in runs}
     names = list(runs)
     for r in range(reps):
         for k in names[r % len(names):] + names[:r % len(names)]:
-            out[k].append(_time(runs[k]))
+            out[k].append(_time(runs[k], clock))
     return out
 
 
@@ -79,8 +81,12 @@ def _main_output(out: Any) -> Any:
     return out
 
 
-def generic_vs_specialized(filt: str, reps: int) -> list[str]:
-    rows = ["## Size-generic vs specialized kernels (ember, same shape)", "",
+def generic_vs_specialized(filt: str, reps: int, cpu: bool = False) -> list[str]:
+    """`cpu`: one thread, timed in the calling thread's CPU time (the kernels' work, without
+    the time a loaded machine keeps the process waiting)."""
+    clock = time.thread_time if cpu else time.perf_counter
+    how = " (1 thread, CPU time)" if cpu else ""
+    rows = [f"## Size-generic vs specialized kernels (ember, same shape){how}", "",
             "| case | specialized ms | size-generic ms | generic / specialized | graphs | "
             "fallbacks |", "|---|---|---|---|---|---|"]
     cases = [c for s in ("micro", "models") for c in SUITES[s]()
@@ -101,7 +107,8 @@ def generic_vs_specialized(filt: str, reps: int) -> list[str]:
                     status[-1] = (rep.graph_count, -1)  # (nothing was made symbolic)
             for cf in compiled.values():  # warm up
                 cf(*args)
-            t = _interleaved({k: functools.partial(cf, *args) for k, cf in compiled.items()}, reps)
+            t = _interleaved({k: functools.partial(cf, *args) for k, cf in compiled.items()},
+                             reps, clock)
         (s, si), (g, gi) = _median_iqr(t["specialized"]), _median_iqr(t["generic"])
         note = "" if status[1][1] != -1 else " (stayed static)"
         rows.append(f"| {case.name} | {s:.2f} ± {si:.2f} | {g:.2f} ± {gi:.2f} | {g / s:.2f}"
@@ -210,7 +217,7 @@ def _cpu_us(fn: Callable[[], Any], n: int = 100, reps: int = 9) -> float:
 def _tiny_models() -> list[tuple[str, Any, tuple[Any, ...]]]:
     from transformers import BertConfig, BertModel, GPTNeoXConfig, GPTNeoXForCausalLM
     torch.manual_seed(0)
-    small = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    small: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
              "intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 32}
     return [("tiny BERT", BertModel(BertConfig(**small)).eval(), (torch.randint(0, 100, (1, 8)),)),
             ("tiny GPT-NeoX", GPTNeoXForCausalLM(GPTNeoXConfig(**small)).eval(),
@@ -272,13 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-generic", action="store_true", help="skip the generic table")
     ap.add_argument("--skip-decode", action="store_true", help="skip the decode table")
     ap.add_argument("--skip-overhead", action="store_true", help="skip the per-call table")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="generic table: one thread, timed in CPU time (a loaded machine)")
     ap.add_argument("--out", type=Path, default=None, help="write the tables (markdown) here")
     a = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(os.cpu_count() or 1)
     rows = [f"# Dynamic shapes ({os.cpu_count()} cores, torch {torch.__version__})", ""]
     if not a.skip_generic:
-        rows += generic_vs_specialized(a.filter, a.reps)
+        if a.cpu_time:
+            torch.set_num_threads(1)
+        rows += generic_vs_specialized(a.filter, a.reps, a.cpu_time)
+        torch.set_num_threads(os.cpu_count() or 1)
     if not a.skip_decode:
         rows += decode_steps(a.filter, a.steps, a.reps, not a.no_torch_compile)
     if not a.skip_overhead:
