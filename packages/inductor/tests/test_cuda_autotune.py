@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this 
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -30,7 +30,7 @@ import ember.inductor  # noqa: E402,F401
 from ember.capture import capture  # noqa: E402
 from ember.inductor.backend import compiled_runner  # noqa: E402
 from ember.inductor.launch import load_module  # noqa: E402
-from ember.inductor.targets import Target, add_target, targets, unregister_target  # noqa: E402
+from ember.inductor.targets import Target  # noqa: E402
 from ember.inductor.targets.cuda import autotune as at  # noqa: E402
 from ember.inductor.targets.cuda import matmul_template as mt  # noqa: E402
 from ember.ir import Module, parse, verify  # noqa: E402
@@ -315,19 +315,6 @@ def test_template_matches_eager(m: int, k: int, n: int, dtype: torch.dtype, epi:
 
 
 # ---- compile(mode="max-autotune") ---------------------------------------------------------------
-
-@pytest.fixture
-def triton_on_cpu() -> Iterator[Target]:
-    """The Triton target in place of the CPU's (the only device here), restored after."""
-    cpu = targets()["cpu"]
-    unregister_target("cpu")
-    try:
-        yield add_target(dataclasses.replace(
-            cpu, pipeline="inductor-cuda-interpret", loader="triton", lowerings={},
-            front="decompose,cse,dce", description="Triton in the interpreter (a test)"))
-    finally:
-        unregister_target("cpu")
-        add_target(cpu)
 
 
 def test_compile_max_autotune_tunes(triton_on_cpu: Target) -> None:

@@ -10,13 +10,12 @@ H200 with real launches in benchmarks/gpu_cuda_suite.py.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -29,23 +28,9 @@ pytest.importorskip("triton", reason="the Triton target's tests need the triton 
 import ember.inductor  # noqa: E402,F401
 import ember.inductor.targets.cuda  # noqa: E402,F401  (the inductor-cuda pipeline)
 from ember.capture import capture  # noqa: E402
-from ember.inductor.targets import Target, add_target, targets, unregister_target  # noqa: E402
+from ember.inductor.targets import Target  # noqa: E402
 from ember.ir import Graph, Module, parse, verify  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
-
-
-@pytest.fixture
-def triton_on_cpu() -> Iterator[Target]:
-    """The Triton target (interpreted) in place of the CPU's, restored after."""
-    cpu = targets()["cpu"]
-    unregister_target("cpu")
-    try:
-        yield add_target(dataclasses.replace(
-            cpu, pipeline="inductor-cuda-interpret", loader="triton", lowerings={},
-            front="decompose,cse,dce", description="Triton in the interpreter (a test)"))
-    finally:
-        unregister_target("cpu")
-        add_target(cpu)
 
 
 def compiled_whole(model: Callable[..., Any], *args: torch.Tensor, tol: float = 1e-4

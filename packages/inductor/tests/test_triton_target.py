@@ -14,9 +14,8 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
-import dataclasses  # noqa: E402
 import re  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -33,10 +32,7 @@ from ember.inductor.backend import compile_module, compiled_runner  # noqa: E402
 from ember.inductor.launch import LoadError, load_module  # noqa: E402
 from ember.inductor.targets import (  # noqa: E402
     Target,
-    TargetError,
-    add_target,
-    targets,
-    unregister_target,  # noqa: E402
+    TargetError,  # noqa: E402
 )
 from ember.inductor.targets.cuda import render  # noqa: E402
 from ember.ir import Interpreter, Module, parse, verify  # noqa: E402
@@ -251,19 +247,6 @@ def test_unsupported_ops_fall_back_to_the_reference_with_a_reason() -> None:
     assert reasons and "no Triton template" in str(reasons[0])
     torch.testing.assert_close(compiled_runner(m)(None, [x]).outputs[0], torch.digamma(x) + x)
 
-
-@pytest.fixture
-def triton_on_cpu() -> Iterator[Target]:
-    """The Triton target in place of the CPU's (the only device here), restored after."""
-    cpu = targets()["cpu"]
-    unregister_target("cpu")
-    try:
-        yield add_target(dataclasses.replace(
-            cpu, pipeline="inductor-cuda-interpret", loader="triton", lowerings={},
-            front="decompose,cse,dce", description="Triton in the interpreter (a test)"))
-    finally:
-        unregister_target("cpu")
-        add_target(cpu)
 
 
 def test_compile_runs_the_triton_target(triton_on_cpu: Target) -> None:
