@@ -60,7 +60,8 @@ def torch_opdef(name: str) -> OpDef | None:
         name=name,
         summary=schema,
         infer=lambda ctx, args, kwargs: infer_torch(op, ctx, args, kwargs),
-        reference=lambda interp, args, kwargs: _no_nones(call_torch(op, args, kwargs)),
+        reference=lambda interp, args, kwargs: _as_declared(op, args, kwargs,
+                                                            call_torch(op, args, kwargs)),
         has_side_effects=bool(op._schema.is_mutable),
         nondeterministic=torch.Tag.nondeterministic_seeded in op.tags,
         torch_op=op,
@@ -240,6 +241,48 @@ def _known_device(op: torch._ops.OpOverload, text: str) -> str:
 def ir_name(op: torch._ops.OpOverload) -> str:
     """The IR name of an ATen overload, `aten.add.Tensor` (the inverse of `resolve`)."""
     return f"{op._schema.name.replace('::', '.')}.{op._overloadname or 'default'}"
+
+
+def _as_declared(op: torch._ops.OpOverload, args: list[Any], kwargs: dict[str, Any],
+                 out: Any) -> Any:
+    """A real kernel's tuple as the node declares it: the meta kernel's non-None results
+    (infer_torch). The two can disagree on which results are undefined, and by torch version:
+    torch 2.11's cuDNN attention returns no logsumexp without compute_log_sumexp where its meta
+    kernel returns one (5 results against 6 declared). A result the meta kernel has and the
+    real one left undefined is zeros of the declared type (nothing reads it: the flag that
+    would compute it is off); one only the real kernel returns is dropped. Only tuples with a
+    None pay for the meta call."""
+    if not isinstance(out, tuple) or not any(o is None for o in out):
+        return out
+    try:
+        cargs, ckw = convert_args(op, args, kwargs)
+        pos, kinds = _schema_kinds(op)
+        margs = [_meta_device(_to_meta(a), pos[i] if i < len(pos) else "")
+                 for i, a in enumerate(cargs)]
+        mkw = {k: _meta_device(_to_meta(v), kinds.get(k, "")) for k, v in ckw.items()}
+        meta = op(*margs, **mkw)
+    except Exception:  # no meta kernel for these arguments: keep the real kernel's results
+        return _no_nones(out)
+    if not isinstance(meta, tuple) or len(meta) != len(out):
+        return _no_nones(out)
+    device = next((a.device for a in [*cargs, *ckw.values()] if isinstance(a, torch.Tensor)),
+                  None)
+    fixed = []
+    for real, m in zip(out, meta, strict=True):
+        if m is None:
+            continue
+        if real is None and isinstance(m, torch.Tensor):
+            real = torch.zeros(m.shape, dtype=m.dtype, device=device or "cpu")
+        fixed.append(real)
+    return fixed[0] if len(fixed) == 1 else tuple(fixed)
+
+
+def _to_meta(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="meta")
+    if isinstance(a, list):
+        return [_to_meta(x) for x in a]
+    return a
 
 
 def _no_nones(out: Any) -> Any:

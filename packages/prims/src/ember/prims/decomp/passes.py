@@ -3,6 +3,7 @@ pipeline (decompose, then clean up)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ember.ir import Builder, Graph, Module, Node, ScalarType, TensorType, Value
@@ -10,6 +11,7 @@ from ember.ir.expr import evaluate
 from ember.ir.graph import map_args
 from ember.ir.passes import PipelineError, register_pass, register_pipeline
 from ember.ir.registry import EMBER_DIALECTS, OpRegistry
+from ember.ir.torch_ops import resolve
 from ember.ir.types import Type
 from ember.ir.verifier import types_equal
 from ember.prims.decomp.context import DecompContext, DecompositionError, runtime_scalar_error
@@ -82,8 +84,18 @@ def _kept_attention(n: Node) -> bool:
     at = FUSED_ATTENTION_DROPOUT.get(n.op)
     if at is None:
         return False
+    at = _dropout_position(n.op, at)
     dropout = n.args[at] if len(n.args) > at else n.kwargs.get("dropout_p", 0.0)
     return dropout in (0, 0.0, None)
+
+
+@functools.cache
+def _dropout_position(op: str, default: int) -> int:
+    """dropout_p's position in the running torch's schema of `op` (schemas move between torch
+    versions); the table's where torch has no such op."""
+    ov = resolve(op)
+    names = [a.name for a in ov._schema.arguments if not a.kwarg_only] if ov is not None else []
+    return names.index("dropout_p") if "dropout_p" in names else default
 
 
 def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
