@@ -129,9 +129,67 @@ def target_for_devices(devices: Iterable[str], what: str = "the graph") -> Targe
     return t
 
 
+@dataclass(frozen=True)
+class DeviceUse:
+    """A tensor value of a graph on a device: what `mixed_devices` reports."""
+
+    graph: str
+    name: str
+    type: TensorType
+    producer: str  # "input" (a graph parameter) or the op that made it
+    where: str  # the source location of its producer, "" where it has none
+
+    @property
+    def scalar(self) -> bool:
+        """0-dim: what eager accepts on the CPU as a scalar operand of a CUDA op."""
+        return len(self.type.shape) == 0
+
+    def text(self) -> str:
+        at = f" at {self.where}" if self.where else ""
+        kind = "0-dim " if self.scalar else ""
+        return f"@{self.graph} %{self.name}: {self.type} ({kind}{self.producer}{at})"
+
+
+def mixed_devices(m: Module, graphs: Iterable[Graph] | None = None
+                  ) -> dict[str, list[DeviceUse]]:
+    """The tensor values of each device kind where a module's graphs hold tensors of more than
+    one (empty where they hold one): the evidence for `TargetError`'s reason."""
+    uses: dict[str, list[DeviceUse]] = {}
+    for g in (top_graphs(m) if graphs is None else graphs):
+        vals = [(p, "input", "") for p in g.params]
+        vals += [(r, n.op, str(n.loc) if n.loc is not None else "")
+                 for n in g.nodes for r in n.results]
+        for v, producer, where in vals:
+            if isinstance(v.type, TensorType):
+                uses.setdefault(device_kind(v.type.device), []).append(
+                    DeviceUse(g.name, v.name, v.type, producer, where))
+    return uses if len(uses) > 1 else {}
+
+
+def mixed_reason(uses: Mapping[str, list[DeviceUse]], shown: int = 4) -> str:
+    """Which values sit on the minority devices (the device with the most values is taken as
+    the graph's own): `cpu: @forward %arg3: i64[] (0-dim input)`. A CPU tensor in a CUDA graph
+    is usually a tensor the model built without a device (`torch.tensor(x)`, an `arange`
+    without device=); a 0-dim one eager reads as a scalar."""
+    main = max(uses, key=lambda k: len(uses[k]))
+    parts = []
+    for kind in sorted(k for k in uses if k != main):
+        vs = uses[kind]
+        more = f", and {len(vs) - shown} more" if len(vs) > shown else ""
+        parts.append(f"{kind}: " + "; ".join(u.text() for u in vs[:shown]) + more)
+    return f"{len(uses[main])} {main} values; on other devices: " + " | ".join(parts)
+
+
 def target_for(m: Module, graphs: Iterable[Graph] | None = None) -> Target:
-    """The target of a module's device (refused when it has none: `TargetError`)."""
-    return target_for_devices(module_devices(m, graphs), "the module")
+    """The target of a module's device (refused when it has none: `TargetError`). A module
+    mixing devices is refused with the values on the other devices named (`mixed_reason`)."""
+    try:
+        return target_for_devices(module_devices(m, graphs), "the module")
+    except TargetError as e:
+        uses = mixed_devices(m, graphs)
+        if not uses:
+            raise
+        raise TargetError(f"{e}: {mixed_reason(uses)}") from None
 
 
 def require_device(m: Module, graphs: Iterable[Graph], kind: str, what: str) -> None:
@@ -144,6 +202,6 @@ def require_device(m: Module, graphs: Iterable[Graph], kind: str, what: str) -> 
                               f"generates {kind} code only (registered targets: {_known()})")
 
 
-__all__ = ["FusionHooks", "add_target", "FusionVeto", "Rule", "Target", "TargetError", "device_kind",
-           "graph_devices", "module_devices", "register_target", "require_device",
+__all__ = ["DeviceUse", "FusionHooks", "add_target", "FusionVeto", "Rule", "Target", "TargetError",
+           "device_kind", "graph_devices", "mixed_devices", "mixed_reason", "module_devices", "register_target", "require_device",
            "target_for", "target_for_devices", "targets", "top_graphs", "unregister_target"]
