@@ -1,15 +1,25 @@
 """A graph holding tensors of two devices is refused with the values on the minority device
-named (issue 20): on the H200 the dolly-shaped prefill was refused as "cpu and cuda tensors in
+named, except 0-dim CPU inputs of a graph otherwise on one device, which are retyped onto
+it and moved there per call (issue 20): on the H200 the dolly-shaped prefill was refused as "cpu and cuda tensors in
 one graph" with nothing saying which tensor was on the CPU. The classification runs on the
 types alone, so this needs no GPU."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 import ember.inductor  # noqa: F401  (registers the targets)
-from ember.inductor.targets import TargetError, mixed_devices, mixed_reason, target_for
-from ember.ir import parse
+from ember.inductor.targets import (
+    ScalarInputs,
+    TargetError,
+    mixed_devices,
+    mixed_reason,
+    scalar_inputs_to_device,
+    target_for,
+    targets,
+)
+from ember.ir import parse, verify
 
 _MIXED = """ember.ir 1.0
 
@@ -58,3 +68,45 @@ def test_reason_shows_a_few_values_and_counts_the_rest() -> None:
     reason = mixed_reason(mixed_devices(m), shown=2)
     assert "%c0" in reason and "%c1" in reason and "%c2" not in reason
     assert "and 4 more" in reason
+
+
+_SCALAR = """ember.ir 1.0
+
+graph @forward(%x: f32[4]@cuda:0, %s: f32[]) -> (f32[4]@cuda:0) {
+  %y = aten.mul.Tensor(%x, %s) : f32[4]@cuda:0
+  %z = aten.add.Tensor(%y, %x) : f32[4]@cuda:0
+  return (%z)
+}
+"""
+
+
+def test_zero_dim_cpu_inputs_are_retyped_onto_the_graphs_device() -> None:
+    m = parse(_SCALAR)
+    moved = scalar_inputs_to_device(m)
+    assert moved is not None
+    assert moved.device == "cuda:0" and moved.positions == {"forward": (1,)}
+    g = moved.module.graph(None)
+    assert g.params[1].type.device == "cuda:0" and g.params[1].type.shape == ()
+    assert m.graph(None).params[1].type.device == "cpu"  # the original is left alone
+    verify(moved.module)  # the nodes' types hold with the scalar on the device
+    assert mixed_devices(moved.module) == {}
+    if "cuda" in targets():  # (registered where triton is installed)
+        assert target_for(moved.module).device_kind == "cuda"
+
+
+def test_only_zero_dim_cpu_inputs_are_moved() -> None:
+    # a CPU vector, or a CPU value a node makes, is a real mixed graph: refused, named
+    assert scalar_inputs_to_device(parse(_MIXED)) is None
+    made = _SCALAR.replace("%s: f32[]) ->", "%s: f32[3]) ->").replace(
+        "%y = aten.mul.Tensor(%x, %s)", "%t = aten.sum.default(%s) : f32[]\n"
+        "  %y = aten.mul.Tensor(%x, %t)")
+    assert scalar_inputs_to_device(parse(made)) is None
+    assert scalar_inputs_to_device(parse(_ONE)) is None  # one device: nothing to do
+
+
+def test_move_puts_the_scalar_inputs_on_the_device_once_per_call() -> None:
+    moved = ScalarInputs(parse(_SCALAR), "meta", {"forward": (1,)})
+    x, s = torch.ones(4), torch.tensor(2.0)
+    out = moved.move("forward", [x, s])
+    assert out[0] is x and out[1].device.type == "meta" and s.device.type == "cpu"
+    assert moved.move("other", [x, s]) == [x, s]

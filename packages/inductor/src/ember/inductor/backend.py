@@ -15,7 +15,7 @@ import torch
 
 from ember.inductor.body import body_names
 from ember.inductor.launch import load_module
-from ember.inductor.targets import target_for
+from ember.inductor.targets import scalar_inputs_to_device, target_for
 from ember.inductor.wrapper import WrapperUnsupported, generate
 from ember.ir import Graph, Interpreter, Module, Ref, RunResult, TensorType, Value
 from ember.ir.backends import Backend, Runner, default_backends
@@ -126,10 +126,15 @@ def compiled_runner(compiled: Module, source: Module | None = None) -> Runner:
 
 
 def _inductor_backend(module: Module) -> Runner:
-    run = compiled_runner(compile_module(module), module)
+    # 0-dim CPU inputs of a CUDA graph (eager's scalars) compile on the device, moved per call
+    scalars = scalar_inputs_to_device(module)
+    target = scalars.module if scalars is not None else module
+    run = compiled_runner(compile_module(target), target)
 
     def checked(graph: str | None, inputs: Sequence[Any]) -> RunResult:
         try:
+            if scalars is not None:
+                inputs = scalars.move(module.graph(graph).name, inputs)
             return run(graph, inputs)
         except Exception as e:
             # An op failed on its data (an out-of-range id in an index_select extern, an

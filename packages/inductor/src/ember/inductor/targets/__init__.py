@@ -12,7 +12,7 @@ for another one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,56 @@ def mixed_reason(uses: Mapping[str, list[DeviceUse]], shown: int = 4) -> str:
     return f"{len(uses[main])} {main} values; on other devices: " + " | ".join(parts)
 
 
+@dataclass(frozen=True)
+class ScalarInputs:
+    """0-dim CPU inputs of a graph otherwise on one device, retyped onto it: the caller
+    moves them there once per call (eager reads such a tensor as a scalar operand of a CUDA
+    op; torch.compile moves it likewise). `positions`: per graph, the parameters to move."""
+
+    module: Module
+    device: str
+    positions: dict[str, tuple[int, ...]]
+
+    def move(self, graph: str, inputs: Sequence[Any]) -> Sequence[Any]:
+        at = self.positions.get(graph)
+        if not at:
+            return inputs
+        out = list(inputs)
+        for i in at:
+            x = out[i]
+            if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() == 0:
+                out[i] = x.to(self.device, non_blocking=True)
+        return out
+
+
+def scalar_inputs_to_device(m: Module) -> ScalarInputs | None:
+    """Where every value off the module's main device is a 0-dim CPU graph input, and the
+    main device is one non-CPU device: a copy of the module with those inputs typed on it (a
+    node that mixes one with a device tensor is typed on the device already; with no CPU
+    node result, no node reads the scalar alone on the CPU). None otherwise: a real mixed
+    graph, refused by `target_for` with its values named."""
+    uses = mixed_devices(m)
+    if set(uses) - {"cpu"} == set() or len(uses) != 2 or "cpu" not in uses:
+        return None
+    main = next(k for k in uses if k != "cpu")
+    devices = {u.type.device for u in uses[main]}
+    if len(devices) != 1 or not all(u.scalar and u.producer == "input" for u in uses["cpu"]):
+        return None
+    device = next(iter(devices))
+    out = m.clone()
+    positions: dict[str, tuple[int, ...]] = {}
+    for g in top_graphs(out):
+        at = []
+        for i, p in enumerate(g.params):
+            t = p.type
+            if isinstance(t, TensorType) and device_kind(t.device) == "cpu":
+                p.type = TensorType(t.dtype, t.shape, t.strides, device)
+                at.append(i)
+        if at:
+            positions[g.name] = tuple(at)
+    return ScalarInputs(out, device, positions)
+
+
 def target_for(m: Module, graphs: Iterable[Graph] | None = None) -> Target:
     """The target of a module's device (refused when it has none: `TargetError`). A module
     mixing devices is refused with the values on the other devices named (`mixed_reason`)."""
@@ -202,6 +252,6 @@ def require_device(m: Module, graphs: Iterable[Graph], kind: str, what: str) -> 
                               f"generates {kind} code only (registered targets: {_known()})")
 
 
-__all__ = ["DeviceUse", "FusionHooks", "add_target", "FusionVeto", "Rule", "Target", "TargetError",
+__all__ = ["ScalarInputs", "scalar_inputs_to_device", "DeviceUse", "FusionHooks", "add_target", "FusionVeto", "Rule", "Target", "TargetError",
            "device_kind", "graph_devices", "mixed_devices", "mixed_reason", "module_devices", "register_target", "require_device",
            "target_for", "target_for_devices", "targets", "top_graphs", "unregister_target"]
