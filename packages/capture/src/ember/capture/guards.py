@@ -38,6 +38,7 @@ class GuardKind(enum.Enum):
     DEFAULT_DTYPE = "default_dtype"  # torch.get_default_dtype()
     DISPATCH_MODES = "dispatch_modes"  # torch._C._len_torch_dispatch_stack()
     NO_HOOKS = "no_hooks"  # an nn.Module has no forward hooks
+    NO_GLOBAL_HOOKS = "no_global_hooks"  # torch's global nn.Module call hooks are all empty
     CLASS_ATTR = "class_attr"  # a class's MRO lookup of a name finds the same object
     SHAPE = "shape"  # a relation between size symbols (a branch on a dynamic size)
 
@@ -192,6 +193,8 @@ class Guard:
             return f"{ref(torch._C._len_torch_dispatch_stack, 'F')}() == {e!r}"
         if k is GuardKind.SHAPE:
             return str(e.code())
+        if k is GuardKind.NO_GLOBAL_HOOKS:  # (torch registers into these dicts in place)
+            return "not (" + " or ".join(ref(d, "H") for d in global_hook_tables()) + ")"
         assert self.source is not None
         x = self.source.expr(ref)
         if k is GuardKind.TENSOR_MATCH:
@@ -296,6 +299,8 @@ class Guard:
             return f"TorchDispatchModes active == {e}"
         if k is GuardKind.SHAPE:
             return f"sizes: {e.text()}"
+        if k is GuardKind.NO_GLOBAL_HOOKS:
+            return "no global nn.Module forward/backward hooks"
         assert self.source is not None
         what = describe(self.source)
         if k is GuardKind.TENSOR_MATCH:
@@ -381,6 +386,15 @@ def _short(obj: Any) -> str:
         mod = getattr(obj, "__module__", None)
         return f"{mod}.{name}" if mod and not isinstance(obj, type(math)) else str(name)
     return f"<{type(obj).__name__} object at {id(obj):#x}>"
+
+
+def global_hook_tables() -> list[dict[Any, Any]]:
+    """torch's global nn.Module call-hook tables (nn.modules.module.register_module_*_hook)."""
+    from torch.nn.modules import module as m
+
+    names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+             "_global_backward_pre_hooks")
+    return [t for t in (getattr(m, n, None) for n in names) if isinstance(t, dict)]
 
 
 class GuardSet:

@@ -52,6 +52,7 @@ def call_module(tx: Tracer, mod: ModuleVar, args: list[Var], kwargs: dict[str, V
         raise unhandled(f"hooks on module {type(m).__qualname__}")
     if _global_hooks():
         raise unhandled("global nn.Module hooks")
+    tx.guard(Guard(GuardKind.NO_GLOBAL_HOOKS, None))  # one registered later must recompile
     if mod.source is not None:
         tx.guard(Guard(GuardKind.NO_HOOKS, mod.source))
     call = type(m).__call__
