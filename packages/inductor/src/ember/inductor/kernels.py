@@ -123,8 +123,10 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
     return [buffer_type(t) if isinstance(t, TensorType) else t for t in types]
 
 
-# extern ops whose result is a view of their operand (kernels.view: no copy is made)
-VIEW_EXTERNS = ("prims.permute", "loop.view")
+# extern ops whose result is a view of their operand (kernels.view: no copy is made); a
+# prims.reshape is one only of a buffer (contiguous): lowering emits it for nothing else, and
+# torch's reshape of a strided graph input copies where no view exists
+VIEW_EXTERNS = ("prims.permute", "loop.view", "prims.reshape")
 
 
 def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -145,6 +147,8 @@ def _view_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -
                                     for c, s in zip(aff[1], src, strict=True)))
                    for k in range(t.rank)]
         return [TensorType(t.dtype, t.shape, tuple(strides), t.device)]
+    if name == "prims.reshape":
+        return [TensorType(t.dtype, t.shape, tuple(row_major_strides(t.shape)), t.device)]
     dims = [int(d) for d in kw["dims"]]  # type: ignore[union-attr,arg-type]
     return [TensorType(t.dtype, t.shape, tuple(src[d] for d in dims), t.device)]
 
@@ -171,8 +175,8 @@ KERNEL_OPS = (
           _call_infer, _call_run, aliasing="fresh"),
     OpDef("kernels.extern", "call an op's own implementation on buffers (matmul, sort, ...)",
           _extern_infer, _extern_run, aliasing="alias"),
-    OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\" or \"loop.view\"), "
-          "no copy",
+    OpDef("kernels.view", "a strided view of a buffer (op=\"prims.permute\", \"loop.view\" or "
+          "\"prims.reshape\"), no copy",
           _view_infer, _view_run, aliasing="alias"),
 )
 

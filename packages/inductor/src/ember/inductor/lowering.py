@@ -179,14 +179,34 @@ class _Lowering:
 
     def real_view(self, view: View, name: str) -> Value:
         """A buffer holding `view`: a strided `loop.view` where its index is affine (with no
-        negative stride: torch has none), else a copy kernel."""
+        negative stride: torch has none); else, where the view's row-major offset into its
+        buffer is affine (a reshape merging dims of a contiguous buffer, [B, T, K] read as
+        [B*T, K] by a matmul), a `prims.reshape` view of the buffer, flat if the view is not
+        that reshape itself; else (a merge of dims the view permuted) a copy kernel."""
         aff = affine_view(view.index, view.type.rank)
-        if aff is None or any(c < 0 for row in aff[1] for c in row):
+        if aff is not None and not any(c < 0 for row in aff[1] for c in row):
+            return self._view_node(view.src, "loop.view", view.type, name,
+                                   index=[index_value(e) for e in view.index],
+                                   shape=list(view.type.shape))
+        src_t = view.src.type
+        assert isinstance(src_t, TensorType)
+        ivars = [ivar(k) for k in range(view.type.rank)]
+        flat = simplify_index(flat_offset(view.index, src_t.shape), _ranges(view.type.shape))
+        aff = affine_view([flat], view.type.rank)
+        if aff is None or any(c < 0 for c in aff[1][0]):
             return self.materialize_view(view, name.replace(".view", ".copy"))
-        kw: dict[str, Arg] = {"op": "loop.view", "index": [index_value(e) for e in view.index],
-                              "shape": list(view.type.shape)}
+        shape = list(view.type.shape)
+        if as_sympy(flat) == as_sympy(flat_offset(ivars, shape)):  # the reshape itself
+            return self._view_node(view.src, "prims.reshape", view.type, name, shape=shape)
+        numel = simplify_dim(sympy.Mul(*(as_sympy(d) for d in src_t.shape)))
+        flat_t = TensorType(src_t.dtype, (numel,), None, src_t.device)
+        buf = self._view_node(view.src, "prims.reshape", flat_t, f"{name}.flat", shape=[numel])
+        return self._view_node(buf, "loop.view", view.type, name, index=[index_value(flat)],
+                               shape=shape)
+
+    def _view_node(self, src: Value, op: str, t: TensorType, name: str, **kw: Arg) -> Value:
         self.b.taken.discard(name)
-        return self.b.emit("loop.extern", [view.src], kw, types=[view.type], names=[name])[0]
+        return self.b.emit("loop.extern", [src], {"op": op, **kw}, types=[t], names=[name])[0]
 
     def passthrough(self, n: Node, op: str | None = None) -> None:
         """An extern call of the prim (op given), or a node of another dialect, on real buffers."""
