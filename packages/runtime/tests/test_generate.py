@@ -11,6 +11,7 @@ dynamic shapes every decode step was a recompilation until the cache limit, then
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -110,7 +111,9 @@ def test_generate_dynamic_true_two_compiles(name: str) -> None:
     decode = rep.graphs[1]
     keys = next(g for g in decode.guards if g.startswith(tuple(f"{c}1].values: tensor"
                                                                for c in _CACHE)))
-    assert ", s0, 8] " in keys or ", s1, 8] " in keys, keys  # the head dim is static
+    # the head dim is static; the length a symbol (`s1 - 1` where the mask's length, lifted
+    # first on transformers 5.17, is tied to it: docs/capture.md, "Tied sizes")
+    assert re.search(r", s[01]( - 1)?, 8\] ", keys), keys
     assert "s2" not in keys, keys
 
 
