@@ -110,3 +110,27 @@ def test_move_puts_the_scalar_inputs_on_the_device_once_per_call() -> None:
     out = moved.move("forward", [x, s])
     assert out[0] is x and out[1].device.type == "meta" and s.device.type == "cpu"
     assert moved.move("other", [x, s]) == [x, s]
+
+
+_MOVED_CONSTANT = """ember.ir 1.0
+
+graph @forward(%x: f32[2, 3]@cuda:0, %c: f32[0, 3]) -> (f32[2, 3]@cuda:0) {
+  %d = aten._to_copy.default(%c, dtype=f32, device="cuda:0") : f32[0, 3]@cuda:0
+  %y = aten.cat.default([%d, %x], 0) : f32[2, 3]@cuda:0
+  return (%y)
+}
+"""
+
+
+def test_a_cpu_constant_only_copied_to_the_device_is_moved_too() -> None:
+    # `torch.tensor([], device="cuda")` in a model (transformers 5.17's DynamicCache init) is
+    # captured as a CPU constant and a copy to the device
+    moved = scalar_inputs_to_device(parse(_MOVED_CONSTANT))
+    assert moved is not None and moved.positions == {"forward": (1,)}
+    verify(moved.module)
+    assert mixed_devices(moved.module) == {}
+    # a CPU input used by anything else stays a refused mixed graph
+    used = _MOVED_CONSTANT.replace("[%d, %x], 0) : f32[2, 3]@cuda:0",
+                                   "[%d, %x], 0) : f32[2, 3]@cuda:0\n"
+                                   "  %e = aten.neg.default(%c) : f32[0, 3]")
+    assert scalar_inputs_to_device(parse(used)) is None

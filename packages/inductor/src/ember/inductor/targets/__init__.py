@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ember.inductor.body import body_names
-from ember.ir import Graph, Module, Node, TensorType
+from ember.ir import Graph, Module, Node, TensorType, Value
 from ember.ir.passes import PipelineError
 
 # lowering.Rule, spelled loosely here: targets/ is imported by lowering.py
@@ -182,9 +182,10 @@ def mixed_reason(uses: Mapping[str, list[DeviceUse]], shown: int = 4) -> str:
 
 @dataclass(frozen=True)
 class ScalarInputs:
-    """0-dim CPU inputs of a graph otherwise on one device, retyped onto it: the caller
-    moves them there once per call (eager reads such a tensor as a scalar operand of a CUDA
-    op; torch.compile moves it likewise). `positions`: per graph, the parameters to move."""
+    """CPU inputs of a graph otherwise on one device, retyped onto it: 0-dim ones (eager reads
+    such a tensor as a scalar operand of a CUDA op; torch.compile moves it likewise) and ones
+    only ever copied to the device. The caller moves them there once per call. `positions`:
+    per graph, the parameters to move."""
 
     module: Module
     device: str
@@ -197,23 +198,37 @@ class ScalarInputs:
         out = list(inputs)
         for i in at:
             x = out[i]
-            if isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() == 0:
+            if isinstance(x, torch.Tensor) and x.device.type == "cpu":
                 out[i] = x.to(self.device, non_blocking=True)
         return out
 
 
+def _only_moved(m: Module, u: DeviceUse, kind: str) -> bool:
+    """Every use of input `u` copies it to a device of `kind`: a constant the model built with
+    `torch.tensor([], device=...)` is made on the CPU and moved (the lifted constant is the
+    CPU tensor; a DynamicCache's first keys on transformers 5.17)."""
+    g = m.graph(u.graph)
+    users = [n for n in g.nodes
+             if any(isinstance(a, Value) and a.name == u.name
+                    for a in [*n.args, *n.kwargs.values()])]
+    return bool(users) and all(
+        n.op == "aten._to_copy.default" and isinstance(n.kwargs.get("device"), str)
+        and device_kind(str(n.kwargs["device"])) == kind for n in users)
+
+
 def scalar_inputs_to_device(m: Module) -> ScalarInputs | None:
-    """Where every value off the module's main device is a 0-dim CPU graph input, and the
-    main device is one non-CPU device: a copy of the module with those inputs typed on it (a
-    node that mixes one with a device tensor is typed on the device already; with no CPU
-    node result, no node reads the scalar alone on the CPU). None otherwise: a real mixed
-    graph, refused by `target_for` with its values named."""
+    """Where every value off the module's main device is a CPU graph input that is 0-dim or
+    only copied to the device, and the main device is one non-CPU device: a copy of the
+    module with those inputs typed on it (a node that mixes a 0-dim one with a device tensor
+    is typed on the device already; with no CPU node result, no node reads one alone on the
+    CPU). None otherwise: a real mixed graph, refused by `target_for` with its values named."""
     uses = mixed_devices(m)
     if set(uses) - {"cpu"} == set() or len(uses) != 2 or "cpu" not in uses:
         return None
     main = next(k for k in uses if k != "cpu")
     devices = {u.type.device for u in uses[main]}
-    if len(devices) != 1 or not all(u.scalar and u.producer == "input" for u in uses["cpu"]):
+    if len(devices) != 1 or not all(u.producer == "input" and (u.scalar or _only_moved(
+            m, u, main)) for u in uses["cpu"]):
         return None
     device = next(iter(devices))
     out = m.clone()
