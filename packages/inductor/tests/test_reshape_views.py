@@ -41,10 +41,33 @@ def test_linear_on_a_contiguous_3d_input_copies_nothing() -> None:
     x, w = torch.randn(2, 3, 4), torch.randn(5, 4)
     want = torch.nn.functional.linear(x, w).reshape(6, 5)
     torch.testing.assert_close(compiled_runner(compiled)(None, [x, w]).outputs[0], want)
-    # a non-contiguous input (no view of it exists): torch's reshape copies, same values
-    xt = torch.randn(2, 4, 3).transpose(1, 2)
-    torch.testing.assert_close(compiled_runner(compiled)(None, [xt, w]).outputs[0],
-                               torch.nn.functional.linear(xt, w).reshape(6, 5))
+    # strided inputs: torch's reshape views them where it can, else copies; same values
+    for xs in (torch.randn(2, 4, 3).transpose(1, 2), torch.randn(2, 3, 8)[:, :, ::2],
+               torch.randn(4, 3, 4)[::2], torch.randn(3, 2, 4).transpose(0, 1)):
+        torch.testing.assert_close(compiled_runner(compiled)(None, [xs, w]).outputs[0],
+                                   torch.nn.functional.linear(xs, w).reshape(6, 5))
+
+
+SLICE_MERGE = """ember.ir 1.0
+
+graph @f(%x: f32[4, 3, 4], %w: f32[4, 5]) -> (f32[6, 5]) {
+  %s = prims.slice(%x, start=[1, 0, 0], limit=[3, 3, 4]) : f32[2, 3, 4]
+  %r = prims.reshape(%s, shape=[6, 4]) : f32[6, 4]
+  %y = prims.matmul(%r, %w) : f32[6, 5]
+  return (%y)
+}
+"""
+
+
+def test_a_slice_then_merge_is_a_flat_view_not_a_copy() -> None:
+    compiled = compile_module(parse(SLICE_MERGE))
+    ops = _ops(compiled)
+    assert ("kernels.view", "prims.reshape") in ops and ("kernels.view", "loop.view") in ops
+    assert not any(op == "kernels.call" for op, _ in ops), ops
+    w = torch.randn(4, 5)
+    for x in (torch.randn(4, 3, 4), torch.randn(4, 4, 3).transpose(1, 2)):
+        torch.testing.assert_close(compiled_runner(compiled)(None, [x, w]).outputs[0],
+                                   x[1:3].reshape(6, 4) @ w)
 
 
 def test_compiled_linear_end_to_end_matches_eager_with_no_copy(tmp_path: Any) -> None:
