@@ -7,11 +7,14 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from safetensors.torch import load_file
 
 import ember.inductor  # noqa: F401  (the loop dialect and passes)
-from ember.ir import Kernel, VerificationError, parse, verify
+from ember.ir import Kernel, Module, TensorType, VerificationError, parse, verify
+from ember.ir.backends import default_backends
 from ember.ir.passes import run_pipeline
 
 LAYERS = Path(__file__).resolve().parents[3] / "tests" / "ir_corpus" / "layers"
@@ -117,19 +120,31 @@ def test_loop_modules_of_ir_v11_round_trip_and_verify(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
-def test_v10_and_v11_fused_text_compile_to_the_same_cpp(name: str) -> None:
-    """The stored 1.0 fused text still reads, verifies and compiles; its 1.1 form (as ember
-    prints it now) gives the same C++."""
+def test_v10_and_v11_fused_text_compile_to_the_same_results(name: str) -> None:
+    """The stored 1.0 fused text still reads, verifies and compiles; its 1.1 form (today's
+    lowering and fusion, printed as ember prints it now) compiles to C++ that computes the same
+    results on the corpus inputs. (The C++ text itself is not compared: fusion decisions and
+    view handling improve over time, while the stored 1.0 text is frozen by the corpus's
+    compatibility promise.)"""
     old = parse(_text(LAYERS / f"{name}.fused.ir"))
     assert old.version == (1, 0)
     verify(old)
-    new = run_pipeline(parse(_text(LAYERS / f"{name}.prims.ir")), "lower-loops,fuse")
+    new = parse(str(run_pipeline(parse(_text(LAYERS / f"{name}.prims.ir")), "lower-loops,fuse")))
+    assert new.version == (1, 1)
     tail = "schedule-cpu,codegen-cpp,plan-buffers"
+    feeds = load_file(str(LAYERS / f"{name}.in.safetensors"))
 
-    def cpp(m: object) -> dict[str, str]:
-        out = run_pipeline(m, tail)  # type: ignore[arg-type]
-        return {k: v.source for k, v in out.items.items() if isinstance(v, Kernel)}
-    assert cpp(old) == cpp(new)
+    def run(m: Module) -> list[torch.Tensor]:
+        out = run_pipeline(m, tail)
+        assert any(isinstance(v, Kernel) for v in out.items.values())
+        main = next(iter(out.graphs.values()))
+        args = [feeds[p.name].clone() if isinstance(p.type, TensorType)
+                else feeds[p.name].item() for p in main.params]  # philox seed/offset
+        return list(default_backends().get("reference").prepare(out)(main.name, args).outputs)
+    got_old, got_new = run(old), run(new)
+    assert len(got_old) == len(got_new)
+    for a, b in zip(got_old, got_new, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_a_domain_that_disagrees_with_its_kernel_is_refused() -> None:
