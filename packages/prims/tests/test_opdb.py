@@ -13,7 +13,8 @@ from ember.testing.harness import check_decomposition
 from ember.testing.opdb import OpEntry, load_all
 
 OPDB = load_all()
-ENTRIES = OPDB.entries()
+# an entry kept whole on purpose (a `decomposition` gap, with its reason) has no prims form
+ENTRIES = [e for e in OPDB.entries() if "decomposition" not in e.gaps]
 _SETTINGS = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                             HealthCheck.filter_too_much])
 

@@ -171,3 +171,28 @@ entry("aten._adaptive_avg_pool2d.default", lambda: _adaptive(), "pooling", tol=A
       tol_reason=AVG_REASON, symbolic=False)
 entry("aten.adaptive_avg_pool2d.default", lambda: _adaptive(), "pooling", tol=AVG_TOL,
       tol_reason=AVG_REASON, symbolic=False)
+
+
+# what training's VJP rule of a convolution emits; prims would write the weight gradient as a
+# convolution with an image-sized kernel, which oneDNN runs 2-5x slower
+KEPT_WHOLE = ("kept whole: torch's backward kernel as one extern call (its rule runs it, checked "
+              "against eager by packages/runtime/tests/test_training_conv_bn.py)")
+
+
+@st.composite
+def _conv_backward(draw: st.DrawFn) -> Sample:
+    """torch's convolution backward at a floating-point convolution sample, every gradient
+    asked for (bias_sizes given whether or not the forward had a bias: the bias gradient is
+    the cotangent's sum either way)."""
+    s = draw(_conv().filter(lambda s: s.args[0].dtype.is_floating_point))
+    x, w, bias, stride, pd, dl, transposed, op, groups = s.args
+    y = torch.ops.aten.convolution(x, w, bias, stride, pd, dl, transposed, op, groups)
+    grad = draw(S.tensors(tuple(y.shape), y.dtype, special=False))
+    cout = w.shape[1] * groups if transposed else w.shape[0]
+    return Sample((grad, x, w, [cout], stride, pd, dl, transposed, op, groups,
+                   [True, True, True]))
+
+
+entry("aten.convolution_backward.default", lambda: _conv_backward(), "convolution",
+      tol=CONV_TOL, tol_reason=CONV_REASON, symbolic=False,
+      gaps={"decomposition": KEPT_WHOLE})  # the later checks skip it in their data files

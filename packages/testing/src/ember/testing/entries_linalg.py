@@ -292,3 +292,25 @@ entry(_FLASH, lambda: _attention("flash"), "attention", tol=ATTN_TOL,
 entry(_CUDNN, lambda: _attention("cudnn"), "attention", tol=ATTN_TOL,
       tol_reason=ATTN_REASON + _CUDA_ONLY, reference=_cudnn_reference,
       compare=_compare_fused(_CUDNN, 2), results=(0, 1, 4, 5))
+
+
+@st.composite
+def _flash_cpu_backward(draw: st.DrawFn) -> Sample:
+    """The CPU flash kernel's backward at a forward sample: eager's forward gives the saved
+    output and logsumexp, the cotangent is drawn like the output."""
+    s = draw(_attention("cpu"))
+    q, k, v = s.args
+    causal, scale = s.kwargs.get("is_causal", False), s.kwargs.get("scale")
+    mask = s.kwargs.get("attn_mask")
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    grad = _t(draw, tuple(out.shape), q.dtype, special=False)
+    kw: dict[str, Any] = {"scale": scale} if scale is not None else {}
+    if mask is not None:
+        kw["attn_mask"] = mask
+    return Sample((grad, q, k, v, out, lse, 0.0, causal), kw)
+
+
+entry("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+      lambda: _flash_cpu_backward(), "attention", tol=ATTN_TOL, tol_reason=ATTN_REASON,
+      symbolic=False)  # its GQA grouping needs static head counts (real dynamic shapes keep them)
