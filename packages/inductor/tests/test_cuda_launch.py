@@ -336,7 +336,9 @@ def real_compile_check() -> None:
         sig = list(binary.src.signature.values())
         nbuf = sum(isinstance(a, torch.dtype) for a in job.args)
         assert sig[nbuf:] == ["i64"] * (len(job.args) - nbuf) + ["constexpr"], sig
-        assert set(binary.src.attrs) == {(i,) for i in range(nbuf)}  # all aligned
+        attrs = binary.src.attrs  # triton 3.9 also lists the sizes, with no attribute
+        aligned = {k for k, v in attrs.items() if v} if isinstance(attrs, dict) else set(attrs)
+        assert aligned == {(i,) for i in range(nbuf)}  # all buffers aligned, no size
         run = Recorder()
         fast = job.module.bind(run, 4242, binary.packed_metadata, (False, False), 0,
                                lambda d: 7, lambda: 0)
