@@ -283,20 +283,12 @@ def test_binding_is_shapes_and_scalar_values() -> None:
     assert binding([1]) != binding([1.0]) and binding([True]) != binding([1])
 
 
-@pytest.mark.parametrize("cache", ["static", "dynamic"])
-def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str) -> None:
-    """Greedy generate() through a recorded forward: a static cache has one decode binding
-    (recorded once, replayed every later step, its in-place cache update written back in the
-    recording); a DynamicCache grows every step, so each binding is met once: warm-ups only."""
-    pytest.importorskip("transformers")
-    from ember.runtime.testing import tiny_hf_model
-
-    fake()
-    model: Any = tiny_hf_model("neox")[0]
-    torch.manual_seed(1)
-    ids = torch.randint(2, 100, (2, 5))
+def generate_through_recordings(model: Any, ids: torch.Tensor, cache: str,
+                                max_new_tokens: int) -> Any:
+    """Greedy generate() twice through a forward compiled under reduce-overhead; asserts both
+    give eager's tokens and returns the compiled forward (for its explain report)."""
     # (disable_compile: on CUDA, generate() would wrap a static-cache step in torch.compile)
-    kw: dict[str, Any] = dict(max_new_tokens=6, do_sample=False, pad_token_id=0,
+    kw: dict[str, Any] = dict(max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
                               disable_compile=True)
     if cache == "static":
         kw["cache_implementation"] = "static"
@@ -310,6 +302,22 @@ def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str)
         finally:
             del model.forward
     assert torch.equal(got, want) and torch.equal(again, want)
+    return cf
+
+
+@pytest.mark.parametrize("cache", ["static", "dynamic"])
+def test_generate_returns_eager_tokens_through_recordings(fake: Any, cache: str) -> None:
+    """Greedy generate() through a recorded forward: a static cache has one decode binding
+    (recorded once, replayed every later step, its in-place cache update written back in the
+    recording); a DynamicCache grows every step, so each binding is met once: warm-ups only."""
+    pytest.importorskip("transformers")
+    from ember.runtime.testing import tiny_hf_model
+
+    fake()
+    model: Any = tiny_hf_model("neox")[0]
+    torch.manual_seed(1)
+    ids = torch.randint(2, 100, (2, 5))
+    cf = generate_through_recordings(model, ids, cache, 6)
     rep = er.explain(cf)
     assert rep.fallbacks == [], str(rep)
     if cache == "static":

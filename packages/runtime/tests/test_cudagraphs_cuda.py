@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import ember.runtime as er
+from packages.runtime.tests.test_cudagraphs import generate_through_recordings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -87,21 +88,7 @@ def test_generate_gives_eager_tokens(cache: str) -> None:
     model = model.cuda()
     torch.manual_seed(1)
     ids = torch.randint(2, 100, (2, 5), device="cuda")
-    # (disable_compile: on CUDA, generate() would wrap a static-cache step in torch.compile)
-    kw: dict[str, Any] = dict(max_new_tokens=12, do_sample=False, pad_token_id=0,
-                              disable_compile=True)
-    if cache == "static":
-        kw["cache_implementation"] = "static"
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-        cf = er.compile(model.forward, mode="reduce-overhead")
-        model.forward = cf
-        try:
-            got = model.generate(ids, **kw)
-            again = model.generate(ids, **kw)
-        finally:
-            del model.forward
-    assert torch.equal(got, want) and torch.equal(again, want)
+    cf = generate_through_recordings(model, ids, cache, 12)
     rep = er.explain(cf)
     if cache == "static":
         assert rep.recordings >= 1 and rep.replays >= 12, str(rep)
