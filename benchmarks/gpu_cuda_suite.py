@@ -17,10 +17,14 @@ short still reports what it did; `--budget S` stops starting new work after S se
    written once; TB/s and % of copy.
 3. **variants**: ember's softmax and layernorm kernels re-launched with other XBLOCK/num_warps
    (the schedule is in the kernel block: the launch line is rewritten), to choose the default.
-4. **models**: bf16, batch 2, random weights: an MLP, a conv net, HF decoders and encoders
-   built from configs, timm/torchvision CNNs where installed. Correctness (relative error of
-   ember's and torch.compile's outputs against eager's), cold compile seconds, median ms, and
-   what ember ran (graphs, Triton kernels, externs, kernels left to the reference, fallbacks).
+4. **models**: bf16, batch 2, random weights: an MLP, a conv net and the 30 models of
+   `--models zoo30` (benchmarks/zoo_models.py's CUDA30: torchvision and timm nets, HF decoders,
+   encoders and an encoder-decoder, with the zoo's builders, cast to bf16 on cuda). Correctness
+   (relative error of ember's and torch.compile's outputs against eager's), cold compile
+   seconds, median ms, and what ember ran (graphs, Triton kernels, externs, kernels left to the
+   reference, fallbacks). Each model has a `--model-timeout` (SIGALRM: a timed-out model's row
+   keeps its finished steps). `--check-builders` builds each model and runs it once in f32 on
+   the CPU, no GPU needed.
 5. **launch**: the per-call cost of the launch path on tiny models (host-bound: a few
    microseconds of GPU work per call): eager vs torch.compile vs ember, host wall time per call
    over many calls (synchronized at the end) and do_bench's median; and per Triton kernel, the
@@ -277,26 +281,116 @@ class ConvNet(nn.Module):
         return self.body(x)
 
 
-def model_list() -> list[tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]]:
-    def mlp() -> tuple[Any, tuple[Any, ...]]:
-        m = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024),
-                          nn.LayerNorm(1024))
-        return m, (torch.randn(64, 1024),)
+Builder = Callable[[], tuple[Any, tuple[Any, ...]]]
 
-    def convnet() -> tuple[Any, tuple[Any, ...]]:
-        return ConvNet(), (torch.randn(2, 3, 64, 64),)
 
-    out: list[tuple[str, Callable[[], tuple[Any, tuple[Any, ...]]]]] = [
-        ("mlp", mlp), ("convnet", convnet)]
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+def _mlp() -> tuple[Any, tuple[Any, ...]]:
+    m = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024), nn.LayerNorm(1024))
+    return m, (torch.randn(64, 1024),)
+
+
+def _convnet() -> tuple[Any, tuple[Any, ...]]:
+    return ConvNet(), (torch.randn(2, 3, 64, 64),)
+
+
+def _zoo_models() -> Any:
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     import zoo_models
-    by_name = {m.name: m for m in zoo_models.ZOO}
-    for name in ("hf/llama", "hf/gpt2", "hf/bert", "tv/resnet18", "timm/deit_tiny_patch16_224",
-                 "hf/gpt-neox", "timm/mixer_s16_224", "hf/vit", "tv/mobilenet_v2", "hf/qwen2"):
-        zm = by_name.get(name)
-        if zm is not None:
-            out.append((name, lambda zm=zm: zm.build(zoo_models.FULL)))  # type: ignore[misc]
+    return zoo_models
+
+
+# Named sets for --models (the zoo's ones come from benchmarks/zoo_models.py): "base" is the
+# suite's first 12 (its earlier results), "zoo30" the 30-model set of issue 16 item 6.
+DEFAULT_MODELS = "mlp,convnet,zoo30"
+
+
+def model_sets() -> dict[str, list[str]]:
+    zoo = _zoo_models()
+    return {"zoo30": list(zoo.CUDA30), "base": ["mlp", "convnet", *zoo.CUDA30[:10]],
+            "zoo": [m.name for m in zoo.ZOO]}
+
+
+def model_names(spec: str, exclude: str = "") -> list[str]:
+    """The models of a --models spec: names and set names ("zoo30", "base", "zoo"), in order,
+    each once, less those of --exclude (names or sets too)."""
+    sets = model_sets()
+
+    def expand(text: str) -> list[str]:
+        out: list[str] = []
+        for tok in filter(None, (t.strip() for t in text.split(","))):
+            for name in sets.get(tok, [tok]):
+                if name not in out:
+                    out.append(name)
+        return out
+    dropped = set(expand(exclude))
+    return [n for n in expand(spec) if n not in dropped]
+
+
+def model_list(spec: str = DEFAULT_MODELS, exclude: str = "") -> list[tuple[str, Builder]]:
+    """(name, builder) for the models of `spec`: the zoo's builders (FULL sizes, f32 on the CPU;
+    run_model casts to bf16 on cuda); an unknown name's builder raises (a skipped row)."""
+    zoo = _zoo_models()
+    own: dict[str, Builder] = {"mlp": _mlp, "convnet": _convnet}
+    out: list[tuple[str, Builder]] = []
+    for name in model_names(spec, exclude):
+        zm = zoo.BY_NAME.get(name)
+        if name in own:
+            out.append((name, own[name]))
+        elif zm is not None:
+            out.append((name, lambda zm=zm: zm.build(zoo.FULL)))  # type: ignore[misc]
+        else:
+            def unknown(name: str = name) -> tuple[Any, tuple[Any, ...]]:
+                raise KeyError(f"no model {name!r} (benchmarks/zoo.py --list)")
+            out.append((name, unknown))
     return out
+
+
+class ModelTimeout(BaseException):
+    """A model past its --model-timeout: a BaseException, so that no compiler's own
+    `except Exception` (a fallback to eager, say) swallows it."""
+
+
+def with_timeout(seconds: float, fn: Callable[[], Any]) -> Any:
+    """fn() in the main thread, interrupted by SIGALRM after `seconds` (ModelTimeout)."""
+    import signal
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise ModelTimeout(f"timed out after {seconds:.0f} s")
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1.0))
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def check_builders(spec: str, exclude: str = "", timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Without a GPU: each model of `spec` built (seed 0) and called once by eager in f32 on the
+    CPU, so the set can be checked before a device call is spent on it."""
+    rows = []
+    for name, build in model_list(spec, exclude):
+        row: dict[str, Any] = {"section": "builders", "model": name}
+        t0 = time.perf_counter()
+        try:
+            def one(build: Builder = build) -> Any:
+                torch.manual_seed(0)
+                model, args = build()
+                with torch.no_grad():
+                    return model(*args)
+            out = with_timeout(timeout, one)
+            t = out.logits if hasattr(out, "logits") else getattr(out, "last_hidden_state", out)
+            t = t[0] if isinstance(t, (tuple, list)) else t
+            row["ok"] = bool(isinstance(t, torch.Tensor) and torch.isfinite(t).all())
+            row["shape"] = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        except (Exception, ModelTimeout) as e:  # noqa: BLE001  (a failing builder is a result)
+            row["ok"], row["error"] = False, f"{type(e).__name__}: {str(e)[:200]}"
+        row["s"] = round(time.perf_counter() - t0, 2)
+        emit(row)
+        rows.append(row)
+    return rows
 
 
 def to_device(v: Any, dtype: torch.dtype) -> Any:
@@ -317,13 +411,15 @@ def rel_err(a: Any, b: Any) -> float:
     return math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
-def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: bool = False
-              ) -> dict[str, Any]:
+def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: bool = False,
+              row: dict[str, Any] | None = None) -> dict[str, Any]:
     """One model: eager, torch.compile and ember (`jit`: also ember with its Triton kernels
-    launched through Triton's JIT, EMBER_TRITON_LAUNCH=jit)."""
+    launched through Triton's JIT, EMBER_TRITON_LAUNCH=jit). Results go into `row` as they
+    come, so a model cut short by its timeout still reports its finished steps."""
     import ember.runtime
     dtype = torch.bfloat16
-    row: dict[str, Any] = {"section": "models", "model": name, "dtype": "bfloat16"}
+    row = {} if row is None else row
+    row.update({"section": "models", "model": name, "dtype": "bfloat16"})
     torch.manual_seed(0)
     try:
         model, args = build()
@@ -588,6 +684,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
             if "skipped" in r:
                 lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 13)
                 continue
+            if "error" in r and "eager_ms" not in r:  # failed or timed out before timing
+                lines.append(f"| {r['model']} | error: {r['error'][:160]} |" + " |" * 13)
+                continue
 
             def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
                 v = r.get(k)
@@ -603,18 +702,21 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 f"{r.get('launch', {}).get('compile_wall_s', '')} | "
                 f"{r.get('triton_kernels', '')} | {r.get('launch', {}).get('fast', '')} | "
                 f"{len(r.get('on_reference', {}))} | "
-                f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''} |")
+                f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''}"
+                f"{' ' + r['error'][:80] if 'error' in r else ''} |")
         if jit_rows:
             lines += ["", "ember with its kernels launched through Triton's JIT "
                       "(EMBER_TRITON_LAUNCH=jit, compiled again in the same process):", "",
                       "| model | ember ms | ember (JIT launch) ms | kernels past the JIT "
                       "(bound / JIT run) |", "|---|---|---|---|", *jit_rows]
-        sp = [(r["tc_speedup"], r.get("ember_speedup")) for r in ms_ if "tc_speedup" in r]
-        if sp and all(e for _, e in sp):
+        # over the models both compilers ran (a model ember failed on is listed above)
+        sp = [(r["tc_speedup"], r["ember_speedup"]) for r in ms_
+              if r.get("tc_speedup") and r.get("ember_speedup")]
+        if sp:
             g_tc = math.exp(sum(math.log(t) for t, _ in sp) / len(sp))
-            g_em = math.exp(sum(math.log(e) for _, e in sp if e) / len(sp))
-            lines += ["", f"Geomean speedup over eager ({len(sp)} models): torch.compile "
-                          f"{g_tc:.2f}x, ember {g_em:.2f}x."]
+            g_em = math.exp(sum(math.log(e) for _, e in sp) / len(sp))
+            lines += ["", f"Geomean speedup over eager ({len(sp)} of {len(ms_)} models, those "
+                          f"both compilers ran): torch.compile {g_tc:.2f}x, ember {g_em:.2f}x."]
     ls = [r for r in rows if r["section"] == "launch"]
     if ls:
         lines += ["", "## Per-call cost on tiny models (host us per call, many calls, one "
@@ -661,13 +763,28 @@ def main() -> int:
     ap.add_argument("--sections", default="copy,kernels,variants,launch,models,opdb")
     ap.add_argument("--examples", type=int, default=2, help="opdb draws per family")
     ap.add_argument("--workers", type=int, default=12)
-    ap.add_argument("--models", default="", help="comma-separated model names (default all)")
+    ap.add_argument("--models", default=DEFAULT_MODELS,
+                    help="comma-separated model names (benchmarks/zoo.py --list, mlp, convnet) "
+                         "and sets: zoo30 (issue 16's 30 zoo models), base (the first 12), zoo "
+                         f"(all); default {DEFAULT_MODELS}")
+    ap.add_argument("--exclude", default="", help="models (names or sets) left out of --models")
+    ap.add_argument("--model-timeout", type=float, default=150.0,
+                    help="seconds per model (cut to the budget left + 15 s)")
+    ap.add_argument("--check-builders", action="store_true",
+                    help="no GPU needed: build each model of --models and run it once by eager "
+                         "in f32 on the CPU, then exit")
     ap.add_argument("--warm-caches", action="store_true",
                     help="keep Triton's and TorchInductor's caches (default: fresh ones, so both "
                          "compilers' compile times are cold)")
     ap.add_argument("--jit-models", default="mlp,timm/deit_tiny_patch16_224",
                     help="models also timed with ember's kernels launched through Triton's JIT")
     a = ap.parse_args()
+    if a.check_builders:
+        rows = check_builders(a.models, a.exclude, a.model_timeout)
+        bad = [r["model"] for r in rows if not r["ok"]]
+        print(f"builders: {len(rows) - len(bad)}/{len(rows)} ok" + (f"; failing: {bad}" if bad
+                                                                   else ""), flush=True)
+        return 1 if bad else 0
     if not torch.cuda.is_available():
         print("gpu_cuda_suite: no CUDA device", file=sys.stderr)
         return 2
@@ -722,19 +839,22 @@ def main() -> int:
             run_opdb(a.examples, a.workers, a.budget + 60)), daemon=True)
         th.start()
     if "models" in sections:
-        wanted = set(a.models.split(",")) if a.models else None
-        for name, build in model_list():
-            if wanted is not None and name not in wanted:
-                continue
+        for name, build in model_list(a.models, a.exclude):
             if elapsed() > a.budget:
                 emit({"section": "models", "model": name, "skipped": "out of time"})
                 continue
+            # one slow model cannot eat the call: its own limit, cut to the budget left (plus
+            # 15 s, so a model started near the end can still finish a quick step)
+            limit = min(a.model_timeout, a.budget - elapsed() + 15.0)
+            row = {"section": "models", "model": name}
             try:
-                row = run_model(name, build, name in a.jit_models.split(","))
+                with_timeout(limit, lambda name=name, build=build, row=row: run_model(  # type: ignore[misc]
+                    name, build, name in a.jit_models.split(","), row))
+            except ModelTimeout as e:
+                row["error"] = f"timeout: {e}"
             except Exception as e:  # noqa: BLE001
-                row = {"section": "models", "model": name,
-                       "error": f"{type(e).__name__}: {str(e)[:300]}",
-                       "trace": traceback.format_exc(limit=6)}
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row["trace"] = traceback.format_exc(limit=6)
             emit(row)
             rows.append(row)
             torch.cuda.empty_cache()

@@ -1,0 +1,89 @@
+"""benchmarks/gpu_cuda_suite.py's models section (issue 16 item 6): its model list comes from the
+zoo (benchmarks/zoo_models.py), `--models zoo30` is 30 torchvision, timm and HF models, each
+model runs under a timeout, and a failed or timed-out model is a row of the report. No GPU: the
+parts that decide what runs and how it reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ember_bench_gpu_cuda_suite",
+                                                  ROOT / "benchmarks/gpu_cuda_suite.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_zoo30_is_thirty_zoo_models_of_every_family(suite: ModuleType) -> None:
+    zoo_models = suite._zoo_models()
+    names = suite.model_names("zoo30")
+    assert len(names) == len(set(names)) == 30
+    assert all(n in zoo_models.BY_NAME for n in names)
+    assert {zoo_models.BY_NAME[n].family for n in names} == {"torchvision", "timm", "hf"}
+    default = suite.model_names(suite.DEFAULT_MODELS)
+    assert default[:2] == ["mlp", "convnet"] and default[2:] == names
+    # the earlier 12 come first, so old and new runs compare
+    assert suite.model_names("base") == default[:12]
+
+
+def test_model_names_expand_sets_keep_order_and_exclude(suite: ModuleType) -> None:
+    assert suite.model_names("hf/bart,mlp,hf/bart") == ["hf/bart", "mlp"]
+    rest = suite.model_names("zoo30", exclude="base")
+    assert len(rest) == 20 and "hf/llama" not in rest and rest[0] == "tv/resnet50"
+    assert suite.model_names("mlp,convnet", exclude="convnet") == ["mlp"]
+
+
+def test_builders_run_on_cpu_and_unknown_names_fail_as_rows(
+        suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(suite, "OUT", tmp_path)
+    rows = suite.check_builders("mlp,convnet,no/such-model")
+    assert [r["model"] for r in rows] == ["mlp", "convnet", "no/such-model"]
+    assert rows[0]["ok"] and rows[0]["shape"] == [64, 1024]
+    assert rows[1]["ok"] and rows[1]["shape"] == [2, 10]
+    assert not rows[2]["ok"] and "no model 'no/such-model'" in rows[2]["error"]
+    assert (tmp_path / "suite.jsonl").read_text().count('"section": "builders"') == 3
+
+
+def test_timeout_interrupts_and_escapes_broad_excepts(suite: ModuleType) -> None:
+    def swallowing() -> None:  # a compiler that falls back on any Exception
+        try:
+            time.sleep(5)
+        except Exception:  # noqa: BLE001
+            pass
+    t0 = time.perf_counter()
+    with pytest.raises(suite.ModelTimeout, match="timed out after 1 s"):
+        suite.with_timeout(1.0, swallowing)
+    assert time.perf_counter() - t0 < 4
+    assert suite.with_timeout(5.0, lambda: 7) == 7  # the alarm is cleared after a normal return
+    time.sleep(0.01)
+
+
+def test_report_lists_failed_models_and_geomeans_the_rest(suite: ModuleType) -> None:
+    rows = [
+        {"section": "models", "model": "a", "eager_ms": 2.0, "tc_ms": 1.0, "ember_ms": 1.0,
+         "tc_speedup": 2.0, "ember_speedup": 2.0},
+        {"section": "models", "model": "b", "eager_ms": 2.0, "tc_ms": 1.0, "tc_speedup": 2.0,
+         "ember_error": "RuntimeError: no"},
+        {"section": "models", "model": "c", "error": "timeout: timed out after 90 s"},
+        {"section": "models", "model": "d", "eager_ms": 1.0, "tc_ms": 0.5, "ember_ms": 2.0,
+         "tc_speedup": 2.0, "ember_speedup": 0.5, "error": "timeout: timed out after 90 s"},
+    ]
+    md = suite.markdown(rows, {"gpu": "none"}, 4.0)
+    assert "| c | error: timeout: timed out after 90 s |" in md
+    assert "RuntimeError: no" in md
+    line_d = next(ln for ln in md.splitlines() if ln.startswith("| d |"))
+    assert "timed out" in line_d and line_d.count("|") == 16
+    assert "(2 of 4 models, those both compilers ran): torch.compile 2.00x, ember 1.00x" in md
