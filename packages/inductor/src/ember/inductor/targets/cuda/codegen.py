@@ -48,6 +48,7 @@ from ember.inductor.targets.cuda.launcher import (
     compile_and_bind,
     unavailable,
 )
+from ember.inductor.targets.cuda.lowp import LOWP_DEFAULT, LOWP_MODES, has_lowp_values
 from ember.inductor.targets.cuda.matmul_template import Pair, fused_externs, render_matmul
 from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
@@ -183,12 +184,17 @@ def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results:
 
 
 @register_pass("schedule-cuda", "write each loop kernel's Triton schedule as attributes "
-               "(cuda_xblock, cuda_warps, cuda_persistent, cuda_rblock): they dump, can be "
-               "edited, and codegen-triton renders them")
-def schedule_cuda(module: Module) -> Module:
+               "(cuda_xblock, cuda_warps, cuda_persistent, cuda_rblock; cuda_lowp on kernels "
+               "of f16/bf16 values: lowp=f32 computes them in f32, lowp=per-op rounds each "
+               "op's result as eager): they dump, can be edited, and codegen-triton renders "
+               "them")
+def schedule_cuda(module: Module, *, lowp: str = LOWP_DEFAULT) -> Module:
     """The default schedule of every loop kernel, as its node's cuda_* attributes; a node that
     already has them (an edited dump) keeps them. A kernel the tables cannot express gets
-    none (codegen-triton leaves it to the reference)."""
+    none (codegen-triton leaves it to the reference). `lowp`: the cuda_lowp mode written on
+    kernels that hold f16/bf16 values (render.py)."""
+    if lowp not in LOWP_MODES:
+        raise TargetError(f"schedule-cuda: lowp={lowp!r} is not one of {', '.join(LOWP_MODES)}")
     out = module.clone()
     bodies = body_names(out)
     for g in out.graphs.values():
@@ -205,7 +211,10 @@ def schedule_cuda(module: Module) -> Module:
                 sched = render(ref.name, n, body, out.items).schedule
             except CodegenError:
                 continue
-            kw = {"cuda_xblock": sched["XBLOCK"], "cuda_warps": sched["num_warps"]}
+            kw: dict[str, Arg] = {"cuda_xblock": sched["XBLOCK"],
+                                  "cuda_warps": sched["num_warps"]}
+            if has_lowp_values(n, body, out.items):
+                kw["cuda_lowp"] = lowp
             if "persistent" in sched:  # a rows kernel
                 kw["cuda_persistent"] = sched["persistent"]
                 if not sched["persistent"]:

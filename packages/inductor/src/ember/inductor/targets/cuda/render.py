@@ -16,8 +16,9 @@ into the source (so a dumped module replays with the same blocks and warps); for
   reads it; argmax/argmin are the first index where the body equals amax/amin (NaN first, as
   eager). A row pointwise body then runs over its inner elements in IBLOCK chunks.
 
-Numbers follow the C++ target: f16/bf16 are computed in f32 and rounded after every op (as
-eager rounds each op's result), maximum/minimum propagate NaN. Index math is int32 unless an
+f16/bf16 values are computed as the node's `cuda_lowp` attribute says (lowp.py): by default
+in f32, rounded to their dtype only at stores (as TorchInductor computes); "per-op" rounds
+every op's result as eager does. maximum/minimum propagate NaN. Index math is int32 unless an
 extent reaches 2**31 (then int64). IR text reaches the source only as `sanitize.ident` names and
 `sanitize.safe_text` comments; numbers are written by Python's repr of a float or int.
 Anything the tables do not cover raises `CodegenError` (the kernel then runs on the reference
@@ -37,6 +38,7 @@ import torch
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
 from ember.inductor.targets.cuda.launcher import bind_source
+from ember.inductor.targets.cuda.lowp import has_lowp_values, read_lowp
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
 
@@ -200,8 +202,6 @@ def prelude(interpret: bool) -> str:
 
 # schedule-cuda's attributes of a loop node (they dump, can be edited, and replay)
 SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock")
-
-
 def read_schedule(node: Node) -> dict[str, int]:
     """The node's cuda_* schedule attributes, checked (ScheduleError names a bad one)."""
     from ember.inductor.schedule import ScheduleError
@@ -236,7 +236,7 @@ def tl_dtype(dt: DType) -> str:
 
 
 def compute_dtype(dt: DType) -> str:
-    """The type values of `dt` are computed in: f16/bf16 in f32, rounded after each op."""
+    """The type values of `dt` are computed in: f16/bf16 in f32 (rounded per cuda_lowp)."""
     return "tl.float32" if dt in (DType.f16, DType.bf16) else tl_dtype(dt)
 
 
@@ -311,7 +311,8 @@ def literal(v: object, dt: DType, scalar: bool = False) -> str:
 
 
 def _round(dt: DType, text: str) -> str:
-    if dt in (DType.f16, DType.bf16):  # eager rounds every op's result to the dtype
+    """`text` (an f32 value of a f16/bf16 result) rounded to its dtype, kept in f32."""
+    if dt in (DType.f16, DType.bf16):
         return f"({text}).to({tl_dtype(dt)}).to(tl.float32)"
     return text
 
@@ -347,6 +348,11 @@ class _Writer:
     cse: dict[str, str] | None = None
     contiguous: Any = None  # pointwise: the flat index as an expression of the loop variables
     sizes: list[str] = field(default_factory=list)  # size symbols: kernel arguments
+    per_op: bool = False  # cuda_lowp="per-op": f16/bf16 op results rounded as eager rounds
+
+    def op_round(self, dt: DType, text: str) -> str:
+        """An op's result: rounded to f16/bf16 under "per-op", left in f32 under "f32"."""
+        return _round(dt, text) if self.per_op else text
 
     def sz(self, e: Any) -> str:
         """A size as Triton code (a static one as its number)."""
@@ -415,7 +421,9 @@ class _Writer:
             assert isinstance(x, Value)
             if dt == DType.b8:
                 return f"({env[x]} != 0)"
-            return _round(dt, f"{env[x]}.to({compute_dtype(dt)})")
+            # "f32": the decompositions' downcast after each upcast op (eager's rounding of
+            # every result) is no rounding here (TorchInductor: emulate_precision_casts off)
+            return self.op_round(dt, f"{env[x]}.to({compute_dtype(dt)})")
         table = OPS.get(n.op)
         tensors = [a for a in n.args if isinstance(a, Value)]
         if table is None or not tensors:
@@ -435,7 +443,8 @@ class _Writer:
                            signed=not unsigned)
         if dt == DType.b8 or dclass(odt) == _B:
             return text
-        return _round(dt, f"({text}).to({compute_dtype(dt)})" if dclass(dt) == _I else text)
+        return self.op_round(dt, f"({text}).to({compute_dtype(dt)})" if dclass(dt) == _I
+                             else text)
 
     def reduce_ref(self, n: Node, env: dict[Value, str]) -> _Red:
         ref = n.args[0]
@@ -565,7 +574,7 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
         if nan_fix:
             w.emit(depth, f"{val} = tl.where(tl.max(({acc} != {acc}).to(tl.int8), 1, "
                           f"keep_dims=True) > 0, float('nan'), {val})")
-    if dt in (DType.f16, DType.bf16):  # the row value as eager rounds it
+    if dt in (DType.f16, DType.bf16) and w.per_op:  # the row value as eager rounds it
         w.emit(depth, f"{val} = {val}.to({tl_dtype(dt)}).to(tl.float32)")
     elif dt == DType.b8:
         w.emit(depth, f"{val} = {val} != 0")
@@ -612,6 +621,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     `interpret`: for Triton's interpreter (libdevice is interp_libdevice.py)."""
     w = _Writer(name, items, interpret=interpret)
     user = read_schedule(node)
+    lowp = read_lowp(node)
+    w.per_op = lowp == "per-op"
     t = _tensor(node.results[0])
     ranges = _dims(node.kwargs["ranges"])  # type: ignore[arg-type]
     free: set[sympy.Symbol] = set()
@@ -655,7 +666,12 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     jit = "@triton.jit" if interpret or not w.sizes else \
         f"@triton.jit(do_not_specialize={tuple(w.sizes)!r})"
     head = [f"# ember triton kernel {safe_text('@' + short(name))}: "
-            f"{safe_text(node.op)} over {ranges}", prelude(interpret), "", jit]
+            f"{safe_text(node.op)} over {ranges}"]
+    if has_lowp_values(node, body, items):
+        head.append(f"# f16/bf16: cuda_lowp={lowp} (" + (
+            "every op's result rounded to its dtype, as eager" if w.per_op else
+            "computed in f32, rounded at stores") + ")")
+    head += [prelude(interpret), "", jit]
     sizes = [f"{s}: tl.constexpr" if interpret else f"{s}: tl.int64" for s in w.sizes]
     params = ", ".join([*ins, *outs, *sizes, "XBLOCK: tl.constexpr"])
     w.emit(0, f"def {sym}({params}):")
@@ -771,3 +787,4 @@ def _outer(w: _Writer, body: Graph, ins: list[str], ranges: list[int],
         raise CodegenError("a fused reduction whose rows are not the kernel's outer dims")
     _collect(w, body, ins, outer, order)
     return outer
+

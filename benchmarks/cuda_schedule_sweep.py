@@ -1,0 +1,219 @@
+"""Schedule sweep of ember's memory-bound Triton kernels on a GPU (issue 16): what block sizes,
+warps and persistent/looped rows reach the copy bandwidth, per case and dtype.
+
+For each case of gpu_cuda_suite.py's kernels section (16384x4096) it captures the function,
+lowers and schedules it (`schedule-cuda`), then renders its loop kernel under each candidate
+schedule (the cuda_* attributes, as max-autotune does), compiles them in launcher.py's pool,
+checks each against the default schedule's result and times it (do_bench medians, CUDA events)
+on the case's real inputs. It also checks the default kernel (both `cuda_lowp` modes) against
+eager and reports the default schedule's place among the candidates. One JSON line per result
+on stdout and in $OUT/sweep.jsonl; a markdown table in $OUT/sweep.md. Needs a CUDA device:
+
+    python3 benchmarks/cuda_schedule_sweep.py [--cases row_sum,pointwise] [--budget 120]
+
+`--dry-run` runs the same code on CPU in Triton's interpreter at 8x256 (checks the script, not
+a timing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.gpu_cuda_suite
+START = time.perf_counter()
+OUT = Path(os.environ.get("OUT", "/tmp/cuda_schedule_sweep"))
+DRY = "--dry-run" in sys.argv
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs
+SHAPE = (8, 256) if DRY else (16384, 4096)
+DEVICE = "cpu" if DRY else "cuda"
+
+
+def inputs(case: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    rows, cols = SHAPE
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=DEVICE, dtype=dtype)
+    if case == "layernorm_gelu":
+        return r(rows, cols), r(cols), r(cols)
+    if case == "pointwise":
+        return r(rows, cols), r(rows, cols)
+    return (r(rows, cols),)
+
+
+def bench(run: Any) -> float:
+    if DRY:
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e3
+    from triton.testing import do_bench
+    return float(do_bench(run, warmup=25, rep=100, return_mode="median"))
+
+
+def emit(row: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(row, default=str)
+    print(line, flush=True)
+    with (OUT / "sweep.jsonl").open("a") as f:
+        f.write(line + "\n")
+
+
+def candidates(rows: bool, row_len: int) -> list[dict[str, int]]:
+    """Pointwise: XBLOCK x warps with 4..64 elements per thread; rows: rows per program x warps,
+    persistent, and looped over RBLOCK chunks."""
+    out: list[dict[str, int]] = []
+    if not rows:
+        for xb in (512, 1024, 2048, 4096, 8192):
+            for w in (2, 4, 8, 16):
+                if 4 <= xb // (32 * w) <= 64:
+                    out.append({"cuda_xblock": xb, "cuda_warps": w})
+        return out
+    for xb in (1, 2, 4, 8):
+        for w in (2, 4, 8, 16):
+            if xb * row_len // (32 * w) <= 128:
+                out.append({"cuda_xblock": xb, "cuda_warps": w, "cuda_persistent": 1})
+    for rb in (512, 1024, 2048):
+        if rb < row_len:
+            for xb in (1, 2, 4, 8):
+                for w in (4, 8):
+                    if 4 <= xb * rb // (32 * w) <= 64:
+                        out.append({"cuda_xblock": xb, "cuda_warps": w, "cuda_persistent": 0,
+                                    "cuda_rblock": rb})
+    return out
+
+
+def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) -> None:
+    from benchmarks.gpu_cuda_suite import KERNEL_CASES
+    from ember.capture import capture
+    from ember.inductor.backend import compiled_runner
+    from ember.inductor.launch import load_module
+    from ember.inductor.targets.cuda import autotune as at
+    from ember.inductor.targets.cuda.render import SCHED_KEYS, render
+    from ember.ir import Graph, Ref, Value
+    from ember.ir.passes import run_pipeline
+    fn = KERNEL_CASES[case]
+    args = inputs(case, dtype)
+    dname = str(dtype).replace("torch.", "")
+    with torch.no_grad():
+        want = fn(*args)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    interp = "{interpret=true}" if DRY else ""
+    for lowp in ("f32", "per-op"):  # the default kernel in both modes against eager
+        c = capture(fn, args, {})
+        m = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,"  # type: ignore[arg-type]
+                         f"schedule-cuda{{lowp={lowp}}},codegen-triton{interp},plan-buffers")
+        load_module(m)
+        got = compiled_runner(m)(None, list(args)).outputs[0]
+        err = (got.float() - want.float()).abs().max().item()
+        ok = bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
+        emit({"section": "lowp", "case": case, "dtype": dname, "cuda_lowp": lowp, "ok": ok,
+              "max_abs_err": err, "kernels": len(m.kernels)})
+    c = capture(fn, args, {})
+    m = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,schedule-cuda")  # type: ignore[arg-type]
+    g = next(iter(m.graphs.values()))
+    loops = [n for n in g.nodes if n.op in ("loop.pointwise", "loop.reduction")]
+    if len(loops) != 1 or any(a not in g.params for a in loops[0].args[1:]
+                              if isinstance(a, Value)):
+        emit({"section": "sweep", "case": case, "dtype": dname,
+              "error": f"{len(loops)} loop kernels (one reading the inputs expected)"})
+        return
+    n = loops[0]
+    ref = n.args[0]
+    assert isinstance(ref, Ref)
+    body = m.items[ref.name]
+    assert isinstance(body, Graph)
+    default = {k: n.kwargs[k] for k in SCHED_KEYS if k in n.kwargs}
+    rows = "cuda_persistent" in default
+    cands = [default] + [c for c in candidates(rows, args[0].shape[-1]) if c != default]
+    sources = []
+    for cand in cands:
+        for k in SCHED_KEYS:
+            n.kwargs.pop(k, None)
+        n.kwargs.update(cand)
+        sources.append(render(ref.name, n, body, m.items, DRY).source)
+    ins = [args[g.params.index(a)] for a in n.args[1:] if isinstance(a, Value)]
+    out = torch.empty_like(want)
+    nbytes = sum(a.numel() * a.element_size() for a in ins) + out.numel() * out.element_size()
+    runs = at._runners(ref.name, sources, [*ins, out], DRY)
+    base: torch.Tensor | None = None
+    results = []
+    for cand, run in zip(cands, runs, strict=True):
+        if time.perf_counter() - START > budget:
+            emit({"section": "sweep", "case": case, "dtype": dname, "skipped": "out of time"})
+            break
+        row: dict[str, Any] = {"section": "sweep", "case": case, "dtype": dname,
+                               "default": cand is default,
+                               **{k.removeprefix("cuda_"): v for k, v in cand.items()}}
+        if run is None:
+            row["error"] = "does not load"
+        else:
+            try:
+                run()
+                if base is None:
+                    base = out.clone()
+                row["ok"] = bool(torch.allclose(out.float(), base.float(), atol=tol, rtol=tol))
+                ms = bench(run)
+                row["ms"] = round(ms, 5)
+                row["pct_copy"] = round(100 * nbytes / (ms * 1e-3) / 1e12 / copy_tbs, 1)
+                results.append(row)
+            except Exception as e:  # noqa: BLE001  (a candidate that fails is a result)
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        emit(row)
+    if results:
+        best = max(results, key=lambda r: r["pct_copy"] if r["ok"] else -1)
+        emit({**best, "section": "best",
+              "default_pct_copy": next((r["pct_copy"] for r in results if r["default"]), None)})
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << (16 if DRY else 28), dtype=torch.float32, device=DEVICE)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return max(2 * x.numel() * 4 / (ms * 1e-3) / 1e12, 1e-9)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cases", default="row_sum,pointwise,layernorm_gelu,softmax")
+    ap.add_argument("--dtypes", default="bfloat16,float32")
+    ap.add_argument("--budget", type=float, default=120.0, help="seconds; no new work after")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, 8x256")
+    a = ap.parse_args()
+    if not DRY and not torch.cuda.is_available():
+        print("cuda_schedule_sweep: no CUDA device", file=sys.stderr)
+        return 2
+    import triton
+    copy_tbs = copy_bandwidth()
+    emit({"section": "env", "gpu": "dry run" if DRY else torch.cuda.get_device_name(), "torch": torch.__version__,
+          "triton": triton.__version__, "copy_TBps": round(copy_tbs, 3),
+          "ember commit": os.environ.get("EMBER_COMMIT", "?")})
+    for case in a.cases.split(","):
+        for dname in a.dtypes.split(","):
+            if time.perf_counter() - START > a.budget:
+                break
+            try:
+                sweep_case(case, getattr(torch, dname), copy_tbs, a.budget)
+            except Exception as e:  # noqa: BLE001
+                emit({"section": "sweep", "case": case, "dtype": dname,
+                      "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    lines = ["| case | dtype | schedule | ok | ms | % copy |", "|---|---|---|---|---|---|"]
+    for line in (OUT / "sweep.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r.get("section") == "sweep" and "ms" in r:
+            sched = ", ".join(f"{k}={v}" for k, v in r.items() if k in (
+                "xblock", "warps", "persistent", "rblock")) + (" (default)" if r["default"] else "")
+            lines.append(f"| {r['case']} | {r['dtype']} | {sched} | {r['ok']} | {r['ms']} | "
+                         f"{r['pct_copy']} |")
+    (OUT / "sweep.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
