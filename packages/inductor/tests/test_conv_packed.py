@@ -131,3 +131,46 @@ def test_a_weight_whose_data_is_reassigned_is_repacked() -> None:
         assert pinned.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
         w.data = w.data * 2
         w.data = w.data * 1.5
+
+
+CONV_RELU6_CONV = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5], f32[2, 4, 6, 5]) {
+  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %r = prims.maximum(%c1, 0.0) : f32[2, 4, 6, 5]
+  %r6 = prims.minimum(%r, 6.0) : f32[2, 4, 6, 5]
+  %c2 = prims.convolution(%r6, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %s = prims.maximum(%c2, 0.0) : f32[2, 4, 6, 5]
+  %s6 = prims.minimum(6.0, %s) : f32[2, 4, 6, 5]
+  %o = prims.add(%s6, 1.0) : f32[2, 4, 6, 5]
+  return (%c2, %o)
+}
+"""
+
+
+def test_relu6_folds_into_the_convolution_and_keeps_nan() -> None:
+    """max(., 0) then min(., 6) after a convolution (ReLU6) is one clamp: inside the extern
+    (torch.clamp_, in place) where only a convolution reads it, else a max/min kernel; NaN,
+    +inf and -inf come out as eager's clamp gives them."""
+    compiled = compile_module(parse(CONV_RELU6_CONV))
+    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    assert [(n.kwargs["op"], n.kwargs["relu"], n.kwargs.get("relu_max")) for n in externs] \
+        == [("loop.conv2d_packed", True, 6.0), ("loop.conv2d_packed", False, None)]
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(s, generator=g) * 4
+                 for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 1, 2, 2] = float("inf")
+    x[1, 2, 4, 1] = -float("inf")
+    h = torch.clamp(torch.conv2d(x, w1, padding=1), 0, 6)
+    c2 = torch.conv2d(h, w2)
+    want = [c2, torch.clamp(c2, 0, 6) + 1]
+    got = compiled_runner(compiled)(None, [x, w1, w2]).outputs
+    assert want[1].isnan().any() and (want[1] == 7).any()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_relu_max_needs_relu_and_a_bound() -> None:
+    with pytest.raises(Exception, match="relu_max"):
+        packed._operands([1, 2], {"scale": False, "bias": False, "relu": False,
+                                  "relu_max": 6.0})

@@ -51,7 +51,7 @@ from ember.ir.passes import register_pass
 from ember.prims import PRIMS_BY_OP
 
 CONV_OP = "loop.conv2d"
-_OWN_KW = ("steps", "relu")  # the rest are prims.convolution's attributes
+_OWN_KW = ("steps", "relu", "relu_max")  # the rest are prims.convolution's attributes
 
 
 def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
@@ -163,6 +163,8 @@ def _rewrite(g: Graph) -> None:
         kw: dict[str, Arg] = {"steps": [op for op, _ in steps],
                               "relu": epi.relu if epi is not None else False,
                               **n.kwargs}
+        if epi is not None and epi.relu_max is not None:  # ReLU6: clamp(y, 0, relu_max)
+            kw["relu_max"] = epi.relu_max
         fused = Node(CONV_OP, [n.args[0], n.args[1], *(u for _, u in steps)], kw,
                      list(last.results), n.loc, n.pos)
         for r in fused.results:
@@ -199,7 +201,20 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
                               f"{t.dtype.name}[{t.shape[1]}] vector (one value per channel)")
     if not isinstance(kw.get("relu", False), bool):
         raise OpTypeError(f"{CONV_OP}: relu= is true or false")
+    relu_max(kw, CONV_OP)
     return [t]
+
+
+def relu_max(kw: Mapping[str, Any], op: str) -> float | None:
+    """The `relu_max=` bound (ReLU6: the result is clamp(y, 0, relu_max)), or None; it needs
+    relu=true and is a number >= 0."""
+    c = kw.get("relu_max")
+    if c is None:
+        return None
+    if not isinstance(c, (int, float)) or isinstance(c, bool) or not c >= 0 \
+            or kw.get("relu") is not True:
+        raise OpTypeError(f"{op}: relu_max= is a number >= 0, with relu=true")
+    return float(c)
 
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
@@ -212,6 +227,9 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         fn: Any = {"prims.add": torch.add, "prims.sub": torch.sub, "prims.mul": torch.mul,
                    "prims.div": torch.div}[step]
         y = fn(y, u)
+    hi = relu_max(kw, CONV_OP)
+    if hi is not None:
+        return torch.clamp(y, 0.0, hi)  # keeps NaN, as max(., 0) then min(., hi) do
     return torch.relu(y) if kw.get("relu") else y
 
 
@@ -260,7 +278,7 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
     if relu:
-        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc")
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP))
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
@@ -295,25 +313,32 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
         args.append(_affine(lw, res.name, steps, channels, "b"))
     kw: dict[str, Arg] = {"op": PACKED_OP, "scale": scale, "bias": shift, "relu": inside,
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
+    hi = relu_max(n.kwargs, CONV_OP)
+    if inside and hi is not None:  # ReLU6 in place too (torch.clamp_, NaN kept)
+        kw["relu_max"] = hi
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     separate = relu and not inside
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if separate else f"{res.name}.nhwc"],
                     loc=n.loc)[0]
     if separate:
-        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc")
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", hi)
     i = [ivar(k) for k in range(4)]
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
-def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str) -> Value:
-    """ReLU of the NHWC result by ember's own kernel, not oneDNN's post-op: that one computes
-    max(y, 0) with NaN mapped to 0, where torch.relu(NaN) is NaN (BatchNorm with a negative
-    running variance). prims.maximum renders NaN-propagating; a pointwise consumer fuses it."""
+def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | None = None
+               ) -> Value:
+    """ReLU (then min(., hi) where hi is given: ReLU6) of the NHWC result by ember's own
+    kernel, not oneDNN's post-op: that one computes max(y, 0) with NaN mapped to 0, where
+    torch.relu(NaN) is NaN (BatchNorm with a negative running variance). prims.maximum and
+    prims.minimum render NaN-propagating; a pointwise consumer fuses the kernel."""
     bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
     v = bb.load(y, [ivar(k) for k in range(4)])
-    return lw.kernel("loop.pointwise", bb, bb.b.op("prims.maximum", [v, 0.0], {}, name=name),
-                     {"ranges": list(t.shape)}, t, name)
+    r = bb.b.op("prims.maximum", [v, 0.0], {}, name=name if hi is None else f"{name}.relu")
+    if hi is not None:
+        r = bb.b.op("prims.minimum", [r, hi], {}, name=name)
+    return lw.kernel("loop.pointwise", bb, r, {"ranges": list(t.shape)}, t, name)
 
 
 def _fold_epilogue(lw: _Lowering, name: str, steps: list[tuple[str, Arg]],

@@ -1,4 +1,4 @@
-"""Per-channel affine epilogues of 2-d convolutions (BatchNorm in eval mode, then ReLU).
+"""Per-channel affine epilogues of 2-d convolutions (BatchNorm in eval mode, then ReLU or ReLU6).
 
 `(conv(x, w) - mean) * rsqrt(var + eps) * gamma + beta`, then `max(., 0)`, is
 `relu(conv(x, w * A[o]) + B[o])` with `A`, `B` per output channel: the lowering folds such a
@@ -11,7 +11,9 @@ the scaled weight) are small kernels computed on every call from the graph's inp
 parameters changed between calls (running statistics, weights) are read as they are then; a
 parameter weight's packed `weight * A` is cached by packed.py, which compares A by value and
 the weight's version each call. Folding rounds differently from the unfolded chain (as
-TorchInductor's freezing does): within f32 tolerances.
+TorchInductor's freezing does): within f32 tolerances. A ReLU followed by min(., c) (ReLU6,
+hardtanh(0, c)) folds too, as `relu_max=c`: a clamp to [0, c] that keeps NaN (torch.clamp_
+inside the extern, or the max/min kernel), never oneDNN's hardtanh post-op, which drops NaN.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Epilogue:
     conv: Node
     steps: list[tuple[str, Operand]] = field(default_factory=list)  # y = y <op> operand
     relu: bool = False
+    relu_max: float | None = None  # ReLU6-like: min(relu(y), relu_max) after the ReLU
     chain: list[Node] = field(default_factory=list)  # the nodes folded, in order
 
     @property
@@ -53,9 +56,26 @@ def _per_channel(g_defs: dict[Value, Node], v: object, t: TensorType) -> Operand
     return u
 
 
+def _clamp_max(relu: Node, readers: dict[Value, list[Node]], outputs: set[Value]
+               ) -> float | None:
+    """c where the ReLU's only reader is min(relu, c) with a number c >= 0 (ReLU6)."""
+    y = relu.results[0]
+    if y in outputs or len(readers.get(y, [])) != 1:
+        return None
+    r = readers[y][0]
+    if r.op != "prims.minimum" or len(r.args) != 2 or r.kwargs or r.results[0].type != y.type:
+        return None
+    a, b = r.args
+    c = b if a is y else a if b is y else None
+    if not isinstance(c, (int, float)) or isinstance(c, bool) or not c >= 0:
+        return None  # (also refuses a NaN bound)
+    return float(c)
+
+
 def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
     """Each f32 2-d convolution whose result feeds, through single-reader nodes that are not
-    graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)."""
+    graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)
+    (and then min(., c): ReLU6)."""
     readers: dict[Value, list[Node]] = {}
     defs: dict[Value, Node] = {}
     for n in g.nodes:
@@ -83,6 +103,9 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
                     and zero == 0:
                 epi.relu = True
                 epi.chain.append(r)
+                epi.relu_max = _clamp_max(r, readers, outputs)
+                if epi.relu_max is not None:
+                    epi.chain.append(readers[r.results[0]][0])
                 break
             if r.op not in AFFINE_OPS:
                 break

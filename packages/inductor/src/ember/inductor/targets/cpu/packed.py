@@ -10,7 +10,7 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
                      relu=false, stride=, padding=, dilation=, groups=) : f32[N, H, W, O]
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
-relu=true), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
+relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
 weight dies) while the weight's version counter and data pointer stay the same (the
 packed-from storage is held, so a freed storage's address cannot come back under
 `w.data = ...`), under the input's size, the convolution's attributes and the bytes of `a`
@@ -79,11 +79,13 @@ def is_cached(w: torch.Tensor) -> bool:
 def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
     """x, w, a (or None), b (or None) by the op's scale=/bias= flags."""
     scale, bias, relu = kw.get("scale", False), kw.get("bias", False), kw.get("relu", False)
+    hi = kw.get("relu_max")
     if scale.__class__ is not bool or bias.__class__ is not bool \
-            or relu.__class__ is not bool or len(args) != 2 + scale + bias:
+            or relu.__class__ is not bool or len(args) != 2 + scale + bias \
+            or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)):
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
-                          f"are true or false)")
+                          f"are true or false; relu_max=, with relu=true, a float >= 0)")
     rest = list(args[2:])
     a = rest.pop(0) if kw.get("scale") else None
     b = rest.pop(0) if kw.get("bias") else None
@@ -157,15 +159,18 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         with torch.no_grad():
             y = torch.convolution(xc, _scaled(w, a), b, kw["stride"], kw["padding"],
                                   kw["dilation"], False, [0, 0], groups)
-    if kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
+    hi = kw.get("relu_max")
+    if hi is not None:  # ReLU6: torch's clamp keeps NaN (oneDNN's hardtanh post-op drops it)
+        y = torch.clamp_(y, 0.0, hi)
+    elif kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
         y = torch.relu_(y)
     return y.permute(0, 2, 3, 1).contiguous()
 
 
 PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIHW weight "
                      "scaled per output channel (scale=true: a [O] operand) plus a bias "
-                     "(bias=true), relu=; oneDNN's packed weight cached on the weight "
-                     "(an extern's op; NHWC result)", _infer, _run, aliasing="fresh")
+                     "(bias=true), relu= (relu_max=: a clamp to [0, relu_max]); oneDNN's "
+                     "packed weight cached on the weight (an extern's op; NHWC result)", _infer, _run, aliasing="fresh")
 if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
 
