@@ -2,8 +2,10 @@
 
 Registers the `triton` loader (codegen.py: each block a Python module of Triton source, loaded
 from the private kernel cache; it runs on cuda, and on cpu tensors in Triton's interpreter),
-the passes `schedule-cuda` and `codegen-triton` and the pipelines `inductor-cuda` (prims ->
-kernels.*: `lower-loops`, `fuse`, `schedule-cuda`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
+the passes `matmul-lowp`, `schedule-cuda` and `codegen-triton` and the pipelines `inductor-cuda`
+(prims -> kernels.*: `matmul-lowp` (matmul_lowp.py: a linear's GEMM in bf16/f16, not f32),
+`lower-loops`, `fuse`, `fuse-shared` (fuse_shared.py: a residual add computed by the next
+layernorm's kernel), `schedule-cuda`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
 graphs, run by TRITON_INTERPRET=1: how the target is tested without a GPU). Externs (matmul,
 convolution, attention) are torch's own CUDA kernels.
 
@@ -22,16 +24,18 @@ from ember.inductor.launch import register_loader
 from ember.inductor.targets import Target, register_target, targets
 from ember.inductor.targets.cuda.autotune import autotune_cuda, with_autotune
 from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
+from ember.inductor.targets.cuda.fuse_shared import fuse_shared as _fuse_shared  # noqa: F401
+from ember.inductor.targets.cuda.matmul_lowp import matmul_lowp as _matmul_lowp  # noqa: F401
 from ember.ir.passes import register_pipeline
 
 FRONT = "decompose,cse,dce"
 INDUCTOR_CUDA = register_pipeline(
-    "inductor-cuda", "lower-loops,fuse,schedule-cuda,codegen-triton,plan-buffers",
+    "inductor-cuda", "matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
     "prims -> loop kernels, fused, scheduled (cuda_* attributes), as Triton kernel blocks with "
     "planned buffers (CUDA)").text
 INDUCTOR_CUDA_INTERPRET = register_pipeline(
     "inductor-cuda-interpret",
-    "lower-loops,fuse,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
+    "matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
     "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
     "(TRITON_INTERPRET=1; testing without a GPU)").text
 

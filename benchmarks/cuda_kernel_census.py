@@ -1,0 +1,153 @@
+"""How many kernels the CUDA target makes of a model, without a GPU (issue 16).
+
+Captures each model on the CPU (bf16, random weights, as benchmarks/gpu_cuda_suite.py builds
+them), moves the captured graph's tensors to cuda:0 in the IR, and runs the CUDA target's
+pipeline (`FRONT`, then `inductor-cuda` up to `schedule-cuda`): the loop kernels left are the
+Triton kernels `codegen-triton` renders, one each. Prints per model the count of Triton kernels
+and externs (matmul, convolution, attention, index_select, ...; views excluded) and, with
+--kernels, one line per kernel: its domain, its schedule and the ops fused into it. With
+--cpu the same graph (on cpu) also goes through the CPU target's `inductor` pipeline, for
+comparison.
+
+    python3 benchmarks/cuda_kernel_census.py --models hf/gpt2,timm/deit_tiny_patch16_224 --kernels
+
+Capture on the CPU records the CPU's form of a few ops (scaled dot-product attention's CPU
+kernel); the device records its CUDA form, which the CUDA front end decomposes the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+MODELS = ("timm/deit_tiny_patch16_224", "hf/vit", "hf/gpt2", "hf/bert", "hf/llama")
+KERNELS = ("loop.pointwise", "loop.reduction")
+VIEWS = ("prims.reshape", "loop.view")
+
+
+def build(name: str) -> tuple[Any, tuple[Any, ...]]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import zoo_models
+    by = {m.name: m for m in zoo_models.ZOO}
+    if name not in by:
+        raise SystemExit(f"cuda_kernel_census: no model {name!r} in benchmarks/zoo_models.py")
+    model, args = by[name].build(zoo_models.FULL)
+    model = model.eval().to(torch.bfloat16)
+    return model, tuple(a.to(torch.bfloat16) if a.is_floating_point() else a for a in args)
+
+
+def to_cuda(module: Any) -> Any:
+    """The module with every tensor of its graphs on cuda:0 (the IR only: no data moves)."""
+    from ember.ir import TensorType
+    for g in module.graphs.values():
+        for v in [*g.params, *(r for n in g.nodes for r in n.results)]:
+            if isinstance(v.type, TensorType):
+                v.type = dataclasses.replace(v.type, device="cuda:0")
+        for n in g.nodes:
+            if n.kwargs.get("device") == "cpu":
+                n.kwargs["device"] = "cuda:0"
+        g.result_types = [o.type for o in g.outputs]
+    return module
+
+
+def body_ops(m: Any, body: Any, ops: collections.Counter[str]) -> None:
+    """The computing ops of a kernel body, also those of the reductions it holds."""
+    from ember.ir import Ref
+    for n in body.nodes:
+        if n.op == "loop.reduce":
+            ops[f"reduce:{n.kwargs.get('reduction')}"] += 1
+            sub = m.items.get(n.args[0].name) if isinstance(n.args[0], Ref) else None
+            if sub is not None:
+                body_ops(m, sub, ops)
+        elif n.op != "loop.load":
+            ops[n.op.split(".", 1)[-1]] += 1
+
+
+def kernel_line(m: Any, n: Any) -> str:
+    from ember.ir import Ref
+    body = m.items[n.args[0].name] if isinstance(n.args[0], Ref) else None
+    ops: collections.Counter[str] = collections.Counter()
+    if body is not None:
+        body_ops(m, body, ops)
+    sched = ",".join(f"{k[5:]}={v}" for k, v in n.kwargs.items() if k.startswith("cuda_"))
+    outs = ",".join(f"%{r.name}" for r in n.results)
+    reads = sum(1 for a in n.args[1:] if hasattr(a, "type"))
+    text = " ".join(f"{op}x{c}" if c > 1 else op for op, c in sorted(ops.items()))
+    return (f"  {outs} = {n.op.split('.')[1]} {n.kwargs.get('ranges')} "
+            f"[{sched}] reads {reads}: {text}")
+
+
+def census(module: Any, pipeline: str) -> tuple[Any, list[Any], list[Any]]:
+    from ember.inductor.targets import top_graphs
+    from ember.ir.passes import run_pipeline
+    out = run_pipeline(module, pipeline)
+    nodes = [n for g in top_graphs(out) for n in g.nodes]
+    kernels = [n for n in nodes if n.op in KERNELS]
+    externs = [n for n in nodes if n.op == "loop.extern" and n.kwargs.get("op") not in VIEWS]
+    return out, kernels, externs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--kernels", action="store_true", help="one line per kernel")
+    ap.add_argument("--cpu", action="store_true", help="also the CPU target's kernel count")
+    ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
+    a = ap.parse_args()
+    import ember.inductor  # noqa: F401
+    from ember.capture import capture
+    from ember.inductor.targets.cpu import FRONT as CPU_FRONT
+    from ember.inductor.targets.cpu import INDUCTOR_CPU
+    from ember.inductor.targets.cuda import FRONT, register_cuda_target
+    register_cuda_target()
+    cuda_pl = f"{FRONT},{cuda_pipeline_upto_schedule()}"
+    for name in a.models.split(","):
+        model, args = build(name)
+        t0 = time.perf_counter()
+        c = capture(model, args, {})
+        module = getattr(c, "module", None)
+        if module is None:
+            print(f"{name}: not captured whole ({type(c).__name__})")
+            continue
+        cpu_module = module.clone()
+        out, kernels, externs = census(to_cuda(module), cuda_pl)
+        ex = collections.Counter(str(n.kwargs.get("op")) for n in externs)
+        line = (f"{name}: cuda {len(kernels)} Triton kernels, {len(externs)} externs "
+                f"({', '.join(f'{k} {v}' for k, v in ex.most_common())})")
+        if a.cpu:
+            cpl = f"{CPU_FRONT},{INDUCTOR_CPU.replace(',codegen-cpp,plan-buffers', '')}"
+            _, ck, cx = census(cpu_module, cpl)
+            line += f"; cpu {len(ck)} C++ kernels, {len(cx)} externs"
+        print(f"{line}  [{time.perf_counter() - t0:.1f} s]", flush=True)
+        if a.kernels:
+            for n in kernels:
+                print(kernel_line(out, n))
+        if a.dump:
+            Path(a.dump).mkdir(parents=True, exist_ok=True)
+            (Path(a.dump) / f"{name.replace('/', '_')}.ir").write_text(str(out))
+    return 0
+
+
+def cuda_pipeline_upto_schedule() -> str:
+    """The registered inductor-cuda pipeline's passes up to and including schedule-cuda."""
+    from ember.ir.passes import default_pass_registry
+    text = default_pass_registry().pipelines()["inductor-cuda"].text
+    passes = re.split(r",(?![^{]*})", text)  # commas outside a pass's {options}
+    passes = [p.strip() for p in passes]
+    end = next(i for i, p in enumerate(passes) if p.startswith("schedule-cuda"))
+    return ",".join(passes[:end + 1])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
