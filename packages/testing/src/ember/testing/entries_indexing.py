@@ -383,6 +383,20 @@ def _scan(draw: Draw, dtypes: Sequence[torch.dtype] = S.ALL) -> Sample:
     return Sample((x, S.dim_of(draw, x.dim())))
 
 
+@st.composite
+def _histc(draw: Draw) -> Sample:
+    """Float tensors (eager's CPU kernel has no integer histc); either a range of the data
+    (min == max: non-empty, finite values, as eager rejects an infinite range) or a drawn one,
+    which NaN and infinities fall outside of. Small enough for bf16's exact counts (<= 256)."""
+    bins = draw(st.integers(1, 8))
+    if draw(st.booleans()):
+        x = _tensor(draw, draw(S.shapes(1, 3, 5, allow_empty=False)), S.FLOATS, special=False)
+        return Sample((x, bins, 0, 0))
+    x = _tensor(draw, draw(S.shapes(0, 3, 5)), S.FLOATS)
+    lo = draw(st.sampled_from([-3.0, -1.5, 0.0, -2]))
+    return Sample((x, bins, lo, lo + draw(st.sampled_from([0.5, 1.0, 3.0, 4]))))
+
+
 def _ix(op: str, samples: Gen, **kw: Any) -> None:
     entry(op, samples, FAMILY, **kw)
 
@@ -409,6 +423,7 @@ _ix("aten.as_strided_scatter.default", lambda: _as_strided_scatter(), symbolic=F
 _ix("aten.sort.default", lambda: _sort(), compare=_compare_sort)
 _ix("aten.sort.stable", lambda: _sort_stable(), compare=_compare_sort)
 _ix("aten.topk.default", lambda: _topk(), compare=_compare_topk)
+_ix("aten.histc.default", lambda: _histc())
 _ix("aten.cummax.default", lambda: _scan())
 _ix("aten.cummin.default", lambda: _scan())
 _ix("aten.logcumsumexp.default", lambda: _scan(S.FLOATS),

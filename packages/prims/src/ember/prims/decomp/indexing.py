@@ -569,3 +569,58 @@ def logcumsumexp(ctx: DecompContext, self: Value, dim: int) -> Value:
     z = p("exp", p("sub", xs, t.spread_i(ctx, m)))
     r = p("add", p("log", p("sum", z, dims=[rank])), m)
     return ctx.convert(t.back(ctx, r), out)
+
+
+# ---- histc ----------------------------------------------------------------------------------
+
+
+@register_decomposition("aten.histc.default")
+def histc(ctx: DecompContext, self: Value, bins: int = 100, min: Any = 0, max: Any = 0
+          ) -> Value:
+    """Counts of self's elements in `bins` equal bins over [min, max], as eager's kernels: an
+    element x in range goes to bin trunc((x - min) * bins / (max - min)) (x == max to the
+    last), computed in self's dtype (floats) or i64 (integers, as the CUDA kernel); elements out
+    of range and NaN are not counted. min == max takes the data's extrema (one reduction each),
+    widened by 1 either side where they are equal too. One scatter_add of ones into `bins`
+    zeros: MoE routers count tokens per expert this way (transformers' grouped_mm experts)."""
+    dt = ctx.dtype(self)
+    if dt in (DType.b8, DType.u8) or not (dt.is_floating or dt.is_integer):
+        raise DecompositionError(f"{ctx.node.op}: histc of {dt.name} tensors")
+    if not isinstance(bins, int) or isinstance(bins, bool) or bins <= 0:
+        raise DecompositionError(f"{ctx.node.op}: bins must be a positive integer, got {bins!r}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (min, max)):
+        raise DecompositionError(f"{ctx.node.op}: min and max must be numbers (literals)")
+    n = ctx.numel(self)
+    dev = ctx.device(self)
+    comp = dt if dt.is_floating else I64
+    p = ctx.prim
+    x = ctx.convert(_reshape(ctx, self, [n]), comp)
+    lo: Any
+    hi: Any
+    if min == max and not (isinstance(n, int) and n == 0):  # the data's range
+        lo, hi = p("amin", x, dims=[0]), p("amax", x, dims=[0])
+        same = p("eq", lo, hi)
+        lo, hi = p("where", same, p("sub", lo, 1), lo), p("where", same, p("add", hi, 1), hi)
+        lo, hi = ctx.broadcast_to(lo, [n]), ctx.broadcast_to(hi, [n])
+        span: Any = p("sub", hi, lo)
+    else:
+        if min > max:
+            raise DecompositionError(f"{ctx.node.op}: max must be larger than min")
+        lo, hi = (min - 1, max + 1) if min == max else (min, max)
+        if dt.is_floating:  # the edges and their distance in self's dtype, as eager's
+            edges = [torch.tensor(v, dtype=dt.torch) for v in (lo, hi)]
+            lo, hi, span = float(edges[0]), float(edges[1]), float(edges[1] - edges[0])
+        else:  # the kernel's integer edges (a C++ conversion: toward zero)
+            lo, hi = int(lo), int(hi)
+            span = hi - lo
+    inside = p("bitwise_and", p("ge", x, lo), p("le", x, hi))  # False for NaN
+    xs = p("where", inside, x, lo)  # out-of-range values never reach the int conversion
+    if dt.is_floating:
+        pos = p("trunc", p("div", p("mul", p("sub", xs, lo), bins), span))
+        pos = ctx.convert(pos, I64)
+    else:  # i64: trunc division, and the operands are >= 0
+        pos = p("div", p("mul", p("sub", xs, lo), bins), span)
+    pos = p("minimum", pos, bins - 1)  # x == max: the last bin includes its right edge
+    ones = ctx.convert(inside, dt)  # 1 where counted
+    zeros = ctx.full([bins], _zero_of(dt), dt, dev)
+    return ctx.prim("scatter_add", zeros, pos, ones, dim=0)
