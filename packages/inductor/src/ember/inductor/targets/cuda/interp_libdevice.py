@@ -30,7 +30,10 @@ def _data(x: Any) -> Any:
 
 
 def _apply(fn: Callable[..., Any], *xs: Any) -> tl.core.tensor:
-    t = next(x for x in xs if isinstance(x, tl.core.tensor))
+    tensors = [x for x in xs if isinstance(x, tl.core.tensor)]
+    # the result has the block's shape: the widest operand (a scalar `tl.full([], ...)` may
+    # come first, as in remainder(1.0, x))
+    t = max(tensors, key=lambda x: x.handle.data.size)
     dt = t.handle.data.dtype
     with np.errstate(all="ignore"):  # inf/nan results are values here, as on the GPU
         out = np.asarray(fn(*[np.asarray(_data(x), dtype=dt) for x in xs]), dtype=dt)
