@@ -232,6 +232,16 @@ def relaunch(source: str, xblock: int, warps: int) -> str:
                   source)
 
 
+# XBLOCK x num_warps re-launches per case: rows kernels (rows per program), pointwise (elements
+# per program; 16-byte loads need 8 bf16 / 4 f32 elements per thread)
+VARIANTS: dict[str, tuple[tuple[int, int], ...]] = {
+    "rows": ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16)),
+    "row_sum": ((1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (8, 8), (8, 16)),
+    "pointwise": ((512, 4), (1024, 4), (1024, 8), (2048, 4), (2048, 8), (4096, 8),
+                  (4096, 16), (8192, 16)),
+}
+
+
 def run_variants(case: str, dtype: torch.dtype, source: str, copy_tbs: float
                  ) -> list[dict[str, Any]]:
     from ember.inductor.targets.cuda.codegen import load_triton
@@ -240,7 +250,7 @@ def run_variants(case: str, dtype: torch.dtype, source: str, copy_tbs: float
     want = KERNEL_CASES[case](*args)
     nbytes = moved_bytes(args, want)
     rows = []
-    for xblock, warps in ((1, 4), (1, 8), (1, 16), (2, 8), (2, 16), (4, 16)):
+    for xblock, warps in VARIANTS.get(case, VARIANTS["rows"]):
         src = relaunch(source, xblock, warps)
         k = Kernel("variant", "triton", src)
         row: dict[str, Any] = {"section": "variants", "case": case,
@@ -819,7 +829,7 @@ def main() -> int:
                 emit(row)
                 rows.append(row)
     if "variants" in sections:
-        for case in ("softmax", "layernorm_gelu"):
+        for case in ("softmax", "layernorm_gelu", "row_sum", "pointwise"):
             for dtype in (torch.float32, torch.bfloat16):
                 src = sources.get((case, dtype))
                 if src and elapsed() < a.budget:
