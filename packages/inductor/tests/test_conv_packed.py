@@ -174,3 +174,43 @@ def test_relu_max_needs_relu_and_a_bound() -> None:
     with pytest.raises(Exception, match="relu_max"):
         packed._operands([1, 2], {"scale": False, "bias": False, "relu": False,
                                   "relu_max": 6.0})
+
+
+CONV_SILU_CONV = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5]) {
+  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %n = prims.neg(%c1) : f32[2, 4, 6, 5]
+  %e = prims.exp(%n) : f32[2, 4, 6, 5]
+  %d = prims.add(1.0, %e) : f32[2, 4, 6, 5]
+  %s = prims.div(%c1, %d) : f32[2, 4, 6, 5]
+  %c2 = prims.convolution(%s, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %p = prims.add(%c2, 1.0) : f32[2, 4, 6, 5]
+  %q = prims.mul(%p, %p) : f32[2, 4, 6, 5]
+  %o = prims.add(%q, %p) : f32[2, 4, 6, 5]
+  return (%o)
+}
+"""
+
+
+def test_silu_folds_into_the_convolution_and_dead_conv_outputs_are_reused() -> None:
+    """SiLU as prims write it (y / (1 + exp(-y))) after a convolution read only by another
+    convolution runs inside the extern (torch's silu_, eager's kernel): no kernel writes a
+    new activation. plan-buffers hands a dead convolution output's storage to a later kernel."""
+    compiled = compile_module(parse(CONV_SILU_CONV))
+    nodes = compiled.graph().nodes
+    externs = [n for n in nodes if n.op == "kernels.extern"]
+    assert [(n.kwargs["op"], n.kwargs.get("silu")) for n in externs] \
+        == [("loop.conv2d_packed", True), ("loop.conv2d_packed", None)]
+    conv_out = {n.results[0] for n in externs}
+    reused = [v for n in nodes if n.op == "kernels.call" for v in n.kwargs.get("reuse", [])]
+    assert conv_out & set(reused), "a dead convolution output is reused"
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(s, generator=g) * 4
+                 for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 1, 2, 2] = float("inf")
+    x[1, 2, 4, 1] = -float("inf")
+    p = torch.conv2d(torch.nn.functional.silu(torch.conv2d(x, w1, padding=1)), w2) + 1
+    got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
+    torch.testing.assert_close(got, p * p + p, equal_nan=True)

@@ -11,8 +11,11 @@ buffer's storage instead of allocating).
 A buffer is dead after the last use of every value that may alias it: itself, `kernels.view`s
 of it, and the results of ops that may return a view of their operands (every extern whose
 op's record does not declare `aliasing="fresh"`, every op left to the reference). Only
-`kernels.call` outputs are reused (never graph inputs), never a buffer that a graph output may
-alias, and never by the node that reads it last (a kernel does not write where it reads).
+`kernels.call` outputs and the single result of a fresh extern (a convolution's output: the
+next activation kernel writes into it once it is dead, instead of into new memory) are reused
+(never graph inputs), never a buffer that a graph output may alias, and never by the node that
+reads it last (a kernel does not write where it reads). An extern result that is not
+contiguous at run time is not taken (launch.out_buffer allocates instead).
 """
 
 from __future__ import annotations
@@ -62,8 +65,17 @@ def _fresh_extern(n: Node, registry: OpRegistry) -> bool:
     return op is not None and op.fresh
 
 
+def _owned(n: Node, registry: OpRegistry) -> bool:
+    """The node's results are buffers of their own that plan-buffers may hand on: kernel
+    outputs, and the one result of a fresh extern (several results of one extern may be
+    views of one new storage)."""
+    return n.op == "kernels.call" or (n.op == "kernels.extern" and len(n.results) == 1
+                                      and _fresh_extern(n, registry))
+
+
 def _aliases(g: Graph) -> dict[Value, set[Value]]:
-    """Per value: the kernel-output buffers whose storage it may share."""
+    """Per value: the owned buffers (kernel outputs, fresh extern results) whose storage it
+    may share."""
     al: dict[Value, set[Value]] = {}
     registry = default_registry()
     for n in g.nodes:
@@ -73,8 +85,9 @@ def _aliases(g: Graph) -> dict[Value, set[Value]]:
         if not fresh:
             for v in _values(n):
                 src |= al.get(v, set())
+        own = _owned(n, registry)
         for r in n.results:
-            al[r] = {r} if n.op == "kernels.call" else set(src)
+            al[r] = {r} if own else set(src)
     return al
 
 
@@ -94,8 +107,9 @@ def plan_graph(g: Graph) -> int:
     al = _aliases(g)
     last = last_uses(g)
     # buffer -> its definition, then the last use of anything aliasing it
+    registry = default_registry()
     dies: dict[Value, float] = {r: i for i, n in enumerate(g.nodes) for r in n.results
-                                if n.op == "kernels.call"}
+                                if _owned(n, registry)}
     for v, bufs in al.items():
         for b in bufs:
             dies[b] = max(dies.get(b, -1), last.get(v, -1))

@@ -51,7 +51,7 @@ from ember.ir.passes import register_pass
 from ember.prims import PRIMS_BY_OP
 
 CONV_OP = "loop.conv2d"
-_OWN_KW = ("steps", "relu", "relu_max")  # the rest are prims.convolution's attributes
+_OWN_KW = ("steps", "relu", "relu_max", "silu")  # the rest are prims.convolution's attributes
 
 
 def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
@@ -165,6 +165,8 @@ def _rewrite(g: Graph) -> None:
                               **n.kwargs}
         if epi is not None and epi.relu_max is not None:  # ReLU6: clamp(y, 0, relu_max)
             kw["relu_max"] = epi.relu_max
+        if epi is not None and epi.silu:
+            kw["silu"] = True
         fused = Node(CONV_OP, [n.args[0], n.args[1], *(u for _, u in steps)], kw,
                      list(last.results), n.loc, n.pos)
         for r in fused.results:
@@ -202,7 +204,16 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
     if not isinstance(kw.get("relu", False), bool):
         raise OpTypeError(f"{CONV_OP}: relu= is true or false")
     relu_max(kw, CONV_OP)
+    silu(kw, CONV_OP)
     return [t]
+
+
+def silu(kw: Mapping[str, Any], op: str) -> bool:
+    """`silu=true`: the result is y / (1 + exp(-y)) (never with relu=true)."""
+    s = kw.get("silu", False)
+    if s.__class__ is not bool or (s and kw.get("relu")):
+        raise OpTypeError(f"{op}: silu= is true or false, and not with relu=true")
+    return bool(s)
 
 
 def relu_max(kw: Mapping[str, Any], op: str) -> float | None:
@@ -230,6 +241,8 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     hi = relu_max(kw, CONV_OP)
     if hi is not None:
         return torch.clamp(y, 0.0, hi)  # keeps NaN, as max(., 0) then min(., hi) do
+    if silu(kw, CONV_OP):
+        return torch.nn.functional.silu(y)
     return torch.relu(y) if kw.get("relu") else y
 
 
@@ -273,12 +286,14 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
     steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
     if steps:
         args = _fold_epilogue(lw, res.name, steps, args, int(t.shape[1]))
-    relu = bool(n.kwargs.get("relu"))  # done by _relu_nhwc, never by oneDNN's post-op
+    # done by _relu_nhwc, never by oneDNN's post-op
+    relu = bool(n.kwargs.get("relu")) or silu(n.kwargs, CONV_OP)
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
     if relu:
-        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP))
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP),
+                         silu(n.kwargs, CONV_OP))
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
@@ -298,7 +313,8 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     channels = int(t.shape[1])
     scale = any(op in ("prims.mul", "prims.div") for op, _ in steps)
     shift = any(op in ("prims.add", "prims.sub") for op, _ in steps)
-    relu = bool(n.kwargs.get("relu"))
+    act = silu(n.kwargs, CONV_OP)
+    relu = bool(n.kwargs.get("relu")) or act
     readers = [m for m in lw.g.nodes if res in m.operands()]
     inside = relu and res not in lw.g.outputs and bool(readers) \
         and all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
@@ -316,25 +332,35 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     hi = relu_max(n.kwargs, CONV_OP)
     if inside and hi is not None:  # ReLU6 in place too (torch.clamp_, NaN kept)
         kw["relu_max"] = hi
+    if act:  # SiLU in place inside (torch's silu_), else the prims in a kernel
+        kw["relu"] = False
+        kw["silu"] = inside
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     separate = relu and not inside
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if separate else f"{res.name}.nhwc"],
                     loc=n.loc)[0]
     if separate:
-        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", hi)
+        out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", hi, act)
     i = [ivar(k) for k in range(4)]
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
-def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | None = None
-               ) -> Value:
+def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | None = None,
+               act_silu: bool = False) -> Value:
     """ReLU (then min(., hi) where hi is given: ReLU6) of the NHWC result by ember's own
     kernel, not oneDNN's post-op: that one computes max(y, 0) with NaN mapped to 0, where
     torch.relu(NaN) is NaN (BatchNorm with a negative running variance). prims.maximum and
-    prims.minimum render NaN-propagating; a pointwise consumer fuses the kernel."""
+    prims.minimum render NaN-propagating; a pointwise consumer fuses the kernel. With
+    act_silu, SiLU instead: y / (1 + exp(-y)), as the prims wrote it."""
     bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
     v = bb.load(y, [ivar(k) for k in range(4)])
+    if act_silu:
+        e = bb.b.op("prims.exp", [bb.b.op("prims.neg", [v], {}, name=f"{name}.neg")], {},
+                    name=f"{name}.exp")
+        d = bb.b.op("prims.add", [1.0, e], {}, name=f"{name}.den")
+        return lw.kernel("loop.pointwise", bb, bb.b.op("prims.div", [v, d], {}, name=name),
+                         {"ranges": list(t.shape)}, t, name)
     r = bb.b.op("prims.maximum", [v, 0.0], {}, name=name if hi is None else f"{name}.relu")
     if hi is not None:
         r = bb.b.op("prims.minimum", [r, hi], {}, name=name)
@@ -375,11 +401,19 @@ def _affine(lw: _Lowering, name: str, steps: list[tuple[str, Arg]], channels: in
             u = bb.load(buf, idx)
         elif isinstance(u, int):
             u = float(u)  # as epilogue.py reads a number operand
+
+        def full(v: Any, u: Any, which: str) -> Any:
+            """An f32 value for a number where the step's operand is a number too (prims
+            take one tensor operand at least: conv + 1.0 as the first step)."""
+            if isinstance(v, Value) or isinstance(u, Value):
+                return v
+            return bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,
+                                              "device": "cpu"}, name=f"{name}.{which}0")
         if op in ("prims.add", "prims.sub"):
-            b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+            b = bb.b.op(op, [full(b, u, "b"), u], {}, name=f"{name}.b")
         else:
-            a = bb.b.op(op, [a, u], {}, name=f"{name}.a")
-            b = bb.b.op(op, [b, u], {}, name=f"{name}.b")
+            a = bb.b.op(op, [full(a, u, "a"), u], {}, name=f"{name}.a")
+            b = bb.b.op(op, [full(b, u, "b"), u], {}, name=f"{name}.b")
     v = a if which == "a" else b
     if not isinstance(v, Value):
         v = bb.b.op("prims.full", [], {"shape": [], "value": v, "dtype": DType.f32,

@@ -14,6 +14,8 @@ the weight's version each call. Folding rounds differently from the unfolded cha
 TorchInductor's freezing does): within f32 tolerances. A ReLU followed by min(., c) (ReLU6,
 hardtanh(0, c)) folds too, as `relu_max=c`: a clamp to [0, c] that keeps NaN (torch.clamp_
 inside the extern, or the max/min kernel), never oneDNN's hardtanh post-op, which drops NaN.
+So does SiLU, y / (1 + exp(-y)) (`silu=true`: torch's silu_ inside the extern, eager's own
+kernel, or the same prims in a kernel).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Epilogue:
     steps: list[tuple[str, Operand]] = field(default_factory=list)  # y = y <op> operand
     relu: bool = False
     relu_max: float | None = None  # ReLU6-like: min(relu(y), relu_max) after the ReLU
+    silu: bool = False  # y / (1 + exp(-y)) instead of a ReLU
     chain: list[Node] = field(default_factory=list)  # the nodes folded, in order
 
     @property
@@ -72,10 +75,40 @@ def _clamp_max(relu: Node, readers: dict[Value, list[Node]], outputs: set[Value]
     return float(c)
 
 
+def _silu(y: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> list[Node]:
+    """The nodes of SiLU as prims write it, y / (1 + exp(-y)) (neg, exp, add, div: y read by
+    the neg and the div, each other value by the next node only), or []."""
+    rs = readers.get(y, [])
+    if len(rs) != 2:
+        return []
+    neg = next((r for r in rs if r.op == "prims.neg" and r.args == [y] and not r.kwargs), None)
+    div = next((r for r in rs if r.op == "prims.div" and len(r.args) == 2 and r.args[0] is y
+                and not r.kwargs), None)
+    chain = [neg]
+    for op in ("prims.exp", "prims.add"):
+        prev = chain[-1]
+        v = prev.results[0] if prev is not None and len(prev.results) == 1 else None
+        nxt = readers.get(v, []) if v is not None and v not in outputs else []
+        r = nxt[0] if len(nxt) == 1 else None
+        if r is None or r.op != op or r.kwargs or r.results[0].type != y.type:
+            return []
+        one = [a for a in r.args if a is not v] if op == "prims.add" else [1.0]
+        if len(one) != 1 or not isinstance(one[0], (int, float)) or isinstance(one[0], bool) \
+                or one[0] != 1:
+            return []
+        chain.append(r)
+    last = chain[-1]
+    assert last is not None
+    if div is None or div.args[1] is not last.results[0] or last.results[0] in outputs \
+            or readers.get(last.results[0]) != [div] or div.results[0].type != y.type:
+        return []
+    return [n for n in [*chain, div] if n is not None]
+
+
 def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
     """Each f32 2-d convolution whose result feeds, through single-reader nodes that are not
     graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)
-    (and then min(., c): ReLU6)."""
+    (and then min(., c): ReLU6) or by SiLU."""
     readers: dict[Value, list[Node]] = {}
     defs: dict[Value, Node] = {}
     for n in g.nodes:
@@ -92,7 +125,14 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
             continue
         epi = Epilogue(n)
         cur = n.results[0]
-        while cur not in outputs and len(readers.get(cur, [])) == 1:
+        while cur not in outputs:
+            silu = _silu(cur, readers, outputs)
+            if silu:
+                epi.silu = True
+                epi.chain += silu
+                break
+            if len(readers.get(cur, [])) != 1:
+                break
             r = readers[cur][0]
             if len(r.args) != 2 or r.results[0].type != cur.type or r.kwargs:
                 break

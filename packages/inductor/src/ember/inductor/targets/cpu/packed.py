@@ -10,7 +10,8 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
                      relu=false, stride=, padding=, dilation=, groups=) : f32[N, H, W, O]
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
-relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
+relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6; silu=true:
+torch's silu_, eager's own SiLU kernel), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
 weight dies) while the weight's version counter and data pointer stay the same (the
 packed-from storage is held, so a freed storage's address cannot come back under
 `w.data = ...`), under the input's size, the convolution's attributes and the bytes of `a`
@@ -82,10 +83,12 @@ def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any
     hi = kw.get("relu_max")
     if scale.__class__ is not bool or bias.__class__ is not bool \
             or relu.__class__ is not bool or len(args) != 2 + scale + bias \
-            or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)):
+            or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)) \
+            or kw.get("silu", False).__class__ is not bool or (relu and kw.get("silu")):
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
-                          f"are true or false; relu_max=, with relu=true, a float >= 0)")
+                          f"are true or false; relu_max=, with relu=true, a float >= 0; silu= true or "
+                          f"false, not with relu=true)")
     rest = list(args[2:])
     a = rest.pop(0) if kw.get("scale") else None
     b = rest.pop(0) if kw.get("bias") else None
@@ -164,12 +167,14 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         y = torch.clamp_(y, 0.0, hi)
     elif kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
         y = torch.relu_(y)
+    elif kw.get("silu"):
+        y = torch.nn.functional.silu(y, inplace=True)
     return y.permute(0, 2, 3, 1).contiguous()
 
 
 PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIHW weight "
                      "scaled per output channel (scale=true: a [O] operand) plus a bias "
-                     "(bias=true), relu= (relu_max=: a clamp to [0, relu_max]); oneDNN's "
+                     "(bias=true), relu= (relu_max=: a clamp to [0, relu_max]) or silu=; oneDNN's "
                      "packed weight cached on the weight (an extern's op; NHWC result)", _infer, _run, aliasing="fresh")
 if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
