@@ -1,4 +1,4 @@
-"""New bytecode for graph breaks: the break function and resume functions (3.11 and 3.12).
+"""New bytecode for graph breaks: the break function and resume functions (3.11 to 3.13).
 
 Built with the `bytecode` assembler (it encodes jumps, the exception table, the line table and
 the stack size for the running Python). Two kinds of code objects are made:
@@ -69,11 +69,15 @@ def abstract(code: types.CodeType) -> tuple[Bytecode, list[int]]:
     return bc, pos
 
 
-def _call(n: int, lineno: int) -> list[Instr]:
-    """CALL with n arguments over [NULL, callable, args...]."""
+def _call(fn: Instr, args: list[Instr], lineno: int) -> list[Instr]:
+    """A plain call: load the callable with `fn` and its arguments with `args`, then CALL.
+    The NULL that marks a plain call goes below the callable (3.11, 3.12) or above it (3.13)."""
+    null = Instr("PUSH_NULL", lineno=lineno)
+    out = [fn, null] if PY_VERSION >= (3, 13) else [null, fn]
+    out += args
     if PY_VERSION < (3, 12):
-        return [Instr("PRECALL", n, lineno=lineno), Instr("CALL", n, lineno=lineno)]
-    return [Instr("CALL", n, lineno=lineno)]
+        out.append(Instr("PRECALL", len(args), lineno=lineno))
+    return out + [Instr("CALL", len(args), lineno=lineno)]
 
 
 def _push_slot(slot: Slot, name: str, lineno: int) -> list[Instr]:
@@ -84,10 +88,8 @@ def _push_slot(slot: Slot, name: str, lineno: int) -> list[Instr]:
     if slot.kind == "iter":
         return [Instr("LOAD_FAST", name, lineno=lineno), Instr("GET_ITER", lineno=lineno)]
     if slot.kind == "ctx":
-        out = [Instr("PUSH_NULL", lineno=lineno),
-               Instr("LOAD_CONST", _const(slot.factory), lineno=lineno)]
-        out += [Instr("LOAD_CONST", _const(a), lineno=lineno) for a in slot.args]
-        out += _call(len(slot.args), lineno)
+        out = _call(Instr("LOAD_CONST", _const(slot.factory), lineno=lineno),
+                    [Instr("LOAD_CONST", _const(a), lineno=lineno) for a in slot.args], lineno)
         return out + [Instr("BEFORE_WITH", lineno=lineno), Instr("POP_TOP", lineno=lineno)]
     raise AssertionError(slot.kind)
 
@@ -182,6 +184,10 @@ def break_code(code: types.CodeType, plan: BreakPlan, name: str) -> types.CodeTy
         src = bc_orig[pos[idx]]
         assert isinstance(src, Instr)
         if src.name in COND_JUMPS:
+            if PY_VERSION >= (3, 13) and src.name in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE"):
+                # 3.13's jumps take exact bools: the value consumed is the one before TO_BOOL
+                # (opcodes.control.to_bool leaves it to the jump)
+                out.append(Instr("TO_BOOL", lineno=lineno))
             out.append(Instr(src.name, jump_label, lineno=lineno))
         else:
             out.append(Instr(src.name, src.arg, lineno=lineno) if src.require_arg()
@@ -193,10 +199,9 @@ def break_code(code: types.CodeType, plan: BreakPlan, name: str) -> types.CodeTy
             out += _set_grad(plan.restore, lineno)
         res = [f"___res{k}_{i}" for i in range(plan.outs[k])]
         out += [Instr("STORE_FAST", r, lineno=lineno) for r in reversed(res)]
-        out += [Instr("PUSH_NULL", lineno=lineno), Instr("LOAD_FAST", resumes[k], lineno=lineno)]
         args = lower + res + locs
-        out += [Instr("LOAD_FAST", a, lineno=lineno) for a in args]
-        out += _call(len(args), lineno)
+        out += _call(Instr("LOAD_FAST", resumes[k], lineno=lineno),
+                     [Instr("LOAD_FAST", a, lineno=lineno) for a in args], lineno)
         out.append(Instr("RETURN_VALUE", lineno=lineno))
     bc = Bytecode(out)
     bc.argnames = resumes + consumed + lower + locs
@@ -210,9 +215,8 @@ def break_code(code: types.CodeType, plan: BreakPlan, name: str) -> types.CodeTy
 
 def _set_grad(mode: bool, lineno: int) -> list[Instr]:
     # torch.set_grad_enabled(mode) switches the mode when constructed (not only as a context)
-    return [Instr("PUSH_NULL", lineno=lineno),
-            Instr("LOAD_CONST", _const(torch.set_grad_enabled), lineno=lineno),
-            Instr("LOAD_CONST", mode, lineno=lineno), *_call(1, lineno),
+    return [*_call(Instr("LOAD_CONST", _const(torch.set_grad_enabled), lineno=lineno),
+                   [Instr("LOAD_CONST", mode, lineno=lineno)], lineno),
             Instr("POP_TOP", lineno=lineno)]
 
 

@@ -67,7 +67,9 @@ _SIMPLE: dict[str, tuple[int, int]] = {
     "BINARY_OP": (2, 1), "BINARY_SUBSCR": (2, 1), "COMPARE_OP": (2, 1), "CONTAINS_OP": (2, 1),
     "IS_OP": (2, 1), "UNARY_NEGATIVE": (1, 1), "UNARY_NOT": (1, 1), "UNARY_INVERT": (1, 1),
     "STORE_SUBSCR": (3, 0), "STORE_ATTR": (2, 0), "GET_ITER": (1, 1), "BINARY_SLICE": (3, 1),
+    "TO_BOOL": (1, 1),  # 3.13, where no jump follows (`not t`)
 }
+_CALLS = ("CALL", "CALL_KW")  # CALL_KW: 3.13's call with keywords (names on the stack)
 _GRAD_CTX = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
@@ -108,7 +110,7 @@ def find_site(code: types.CodeType, e: CaptureUnhandled) -> Site | None:
     instrs = code_info(code).instrs
     end = start = e.top_index
     op = instrs[end].opname
-    if op == "CALL":
+    if op in _CALLS:
         while start > 0 and instrs[start - 1].opname in ("PRECALL", "KW_NAMES"):
             start -= 1
     elif not (op in _SIMPLE or op in bg.COND_JUMPS or op == "CALL_FUNCTION_EX"
@@ -128,6 +130,8 @@ def _effect(ins: Any) -> tuple[int, tuple[int, ...]]:
     op = ins.opname
     if op == "CALL":
         return ins.arg + 2, (1,)
+    if op == "CALL_KW":
+        return ins.arg + 3, (1,)
     if op == "CALL_FUNCTION_EX":
         return 3 + (ins.arg & 1), (1,)
     if op in bg.COND_JUMPS:
@@ -171,7 +175,7 @@ def split(tx: Tracer, frame: Frame, fn: types.FunctionType, site: Site, un: Unha
             consumed_kinds.append("null")
             continue
         consumed_kinds.append("value")
-        if last.opname == "CALL" and _is_callee(consumed_vars, i) and _wrappable(v):
+        if last.opname in _CALLS and _is_callee(consumed_vars, i) and _wrappable(v):
             wrap.append(len(call_args))
         call_args.append(specs.value(v))
     lower_slots: list[bg.Slot] = []
@@ -261,8 +265,9 @@ def _slot(v: Var) -> bg.Slot:
 
 
 def _is_callee(consumed: list[Var], i: int) -> bool:
-    """Stack [NULL, callable, args...] or [function, self, args...]: the callable's position."""
-    return i == (1 if isinstance(consumed[0], NullVar) else 0)
+    """Stack [NULL, callable, args...] (3.11, 3.12), [callable, NULL, args...] (3.13) or
+    [function, self, args...]: the callable's position."""
+    return i == (1 if PY_VERSION < (3, 13) and isinstance(consumed[0], NullVar) else 0)
 
 
 def _wrappable(v: Var) -> bool:
@@ -278,6 +283,7 @@ def _wrappable(v: Var) -> bool:
 
 # -- liveness -------------------------------------------------------------------------------
 _READS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST")
+_PAIRS = ("LOAD_FAST_LOAD_FAST", "STORE_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST")
 _ENDS = ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE", "JUMP_FORWARD",
          "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT")
 
@@ -311,6 +317,14 @@ def _live_in(info: CodeInfo) -> list[set[str]]:
                 out = out - {ins.argval}
             elif ins.opname in _READS:
                 out = out | {ins.argval}
+            elif ins.opname in _PAIRS:  # 3.13's superinstructions: argval is (first, second)
+                first, second = ins.argval
+                if ins.opname == "LOAD_FAST_LOAD_FAST":
+                    out = out | {first, second}
+                elif ins.opname == "STORE_FAST_STORE_FAST":
+                    out = out - {first, second}
+                else:  # STORE_FAST_LOAD_FAST: stores first, then reads second
+                    out = (out | {second}) - {first}
             if out != live[i]:
                 live[i] = out
                 changed = True

@@ -15,16 +15,23 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.frame import PY_VERSION, Frame, Instr
+from ember.capture.variables import NULL, MethodVar, NullVar, Var
 
 if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
 
 PY311 = (3, 11)
 PY312 = (3, 12)
-ALL = frozenset({PY311, PY312})
+PY313 = (3, 13)
+ALL = frozenset({PY311, PY312, PY313})
 SUPPORTED = tuple(sorted(ALL))  # the Pythons with an opcode table
 ONLY_311 = frozenset({PY311})
-ONLY_312 = frozenset({PY312})  # the 3.12-only code paths: search for ONLY_312 to review them
+ONLY_312 = frozenset({PY312})
+ONLY_313 = frozenset({PY313})  # the 3.13-only code paths: search for ONLY_313 to review them
+SINCE_312 = frozenset({PY312, PY313})  # opcodes 3.12 introduced that 3.13 kept
+UNTIL_312 = frozenset({PY311, PY312})  # opcodes 3.13 removed (or made pseudo-instructions)
+# 3.13 moved the NULL of a plain call after the callable: `callable, NULL|self, args`.
+NULL_AFTER_CALLABLE = PY_VERSION >= PY313
 
 # A handler returns None to continue, or a Return to end the frame.
 Handler = Callable[["Tracer", Frame, Instr], Any]
@@ -100,6 +107,25 @@ def table(version: tuple[int, int] = PY_VERSION) -> dict[str, Handler]:
             raise AssertionError(f"opcode handlers for names this Python does not have: "
                                  f"{', '.join(unknown)}")
     return out
+
+
+def push_with_null(frame: Frame, v: Var) -> None:
+    """Push a callable with the NULL that marks a plain (not a method) call: below it on 3.11
+    and 3.12, above it on 3.13."""
+    if NULL_AFTER_CALLABLE:
+        frame.push(v)
+        frame.push(NULL)
+    else:
+        frame.push(NULL)
+        frame.push(v)
+
+
+def callee(first: Var, second: Var) -> Var:
+    """What CALL calls, from the two stack slots below its arguments (bottom first)."""
+    if NULL_AFTER_CALLABLE:  # 3.13: [callable, NULL] or [method, self]
+        return first if isinstance(second, NullVar) else MethodVar(first, second)
+    # 3.11, 3.12: [NULL, callable] or [method, self]
+    return second if isinstance(first, NullVar) else MethodVar(first, second)
 
 
 def registered() -> dict[tuple[str, tuple[int, int]], Handler]:

@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING
 from ember.capture.attrs import getattr_var, setattr_var
 from ember.capture.errors import unhandled
 from ember.capture.frame import Frame, Instr
-from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, handler
-from ember.capture.variables import NULL, ConstVar, MethodVar, SuperVar, Var
+from ember.capture.opcodes import ALL, ONLY_311, SINCE_312, handler, push_with_null
+from ember.capture.variables import ConstVar, MethodVar, SuperVar, Var
 
 if TYPE_CHECKING:
     from ember.capture.tracer import Tracer
 
 
 def _push_method(frame: Frame, attr: Var) -> None:
-    """The method-call form: [function, self] for a bound method, else [NULL, attribute]."""
+    """The method-call form: [function, self] for a bound method, else the attribute with its
+    NULL ([NULL, attribute] before 3.13, [attribute, NULL] on 3.13)."""
     if isinstance(attr, MethodVar):
         frame.push(attr.func)
         frame.push(attr.obj)
     else:
-        frame.push(NULL)
-        frame.push(attr)
+        push_with_null(frame, attr)
 
 
 @handler("LOAD_ATTR", versions=ONLY_311)
@@ -35,9 +35,9 @@ def load_method(tx: Tracer, frame: Frame, inst: Instr) -> None:
     _push_method(frame, getattr_var(tx, frame.pop(), inst.argval))
 
 
-@handler("LOAD_ATTR", versions=ONLY_312)
+@handler("LOAD_ATTR", versions=SINCE_312)
 def load_attr_312(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    # 3.12: the low bit of the argument selects the method form (LOAD_METHOD is gone).
+    # 3.12, 3.13: the low bit of the argument selects the method form (LOAD_METHOD is gone).
     assert inst.arg is not None
     attr = getattr_var(tx, frame.pop(), inst.argval)
     if inst.arg & 1:
@@ -46,9 +46,9 @@ def load_attr_312(tx: Tracer, frame: Frame, inst: Instr) -> None:
         frame.push(attr)
 
 
-@handler("LOAD_SUPER_ATTR", versions=ONLY_312)
+@handler("LOAD_SUPER_ATTR", versions=SINCE_312)
 def load_super_attr(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    # 3.12: super().name (and super(C, self).name) without building the super object:
+    # 3.12, 3.13: super().name (and super(C, self).name) without building the super object:
     # stack [super, class, self]; bit 0: method form; bit 1: the two-argument form.
     assert inst.arg is not None
     obj, cls, sup = frame.pop(), frame.pop(), frame.pop()

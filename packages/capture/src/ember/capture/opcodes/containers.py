@@ -8,7 +8,7 @@ from ember.capture.builtins import iterate
 from ember.capture.containers import mutate, update_dict
 from ember.capture.errors import UserError, unhandled
 from ember.capture.frame import Frame, Instr
-from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, handler
+from ember.capture.opcodes import ALL, ONLY_311, SINCE_312, handler
 from ember.capture.variables import (
     ConstVar,
     DictVar,
@@ -145,9 +145,9 @@ INTRINSIC_UNARY_POSITIVE = 5
 INTRINSIC_LIST_TO_TUPLE = 6
 
 
-@handler("CALL_INTRINSIC_1", versions=ONLY_312)
+@handler("CALL_INTRINSIC_1", versions=SINCE_312)
 def call_intrinsic_1(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    # 3.12: a few former opcodes became intrinsics (numbering from CPython's pycore_intrinsics.h).
+    # 3.12+: a few former opcodes became intrinsics (numbering from CPython's pycore_intrinsics.h).
     import operator
 
     from ember.capture import pyops

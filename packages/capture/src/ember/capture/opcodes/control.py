@@ -9,7 +9,7 @@ from ember.capture import contexts, pyops
 from ember.capture.errors import unhandled
 from ember.capture.frame import PY_VERSION, Frame, Instr
 from ember.capture.mro import lookup_type_attr
-from ember.capture.opcodes import ALL, ONLY_311, ONLY_312, handler
+from ember.capture.opcodes import ALL, ONLY_311, ONLY_313, PY313, SINCE_312, handler
 from ember.capture.variables import (
     ConstVar,
     ContextVar,
@@ -49,13 +49,32 @@ def _pop_jump(tx: Tracer, frame: Frame, inst: Instr) -> None:
         frame.jump(inst.argval)
 
 
-# 3.11 has forward and backward forms; 3.12 has one form per condition.
+# 3.11 has forward and backward forms; 3.12 and 3.13 have one form per condition.
 handler("POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_NONE",
         "POP_JUMP_FORWARD_IF_NOT_NONE", "POP_JUMP_BACKWARD_IF_TRUE",
         "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_NONE",
         "POP_JUMP_BACKWARD_IF_NOT_NONE", versions=ONLY_311)(_pop_jump)
 handler("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_NONE", "POP_JUMP_IF_NOT_NONE",
-        versions=ONLY_312)(_pop_jump)
+        versions=SINCE_312)(_pop_jump)
+
+
+def next_is_truth_jump(frame: Frame) -> bool:
+    """Whether the next instruction (past EXTENDED_ARGs) is POP_JUMP_IF_TRUE/FALSE."""
+    instrs = frame.info.instrs
+    i = frame.index
+    while i < len(instrs) and instrs[i].opname == "EXTENDED_ARG":
+        i += 1
+    return i < len(instrs) and instrs[i].opname in ("POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE")
+
+
+@handler("TO_BOOL", versions=ONLY_313)
+def to_bool(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    # 3.13: bool(v) before POP_JUMP_IF_* (which then take exact bools) and UNARY_NOT. Before
+    # a jump the value stays as it is and the jump decides its truth, as on 3.12: a branch on a
+    # tensor then breaks the graph at the jump, whose break function converts it again.
+    if next_is_truth_jump(frame):
+        return
+    frame.push(ConstVar(pyops.truth(tx, frame.pop())))
 
 
 @handler("JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP", versions=ONLY_311)
@@ -86,10 +105,13 @@ def for_iter(tx: Tracer, frame: Frame, inst: Instr) -> None:
     frame.pop()
     frame.jump(inst.argval)
     if PY_VERSION >= (3, 12):
-        # 3.12: exhaustion continues after the END_FOR that closes the loop.
-        nxt = frame.info.instrs[frame.index]
-        if nxt.opname == "END_FOR":
+        # 3.12: exhaustion continues after the END_FOR that closes the loop; 3.13: after the
+        # END_FOR and the POP_TOP that follows it (the iterator is popped already).
+        instrs = frame.info.instrs
+        if instrs[frame.index].opname == "END_FOR":
             frame.index += 1
+            if PY_VERSION >= PY313 and instrs[frame.index].opname == "POP_TOP":
+                frame.index += 1
 
 
 @handler("BEFORE_WITH", versions=ALL)

@@ -6,9 +6,17 @@ import sys
 from typing import TYPE_CHECKING
 
 from ember.capture.errors import UserError, unhandled
-from ember.capture.frame import Frame, Instr
+from ember.capture.frame import PY_VERSION, Frame, Instr
 from ember.capture.guards import Guard, GuardKind
-from ember.capture.opcodes import ALL, ONLY_312, handler
+from ember.capture.opcodes import (
+    ALL,
+    ONLY_313,
+    PY313,
+    SINCE_312,
+    UNTIL_312,
+    handler,
+    push_with_null,
+)
 from ember.capture.sources import ConstantSource, GlobalSource
 from ember.capture.variables import NULL, Cell, CellRefVar, ConstVar, NullVar, Var
 
@@ -21,20 +29,57 @@ def load_const(tx: Tracer, frame: Frame, inst: Instr) -> None:
     frame.push(ConstVar(inst.argval))
 
 
-@handler("LOAD_FAST", versions=ALL)
-def load_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    v = frame.locals.get(inst.argval)
+def _load_local(frame: Frame, name: str) -> Var:
+    code = frame.code
+    if PY_VERSION >= PY313 and (name in code.co_cellvars or name in code.co_freevars):
+        # 3.13: LOAD_CLOSURE became a LOAD_FAST of the cell itself (before MAKE_FUNCTION)
+        return _cell_ref(frame, name)
+    v = frame.locals.get(name)
     if v is None:
         raise UserError(UnboundLocalError(
-            f"local variable {inst.argval!r} referenced before assignment"))
-    frame.push(v)
+            f"local variable {name!r} referenced before assignment"))
+    return v
 
 
-# 3.12: LOAD_FAST_CHECK is LOAD_FAST where the compiler could not prove the local is bound.
-handler("LOAD_FAST_CHECK", versions=ONLY_312)(load_fast)
+def _store_local(frame: Frame, name: str, v: Var) -> None:
+    if isinstance(v, NullVar):  # 3.12+: restoring a local that was unbound
+        frame.locals.pop(name, None)
+    else:
+        frame.locals[name] = v
 
 
-@handler("LOAD_FAST_AND_CLEAR", versions=ONLY_312)
+@handler("LOAD_FAST", versions=ALL)
+def load_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    frame.push(_load_local(frame, inst.argval))
+
+
+# 3.12+: LOAD_FAST_CHECK is LOAD_FAST where the compiler could not prove the local is bound.
+handler("LOAD_FAST_CHECK", versions=SINCE_312)(load_fast)
+
+
+# 3.13's superinstructions: argval names the two locals, in the order they are used.
+@handler("LOAD_FAST_LOAD_FAST", versions=ONLY_313)
+def load_fast_load_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    first, second = inst.argval
+    frame.push(_load_local(frame, first))
+    frame.push(_load_local(frame, second))
+
+
+@handler("STORE_FAST_LOAD_FAST", versions=ONLY_313)
+def store_fast_load_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    first, second = inst.argval
+    _store_local(frame, first, frame.pop())
+    frame.push(_load_local(frame, second))
+
+
+@handler("STORE_FAST_STORE_FAST", versions=ONLY_313)
+def store_fast_store_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    first, second = inst.argval
+    _store_local(frame, first, frame.pop())
+    _store_local(frame, second, frame.pop())
+
+
+@handler("LOAD_FAST_AND_CLEAR", versions=SINCE_312)
 def load_fast_and_clear(tx: Tracer, frame: Frame, inst: Instr) -> None:
     # 3.12 (PEP 709, inlined comprehensions): save a local (NULL when unbound) and unbind it.
     frame.push(frame.locals.pop(inst.argval, NULL))
@@ -42,11 +87,7 @@ def load_fast_and_clear(tx: Tracer, frame: Frame, inst: Instr) -> None:
 
 @handler("STORE_FAST", versions=ALL)
 def store_fast(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    v = frame.pop()
-    if isinstance(v, NullVar):  # 3.12: restoring a local that was unbound
-        frame.locals.pop(inst.argval, None)
-    else:
-        frame.locals[inst.argval] = v
+    _store_local(frame, inst.argval, frame.pop())
 
 
 @handler("DELETE_FAST", versions=ALL)
@@ -74,9 +115,10 @@ def load_global_value(tx: Tracer, frame: Frame, name: str) -> Var:
 def load_global(tx: Tracer, frame: Frame, inst: Instr) -> None:
     assert inst.arg is not None
     v = load_global_value(tx, frame, inst.argval)
-    if inst.arg & 1:
-        frame.push(NULL)
-    frame.push(v)
+    if inst.arg & 1:  # the callable of a call: with its NULL (below it before 3.13, above after)
+        push_with_null(frame, v)
+    else:
+        frame.push(v)
 
 
 @handler("STORE_GLOBAL", versions=ALL)
@@ -94,12 +136,16 @@ def copy_free_vars(tx: Tracer, frame: Frame, inst: Instr) -> None:
     return None  # the frame's free-variable cells were set up when it was made
 
 
-@handler("LOAD_CLOSURE", versions=ALL)
-def load_closure(tx: Tracer, frame: Frame, inst: Instr) -> None:
-    cell = frame.cells.get(inst.argval)
+def _cell_ref(frame: Frame, name: str) -> CellRefVar:
+    cell = frame.cells.get(name)
     if cell is None:
-        cell = frame.cells[inst.argval] = Cell(None)
-    frame.push(CellRefVar(cell))
+        cell = frame.cells[name] = Cell(None)
+    return CellRefVar(cell)
+
+
+@handler("LOAD_CLOSURE", versions=UNTIL_312)  # 3.13: a LOAD_FAST of the cell
+def load_closure(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    frame.push(_cell_ref(frame, inst.argval))
 
 
 @handler("LOAD_DEREF", versions=ALL)

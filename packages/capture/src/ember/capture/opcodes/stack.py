@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ember.capture.frame import Frame, Instr
-from ember.capture.opcodes import ALL, ONLY_312, handler
+from ember.capture.opcodes import ALL, ONLY_312, ONLY_313, handler
 from ember.capture.variables import NULL
 
 if TYPE_CHECKING:
@@ -31,6 +31,12 @@ def pop_top(tx: Tracer, frame: Frame, inst: Instr) -> None:
 def end_for(tx: Tracer, frame: Frame, inst: Instr) -> None:
     # 3.12: END_FOR is POP_TOP; POP_TOP (FOR_ITER normally jumps past it when exhausted).
     frame.popn(2)
+
+
+@handler("END_FOR", versions=ONLY_313)
+def end_for_313(tx: Tracer, frame: Frame, inst: Instr) -> None:
+    # 3.13: END_FOR is POP_TOP, and a POP_TOP of the iterator follows it.
+    frame.pop()
 
 
 @handler("COPY", versions=ALL)
