@@ -158,17 +158,32 @@ def test_accumulating_mutation_matches_eager(fake: Any) -> None:
 
 
 def test_a_static_input_that_moves_is_recorded_again_then_copied(fake: Any) -> None:
-    """w is static (same tensor at warm-up and recording); a new w is recorded again with it
-    static; a second move makes it a copied input (recorded once more, then replayed)."""
+    """w is static (same tensor at warm-up and recording, and large: a small one is always
+    copied); a new w is recorded again with it static; a second move makes it a copied input
+    (recorded once more, then replayed)."""
     fake()
     c = er.compile(mlp, mode="reduce-overhead")
-    w1, w2, w3 = torch.randn(8, 8), torch.randn(8, 8), torch.randn(8, 8)
-    x = torch.randn(4, 8)
+    w1, w2, w3 = (torch.randn(160, 160) for _ in range(3))  # 100 KiB each
+    x = torch.randn(4, 160)
     for w in (w1, w1, w1, w2, w2, w3, w1, w2):
         torch.testing.assert_close(c(x, w), mlp(x, w))
     (g,) = er.explain(c).cuda_graphs
     assert (g.rerecorded, g.recordings, g.replays) == (2, 3, 7), g.text()
     assert "2 re-recording(s) (a static input moved)" in g.text()
+
+
+def test_a_small_input_at_the_same_address_is_copied(fake: Any) -> None:
+    """A step's token ids are a new small tensor each call that can land at the same address
+    as the last one: small inputs the graph does not update are copied, never read in place
+    (no re-recording when the next one lands elsewhere)."""
+    fake()
+    c = er.compile(mlp, mode="reduce-overhead")
+    w = torch.randn(8, 8)
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    for x in (x1, x1, x2, x1, x2):  # x1 at the warm-up and the recording, then elsewhere
+        torch.testing.assert_close(c(x, w), mlp(x, w))
+    (g,) = er.explain(c).cuda_graphs
+    assert (g.rerecorded, g.recordings, g.replays) == (0, 1, 4), g.text()
 
 
 def test_one_recording_per_size_binding_up_to_the_limit(fake: Any) -> None:

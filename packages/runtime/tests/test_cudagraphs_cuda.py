@@ -72,6 +72,37 @@ def test_symbolic_graph_records_per_binding() -> None:
     assert rep.graph_count == 1 and rep.recordings == 2 and rep.replays == 3, str(rep)
 
 
+def test_a_re_recording_replacing_the_only_recording() -> None:
+    # the first recording is dropped when its static input moves; the pool then has no live
+    # graph while blocks of it are alive (torch's allocator asserted `use_count > 0` on the
+    # next capture into it before the recorder kept its first graph)
+    c = er.compile(mlp, mode="reduce-overhead")
+    x = torch.randn(32, 256, device="cuda")
+    kept = []
+    for w in [torch.randn(256, 256, device="cuda")] * 2 + [torch.randn(256, 256, device="cuda")] * 3:
+        kept.append(c(x, w))
+        torch.testing.assert_close(kept[-1], mlp(x, w))
+    (g,) = er.explain(c).cuda_graphs
+    assert g.skipped is None and g.recordings == 2 and g.rerecorded == 1, g.text()
+
+
+def test_a_0_dim_cpu_input_is_moved_and_recorded() -> None:
+    # eager reads a 0-dim CPU tensor as a scalar operand of CUDA ops (transformers 5.17's
+    # static cache keeps `cumulative_length` so): compiled on the device, moved per call
+    def f(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return x * n + n.to(x.device)
+
+    for mode in (None, "reduce-overhead"):
+        c = er.compile(f, mode=mode)
+        for k in range(4):
+            x, n = torch.randn(8, 8, device="cuda"), torch.tensor(k + 2)
+            torch.testing.assert_close(c(x, n), f(x, n))
+        rep = er.explain(c)
+        assert rep.fallbacks == [], str(rep)
+        if mode is not None:
+            assert rep.recordings == 1 and rep.replays == 3, str(rep)
+
+
 def test_cpu_inputs_are_not_recorded() -> None:
     c = er.compile(mlp, mode="reduce-overhead")
     c(torch.randn(4, 8), torch.randn(8, 8))

@@ -36,11 +36,13 @@ from ember.capture.resume import Broken
 from ember.inductor.backend import pipeline_for
 from ember.inductor.cache import STATS
 from ember.inductor.kernels import PRELUDE_NAME, compiled_runner, load_module, summary
+from ember.inductor.targets import scalar_inputs_to_device
 from ember.inductor.targets import targets as inductor_targets
 from ember.ir import Module, PrintError
 from ember.ir.backends import BackendProtocol
 from ember.ir.backends import Runner as IRRunner
 from ember.ir.effects import allow_effects
+from ember.ir.interpreter import SymbolAssertionError
 from ember.ir.passes import expand_pipeline, run_pipeline
 from ember.ir.registry import default_registry
 from ember.prims.decomp.context import DecompositionError
@@ -48,7 +50,13 @@ from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
-from ember.runtime.cudagraphs import CUDAGRAPH_MODES, CudaGraphs, graph_info
+from ember.runtime.cudagraphs import (
+    CUDAGRAPH_MODES,
+    CudaGraphs,
+    graph_info,
+    moved_examples,
+    moving,
+)
 from ember.runtime.distributed import (
     CompiledDDP,
     hooked_forward,
@@ -371,8 +379,12 @@ class CompiledFunction:
                          f"device and the triton package)")
         if needs_training(example_inputs):
             return self._training(module, example_inputs, self._inductor_graph)
+        # 0-dim CPU inputs of a CUDA graph (eager's scalars; transformers 5.17's static cache
+        # `cumulative_length`) compile on the device and are moved there per call
+        scalars = scalar_inputs_to_device(module)
+        source = scalars.module if scalars is not None else module
         try:
-            compiled = self._run_pipeline(module)
+            compiled = self._run_pipeline(source)
         except Exception as e:
             ops = self._missing(module, e)
             if ops:
@@ -381,15 +393,18 @@ class CompiledFunction:
             return eager("backend", f"{self._label} cannot compile it: "
                          f"{type(e).__name__}: {e}")
         self._last_compiled = compiled  # for EMBER_DUMP, next to the captured graph
-        runner = compiled_runner(compiled, module)
+        runner = compiled_runner(compiled, source)
         slow = interpreter_reason(compiled, module.graph().name)
         if slow:
             self._fallback("interpreter", slow)
         if self._cudagraphs is not None:
             runner = self._cudagraphs.wrap(self.history, runner, module.graph().name,
-                                           self._graph_no, example_inputs,
+                                           self._graph_no, moved_examples(scalars, module,
+                                                                          example_inputs),
                                            graph_info(self._capturing, example_inputs), slow,
-                                           module.graph().params)
+                                           source.graph().params)
+        if scalars is not None:
+            runner = moving(scalars, runner)
         compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \
             else f"the compiled code of backend {self.backend_name!r}"
         run = self._judged(module, example_inputs, runner, compiled_code)
@@ -553,8 +568,19 @@ class CompiledFunction:
             inputs = e.code.guard(S, args, kwargs)
             if inputs.__class__ is list and e.matches(inputs):
                 self.history.cache_hits += 1
-                return e.run(S, args, kwargs, inputs)
+                try:
+                    return e.run(S, args, kwargs, inputs)
+                except SymbolAssertionError as err:
+                    return self._assert_failed(err, args, kwargs)
         return self._miss(args, kwargs)
+
+    def _assert_failed(self, err: SymbolAssertionError, args: tuple[Any, ...],
+                       kwargs: dict[str, Any]) -> Any:
+        """A value `.item()` read broke what the graph assumed of it (`u0 <= 10` where it
+        bounds a slice): nothing was written yet, so this call runs eagerly (eager's result,
+        or eager's error for a value eager refuses too); later calls still try the graph."""
+        self.history.note(f"{err}; this call ran eagerly")
+        return self.eager(*args, **kwargs)
 
     def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         S = self.self_obj
@@ -637,8 +663,11 @@ class CompiledFunction:
                 logs.guards.info("%s: graph %d @%s: %d guard(s)%s", self._root[0],
                                  len(self.history.graphs) - 1, g.name, len(g.guards),
                                  "".join(f"\n  {t}" for t in g.guards))
-        outs = runner(graph_entry.feed(inputs) if isinstance(graph_entry, _GraphEntry)
-                      else inputs)
+        try:
+            outs = runner(graph_entry.feed(inputs) if isinstance(graph_entry, _GraphEntry)
+                          else inputs)
+        except SymbolAssertionError as err:
+            return self._assert_failed(err, args, kwargs)
         if dumped is not None:
             dump_outputs(dumped, outs, res.graph)
         return graph_entry.resume(outs, S, args, kwargs, inputs)

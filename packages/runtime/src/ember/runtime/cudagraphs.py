@@ -51,6 +51,7 @@ CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 MAX_RECORDINGS = 8  # per graph: a symbolic graph meets a new binding per size
 SEEN_LIMIT = 256  # bindings remembered from their warm-up (a growing cache meets one a step)
 SCALARS = (int, float, bool, type(None))
+SMALL_INPUT = 64 * 1024  # bytes: an input at most this large is copied unless updated
 
 IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
 _DATA_PTR = torch.Tensor.data_ptr
@@ -78,6 +79,19 @@ def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
         if r is not None:
             visible.add(r)
     return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible))
+
+
+def moved_examples(scalars: Any, module: Any, examples: Sequence[Any]) -> Sequence[Any]:
+    """The example inputs as the compiled graph sees them: with `scalars` (the inductor's
+    `ScalarInputs`, or None) its CPU inputs moved to the graph's device."""
+    return examples if scalars is None else scalars.move(module.graph().name, examples)
+
+
+def moving(scalars: Any, runner: IRRunner) -> IRRunner:
+    """`runner` with the CPU inputs `scalars` names moved to its device first, per call."""
+    def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
+        return runner(graph, scalars.move(scalars.module.graph(graph).name, inputs))
+    return run
 
 
 def skip_reason(examples: Sequence[Any], interpreter: str | None,
@@ -171,6 +185,11 @@ class CUDARecorder:
     def __init__(self) -> None:
         self.pool: Any = None
         self.stream: torch.cuda.Stream | None = None
+        # The first graph captured into the pool, kept for the pool's life: torch's allocator
+        # counts the graphs using a pool, and a capture into a pool whose graphs were all
+        # freed while blocks of it are still alive (a re-recording replacing the only
+        # recording) fails its internal assert `use_count > 0`.
+        self.anchor: Any = None
 
     def capture(self, fn: Callable[[], list[Any]], device: torch.device,
                 inputs: Sequence[Any], warm: Callable[[], Any]) -> tuple[Any, list[Any]]:
@@ -187,6 +206,8 @@ class CUDARecorder:
                 warm()
                 # thread_local: another thread's CUDA calls (a compile) do not fail the capture
                 g.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                if self.anchor is None:
+                    self.anchor = g
                 try:
                     outs = fn()
                 except BaseException:
@@ -278,12 +299,16 @@ class _GraphRunner:
                 self.seen[key] = addrs
                 rec.warmups += 1
                 return self.runner(graph, inputs)
-            # static: a parameter, or at the same address at warm-up and now, or static in the
-            # last recording; an input that moved twice (a new tensor each call) is copied
+            # static: a parameter, an input the graph updates (a static KV cache: the
+            # caller's state), a large input at the same address at warm-up and now, or one
+            # static in the last recording; an input that moved twice (a new tensor each
+            # call) is copied, and so is a small one (a step's token ids: a fresh tensor each
+            # call that may land at the same address twice, and costs a few us to copy)
+            updated = set(self.info.updates.values())
             static = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
                       and self.moves.get(i, 0) < 2
-                      and (isinstance(x, torch.nn.Parameter) or first[i] == addrs[i]
-                           or i in again)]
+                      and (isinstance(x, torch.nn.Parameter) or i in updated or i in again
+                           or (first[i] == addrs[i] and _nbytes(x) > SMALL_INPUT))]
             got = self._record(graph, key, inputs, static)
             if got is None:
                 return self.runner(graph, inputs)
@@ -369,6 +394,10 @@ class _GraphRunner:
             else:
                 out.append(o)
         return out
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
 
 
 def _take(static: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
