@@ -609,7 +609,7 @@ def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[s
 
 def model_named(name: str) -> Model | None:
     """A zoo model by name, or `timm/NAME` for any other timm model (ad hoc runs outside the
-    zoo's 52, built as the zoo builds its timm models: random weights, its own input size)."""
+    zoo's models, built as the zoo builds its timm models: random weights, its own input size)."""
     if name in BY_NAME:
         return BY_NAME[name]
     if name.startswith("timm/") and name[5:].replace("_", "").replace(".", "").isalnum():

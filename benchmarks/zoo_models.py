@@ -326,6 +326,17 @@ HF = [
        _bert_like("MobileBertModel", "MobileBertConfig", embedding_size=128,
                   intra_bottleneck_size=128, true_hidden_size=128),
        f"MobileBertModel (bottlenecks, NoNorm), {_TEXT}"),
+    # Mixture of experts: transformers' experts run as grouped matmuls over tokens sorted by
+    # expert (torch.histc counts them; on the CPU in f32, a custom op of transformers' own)
+    hf("mixtral", "transformer",
+       _decoder("MixtralForCausalLM", "MixtralConfig", num_key_value_heads=2,
+                num_local_experts=4, num_experts_per_tok=2),
+       f"MixtralForCausalLM (MoE: 4 experts, top-2, GQA), {_DEC}"),
+    hf("qwen2-moe", "transformer",
+       _decoder("Qwen2MoeForCausalLM", "Qwen2MoeConfig", num_key_value_heads=2, num_experts=4,
+                num_experts_per_tok=2, moe_intermediate_size=512,
+                shared_expert_intermediate_size=1024),
+       f"Qwen2MoeForCausalLM (MoE: 4 experts, top-2, a gated shared expert), {_DEC}"),
 ]
 
 
