@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.gpu_cuda_suite
 START = time.perf_counter()
@@ -41,7 +42,7 @@ def inputs(case: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     rows, cols = SHAPE
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=DEVICE, dtype=dtype)
-    if case == "layernorm_gelu":
+    if case.startswith("layernorm"):
         return r(rows, cols), r(cols), r(cols)
     if case == "pointwise":
         return r(rows, cols), r(rows, cols)
@@ -59,15 +60,32 @@ def bench(run: Any) -> float:
 
 def emit(row: dict[str, Any]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    row.setdefault("t", round(time.perf_counter() - START, 1))
     line = json.dumps(row, default=str)
     print(line, flush=True)
     with (OUT / "sweep.jsonl").open("a") as f:
         f.write(line + "\n")
 
 
-def candidates(rows: bool, row_len: int) -> list[dict[str, int]]:
+def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def layernorm_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b), approximate="tanh")
+
+
+# diagnostics next to gpu_cuda_suite's cases: how much of layernorm+gelu is erf
+EXTRA_CASES = {"layernorm": layernorm, "layernorm_gelu_tanh": layernorm_gelu_tanh}
+
+
+def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:
     """Pointwise: XBLOCK x warps with 4..64 elements per thread; rows: rows per program x warps,
-    persistent, and looped over RBLOCK chunks."""
+    persistent, and looped over RBLOCK chunks (`few`: a handful of each)."""
+    if few:
+        if not rows:
+            return [{"cuda_xblock": 1024, "cuda_warps": 4}, {"cuda_xblock": 4096, "cuda_warps": 8}]
+        return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1} for w in (4, 8)]
     out: list[dict[str, int]] = []
     if not rows:
         for xb in (512, 1024, 2048, 4096, 8192):
@@ -89,7 +107,17 @@ def candidates(rows: bool, row_len: int) -> list[dict[str, int]]:
     return out
 
 
-def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) -> None:
+def same_size_copy(nbytes: int) -> float:
+    """TB/s of a copy moving `nbytes` in all (nbytes/2 read, nbytes/2 written): the ceiling
+    at the kernel's own size (fixed costs of a short kernel included)."""
+    x = torch.empty(nbytes // 8, dtype=torch.float32, device=DEVICE)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return max(2 * x.numel() * 4 / (ms * 1e-3) / 1e12, 1e-9)
+
+
+def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
+               few: bool = False) -> None:
     from benchmarks.gpu_cuda_suite import KERNEL_CASES
     from ember.capture import capture
     from ember.inductor.backend import compiled_runner
@@ -98,7 +126,7 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) ->
     from ember.inductor.targets.cuda.render import SCHED_KEYS, render
     from ember.ir import Graph, Ref, Value
     from ember.ir.passes import run_pipeline
-    fn = KERNEL_CASES[case]
+    fn = {**KERNEL_CASES, **EXTRA_CASES}[case]
     args = inputs(case, dtype)
     dname = str(dtype).replace("torch.", "")
     with torch.no_grad():
@@ -109,12 +137,25 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) ->
         c = capture(fn, args, {})
         m = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,"  # type: ignore[arg-type]
                          f"schedule-cuda{{lowp={lowp}}},codegen-triton{interp},plan-buffers")
-        load_module(m)
+        table = load_module(m)
         got = compiled_runner(m)(None, list(args)).outputs[0]
         err = (got.float() - want.float()).abs().max().item()
         ok = bool(torch.allclose(got.float(), want.float(), atol=tol, rtol=tol))
-        emit({"section": "lowp", "case": case, "dtype": dname, "cuda_lowp": lowp, "ok": ok,
-              "max_abs_err": err, "kernels": len(m.kernels)})
+        row: dict[str, Any] = {"section": "lowp", "case": case, "dtype": dname,
+                               "cuda_lowp": lowp, "ok": ok, "max_abs_err": err,
+                               "kernels": len(m.kernels)}
+        g = next(iter(m.graphs.values()))
+        calls = [n for n in g.nodes if n.op == "kernels.call"]
+        if len(calls) == 1 and all(a in g.params for a in calls[0].args[1:]):  # time it alone
+            ins = [args[g.params.index(a)] for a in calls[0].args[1:]]  # type: ignore[arg-type]
+            kfn = table[calls[0].args[0].name].fn  # type: ignore[union-attr]
+            dst = torch.empty_like(want)
+            ms = bench(lambda: kfn(*ins, dst))  # noqa: B023
+            nbytes = sum(a.numel() * a.element_size() for a in ins) + \
+                dst.numel() * dst.element_size()
+            row["ms"] = round(ms, 5)
+            row["pct_copy"] = round(100 * nbytes / (ms * 1e-3) / 1e12 / copy_tbs, 1)
+        emit(row)
     c = capture(fn, args, {})
     m = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,schedule-cuda")  # type: ignore[arg-type]
     g = next(iter(m.graphs.values()))
@@ -131,7 +172,7 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) ->
     assert isinstance(body, Graph)
     default = {k: n.kwargs[k] for k in SCHED_KEYS if k in n.kwargs}
     rows = "cuda_persistent" in default
-    cands = [default] + [c for c in candidates(rows, args[0].shape[-1]) if c != default]
+    cands = [default] + [c for c in candidates(rows, args[0].shape[-1], few) if c != default]
     sources = []
     for cand in cands:
         for k in SCHED_KEYS:
@@ -141,6 +182,11 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) ->
     ins = [args[g.params.index(a)] for a in n.args[1:] if isinstance(a, Value)]
     out = torch.empty_like(want)
     nbytes = sum(a.numel() * a.element_size() for a in ins) + out.numel() * out.element_size()
+    same = same_size_copy(nbytes)
+    (OUT / f"src_{case}_{dname}.py").write_text(sources[0])  # the default kernel
+    emit({"section": "ceiling", "case": case, "dtype": dname, "bytes": nbytes,
+          "same_size_copy_TBps": round(same, 3),
+          "same_size_copy_pct_of_copy": round(100 * same / copy_tbs, 1)})
     runs = at._runners(ref.name, sources, [*ins, out], DRY)
     base: torch.Tensor | None = None
     results = []
@@ -162,6 +208,7 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float) ->
                 ms = bench(run)
                 row["ms"] = round(ms, 5)
                 row["pct_copy"] = round(100 * nbytes / (ms * 1e-3) / 1e12 / copy_tbs, 1)
+                row["pct_same_size_copy"] = round(100 * nbytes / (ms * 1e-3) / 1e12 / same, 1)
                 results.append(row)
             except Exception as e:  # noqa: BLE001  (a candidate that fails is a result)
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -185,6 +232,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bfloat16,float32")
     ap.add_argument("--budget", type=float, default=120.0, help="seconds; no new work after")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, 8x256")
+    ap.add_argument("--few", action="store_true", help="a handful of candidates per case")
     a = ap.parse_args()
     if not DRY and not torch.cuda.is_available():
         print("cuda_schedule_sweep: no CUDA device", file=sys.stderr)
@@ -199,7 +247,7 @@ def main() -> int:
             if time.perf_counter() - START > a.budget:
                 break
             try:
-                sweep_case(case, getattr(torch, dname), copy_tbs, a.budget)
+                sweep_case(case, getattr(torch, dname), copy_tbs, a.budget, a.few)
             except Exception as e:  # noqa: BLE001
                 emit({"section": "sweep", "case": case, "dtype": dname,
                       "error": f"{type(e).__name__}: {str(e)[:300]}"})
