@@ -66,3 +66,20 @@ def test_moe_decoder_is_one_compiled_graph(cls: str, cfg: str, kw: dict[str, Any
             torch.testing.assert_close(f(ids), want, rtol=1e-4, atol=1e-4)
     rep = er.explain(f)
     assert rep.fallbacks == [] and rep.breaks == [] and rep.graph_count == 1, str(rep)
+
+
+def test_bf16_moe_keeps_grouped_matmul_whole() -> None:
+    """In bf16 transformers' experts call torch's grouped matmul (aten._grouped_mm), which has
+    no decomposition: it stays one op, run through torch as an extern, instead of a fallback."""
+    model = _tiny("MixtralForCausalLM", "MixtralConfig", num_local_experts=4,
+                  num_experts_per_tok=2).to(torch.bfloat16)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def fwd(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids).logits  # type: ignore[no-any-return]
+    f = er.compile(fwd, backend="inductor", dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(f(ids), fwd(ids))
+    rep = er.explain(f)
+    assert rep.fallbacks == [] and rep.breaks == [] and rep.graph_count == 1, str(rep)
+    assert "aten._grouped_mm.default" in str(rep)  # the path under test was taken

@@ -40,8 +40,16 @@ _TORCH_NAMESPACES = frozenset({"aten", "quantized", "_quantized", "inductor", "h
                                "rngprims", "debugprims", "prim", "profiler"})
 
 
+# aten ops with no decomposition that stay whole the same way: grouped matmul (the kernel of
+# transformers' mixture-of-experts layers in bf16; torch's inductor keeps it whole too)
+KEPT_WHOLE = frozenset({"aten._grouped_mm.default"})
+
+
 def is_custom_op(name: str) -> bool:
-    """Whether IR op `name` is a torch operator outside torch's own namespaces."""
+    """Whether IR op `name` is a torch operator outside torch's own namespaces (or one of the
+    aten ops of KEPT_WHOLE)."""
+    if name in KEPT_WHOLE:
+        return True
     ns = name.split(".", 1)[0]
     if ns in EMBER_DIALECTS or ns in _TORCH_NAMESPACES:
         return False
