@@ -167,3 +167,19 @@ def test_matmul_lowp_keeps_attention_scores_f32() -> None:
     mms = [n.results[0].type.dtype for g in m.graphs.values() for n in g.nodes  # type: ignore
            if n.op == "prims.matmul"]
     assert sorted(d.name for d in mms) == ["f16", "f32"]
+
+
+def projections(x: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+    """Separate q, k, v products with their own epilogues: the three pointwise kernels share no
+    input (fuse's horizontal rule 3 needs one)."""
+    return tuple(torch.relu(x @ w) * (k + 1) for k, w in enumerate((wq, wk, wv)))
+
+
+def test_independent_pointwise_kernels_merge() -> None:
+    args = [torch.randn(4, 8)] + [torch.randn(8, 8) for _ in range(3)]
+    assert triton_kernels(on_cuda(projections, *args)) == 1
+    apart = "lower-loops,fuse,fuse-shared{independent=false},schedule-cuda,codegen-triton"
+    assert triton_kernels(on_cuda(projections, *args, passes=apart)) == 3
+    for a, e in zip(interpreted(projections, *args), projections(*args), strict=True):
+        torch.testing.assert_close(a, e)

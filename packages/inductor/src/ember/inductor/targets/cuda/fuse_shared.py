@@ -13,6 +13,11 @@ reductions, by recomputing it, and returns it as one more result); the later rea
 result. One launch and one read-back of the value fewer per such kernel (two per transformer
 block: each residual add into the layernorm after it).
 
+Then (`independent=true`, the default) pointwise kernels without reductions over the same
+`ranges`, neither reading the other's results (directly or not), become one multi-output
+kernel even without a common input (fuse's horizontal rule 3 needs one): the bias adds of
+separate q, k and v projections are one launch, not three.
+
 The first reader must be a loop kernel over the same domain and the fused body must stay
 within `max_nodes`; the target's veto applies as in `fuse`. `fuse-shared{explain=true}` prints,
 for each multi-reader pointwise kernel left, why (stderr). With the pass in the CUDA pipeline
@@ -27,12 +32,16 @@ import sys
 from ember.inductor.body import body_names, body_size, declare_domains
 from ember.inductor.fusion import (
     KERNEL_OPS,
+    _ancestors,
     _body,
+    _merge,
     _merge_duplicate_bodies,
     _reachable_bodies,
     _ReaderIndex,
     _reduce_depth,
+    dependency_graph,
     fuse_keeping,
+    graph_target,
     target_veto,
 )
 from ember.ir import Graph, Module, Node
@@ -86,17 +95,47 @@ def _share(m: Module, g: Graph, max_nodes: int, taken: set[str], explain: bool) 
     return done
 
 
+def _merge_independent(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> bool:
+    """Merge the first pair of pointwise kernels without reductions over the same ranges,
+    neither depending on the other (with or without a common input: fuse's rule 3 needs one),
+    into one multi-output kernel (fusion.py's `_merge`). True if one was merged."""
+    dg = dependency_graph(g)
+    above = _ancestors(dg, len(g.nodes))
+    target = graph_target(g)
+    groups: dict[str, list[int]] = {}
+    for i, n in enumerate(g.nodes):
+        if n.op == "loop.pointwise" and not _reduce_depth(m, _body(m, n)):
+            groups.setdefault(str(n.kwargs.get("ranges")), []).append(i)
+    for idx in groups.values():
+        for j, a in enumerate(idx):
+            for b in idx[j + 1:]:
+                if above[b] >> a & 1 or above[a] >> b & 1:  # a path between them
+                    continue
+                na, nb = g.nodes[a], g.nodes[b]
+                if body_size(_body(m, na)) + body_size(_body(m, nb)) > max_nodes:
+                    continue
+                if target_veto(m, g, na, nb, target) is not None:
+                    continue
+                _merge(m, g, a, b, dg, taken)
+                return True
+    return False
+
+
 @register_pass("fuse-shared", "CUDA, after fuse: a pointwise kernel read by several kernels "
                "(a residual add) is computed by its first reader over the same domain (the "
-               "next layernorm), which writes it as one more result; explain=true says why "
-               "the others are left")
-def fuse_shared(module: Module, *, max_nodes: int = 64, explain: bool = False) -> Module:
+               "next layernorm), which writes it as one more result; independent=true (the "
+               "default) merges independent pointwise kernels over the same domain (q, k, v "
+               "bias adds); explain=true says why the others are left")
+def fuse_shared(module: Module, *, max_nodes: int = 64, explain: bool = False,
+                independent: bool = True) -> Module:
     out = module.clone()
     bodies = body_names(out)
     taken: set[str] = set()
     tops = [g for g in out.graphs.values() if g.name not in bodies]
     for g in tops:
         _share(out, g, max_nodes, taken, explain)
+        while independent and _merge_independent(out, g, max_nodes, taken):
+            pass
     _merge_duplicate_bodies(out, tops)
     live = _reachable_bodies(out, tops)
     for name in [n for n in bodies | taken if n not in live and n in out.items]:
