@@ -24,7 +24,7 @@ from ember.capture import contexts, pyops
 from ember.capture.errors import UserError, unhandled
 from ember.capture.guards import Guard, GuardKind
 from ember.capture.mro import lookup_type_attr
-from ember.capture.symbolic import concrete
+from ember.capture.symbolic import SymInt, concrete
 from ember.capture.torchcalls import has_tensor, run_real, unwrap
 from ember.capture.variables import (
     ConstVar,
@@ -348,6 +348,9 @@ def _set(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
 def _scalar_convert(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
     if args and isinstance(args[0], TensorVar):
         raise unhandled(f"{fn.__name__}() of a tensor (needs its data)")
+    if fn is int and len(args) == 1 and not kwargs and isinstance(args[0], ConstVar) and \
+            isinstance(args[0].value, SymInt):
+        return args[0]  # int(size) keeps the size's expression: a comparison is then guarded
     if all(isinstance(a, ConstVar) for a in [*args, *kwargs.values()]):
         return ConstVar(pyops.real(lambda: fn(*[_c(a) for a in args],
                                               **{k: _c(v) for k, v in kwargs.items()})))

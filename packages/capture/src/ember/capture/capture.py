@@ -30,11 +30,13 @@ from ember.capture.side_effects import collect as collect_effects
 from ember.capture.side_effects import value_spec
 from ember.capture.sources import ArgSource, ArgsSource, KwargSource, KwargsSource, SelfSource
 from ember.capture.symbolic import (
+    BoundUnbacked,
     Narrow,
     Policy,
     Restarts,
     ShapeEnv,
     Specialize,
+    Unbacked,
     reset_env,
     reset_policy,
     using_env,
@@ -104,6 +106,7 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
     """
     code = target_code(target)
     if dynamic is not None:
+        dynamic.unbacked_reason = None
         got = _capture_dynamic(target, args, kwargs, code, dynamic)
         if got is not None:
             return got
@@ -111,6 +114,9 @@ def capture(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
     try:
         return _capture(tx, target, args, kwargs, code)
     except CaptureUnhandled as e:
+        why = dynamic.unbacked_reason if dynamic is not None else None
+        if why and "_local_scalar_dense" in e.reason:  # say why .item() is not a symbol
+            e.reason = f".item() breaks the graph here: {why}"
         file, line = e.file, e.line
         if file is None and e.stack:  # only torch's own frames: report the innermost
             file, line = _split_where(e.stack[-1])
@@ -146,7 +152,7 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 finally:
                     reset_policy(tokens[1])
                     reset_env(tokens[0])
-                if not env.symbols:
+                if not env.symbols and not env.unbacked:
                     return None
                 runs.append(finish(cap, env, tx.recorder.sym_layouts))
         except Specialize as e:
@@ -155,6 +161,13 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             for n in e.names & env.symbols.keys():
                 learnt.make_static(env.symbols[n])
             continue
+        except BoundUnbacked as e:  # a slice bounded by .item(): assert it, probe below
+            learnt.unbacked_le.setdefault(e.name, []).append(e.bound)
+            learnt.unbacked_avoid |= e.avoid
+            continue
+        except Unbacked as e:  # .item() deciding control flow: the static capture breaks
+            policy.static_reason = policy.unbacked_reason = e.why
+            return None
         except Narrow as e:
             for o in env.symbols[e.name].origins:
                 learnt.ranges[o] = (e.lo, e.hi)

@@ -36,8 +36,16 @@ from ember.capture.sources import (
     describe,
     param_name,
 )
-from ember.capture.symbolic import Layout, current_env, current_policy, symbolic_layout
+from ember.capture.symbolic import (
+    Layout,
+    current_env,
+    current_policy,
+    note_slice,
+    symbolic_layout,
+)
 from ember.ir import BOOL, F64, I64, DType, GraphBuilder, Loc, Module, TensorType, Type, Value
+from ember.ir.expr import symbol
+from ember.ir.graph import BIND_SYMBOL
 from ember.ir.torch_ops import ir_name
 from ember.ir.types import device_text
 
@@ -246,6 +254,8 @@ class Recorder:
             why = custom_op_problem(func)
             if why is not None:
                 raise unhandled(why)
+        if schema_name == "aten::_local_scalar_dense":
+            return self._item(func, args, kwargs)
         if schema_name in _LIFT:
             out = func(*args, **kwargs)
             src = args[0]
@@ -268,6 +278,10 @@ class Recorder:
         if func._schema.is_mutable:
             return self._mutation(func, args, kwargs)
         out = func(*args, **kwargs)
+        if name == "aten.slice.Tensor" and len(args) > 2 and isinstance(out, torch.Tensor):
+            d = args[1] if isinstance(args[1], int) else 0
+            note_slice(args[0].shape[d], args[2], args[3] if len(args) > 3 else None,
+                       out.shape[d])
         results = _flat_results(out)
         types: list[Type] | None = None
         at: list[int] | None = None
@@ -304,6 +318,29 @@ class Recorder:
             self.aliases.add_views(base, results, view_steps(func, args, kwargs, results))
         self.op_counts[name] += 1
         return out
+
+    def _item(self, func: torch._ops.OpOverload, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """`.item()` of a one-element integer tensor, in a capture with a shape environment:
+        an unbacked symbol (symbolic.py) bound by `graph.bind_symbol`; its probe value is what
+        the Python code sees (read back as the symbol). Anything else needs the data: the fake
+        tensor raises, and capture breaks the graph there."""
+        env = current_env()
+        t = args[0] if args else None
+        if env is None or kwargs or not isinstance(t, torch.Tensor) or not self.is_fake(t) or \
+                t.numel() != 1 or t.dtype.is_floating_point or t.dtype.is_complex or \
+                t.dtype == torch.bool or self.value_of(t) is None:
+            return func(*args, **kwargs)
+        loc = self.where()
+        avoid = {d for v in self.gb.params + [r for n in self.gb.nodes for r in n.results]
+                 if isinstance(v.type, TensorType) for d in v.type.shape if isinstance(d, int)}
+        name, probe, le = env.unbacked_symbol(f"{loc.file}:{loc.line}" if loc else ".item()",
+                                              avoid)
+        ir_kwargs: dict[str, Any] = {"le": list(le)} if le else {}
+        self.gb.op(BIND_SYMBOL, [self._arg(t), symbol(name)], ir_kwargs, type=I64, name=name,
+                   loc=loc)
+        self.op_counts[BIND_SYMBOL] += 1
+        return probe
 
     def _lift_reals(self, tree: Any) -> Any:
         if isinstance(tree, torch.Tensor) and not self.is_fake(tree):

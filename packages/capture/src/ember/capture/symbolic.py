@@ -16,6 +16,16 @@ decides the branch at the *real* sizes and records the relation as a guard (`s0 
 probes would take the other branch the capture restarts with the symbol's range narrowed (a
 linear relation in one symbol) or the symbol made static. A size used as a float or as a loop
 count makes its symbols static (`Specialize`). Sizes 0 and 1 are never symbolic (as torch).
+
+`.item()` of a one-element integer tensor is an *unbacked* symbol `u0` (torch.compile's
+`capture_scalar_outputs`): no input's shape binds it, the graph does (`graph.bind_symbol`, ir-v1.2)
+from the tensor's value at run time. It is recorded at a probe value like a size, so it flows into
+shapes (`x.new_zeros(n)`, `x[:n]`, `view(n, -1)`). What capture cannot know about it is asserted
+at run time instead of guarded: it is >= 0 where it is a size, and where a slice would clamp it at
+its probe (`x[:n]` with n above x's length) the capture restarts with `u0 <= len` asserted and a
+probe below the length. A branch on it, a use as a float or as a loop count is data-dependent
+control flow: the capture gives up being symbolic (`Unbacked`), and the static capture breaks the
+graph at the `.item()`.
 """
 
 from __future__ import annotations
@@ -51,9 +61,31 @@ class Specialize(BaseException):  # noqa: N818  (not an error: it restarts the c
 
     def __init__(self, names: set[str], why: str, fact: sympy.Basic | None = None):
         super().__init__(why)
+        unbacked = sorted(n for n in names if n[:1] == "u")
+        if unbacked:  # a value read by .item() cannot be made static: it is not an input's
+            raise Unbacked(f"{why} ({', '.join(unbacked)}, a value .item() read)")
         self.names = set(names)
         self.why = why
         self.fact = fact  # the branch's relation, where a branch on sizes caused it
+
+
+class Unbacked(BaseException):  # noqa: N818
+    """A value read by `.item()` decides control flow (a branch, a float, a loop count): no
+    symbolic capture (the static capture then breaks the graph at the `.item()`)."""
+
+    def __init__(self, why: str):
+        super().__init__(why)
+        self.why = why
+
+
+class BoundUnbacked(BaseException):  # noqa: N818
+    """Restart the capture with unbacked symbol `name` asserted <= `bound` (a slice that its
+    probe value would clamp), its probe then chosen below the bound."""
+
+    def __init__(self, name: str, bound: sympy.Expr | int):
+        super().__init__(f"{name} <= {bound}")
+        self.name, self.bound = name, bound
+        self.avoid: set[int] = set()  # the ints of the recording: probes below must differ
 
 
 class Narrow(BaseException):  # noqa: N818
@@ -76,6 +108,13 @@ class SymInfo:
 
 def _is_prime(n: int) -> bool:
     return n > 1 and all(n % p for p in range(2, int(n ** 0.5) + 1))
+
+
+def _next_prime(n: int, taken: set[int]) -> int:
+    n = max(n, 2)
+    while not _is_prime(n) or n in taken:
+        n += 1
+    return n
 
 
 def _probe(k: int, run: int, lo: int, hi: int | float, taken: set[int]) -> int:
@@ -108,6 +147,9 @@ class Restarts:
     # goes the real way only where the probes keep their real difference; independent probes
     # take the other branch, which made both static: a recompile per decode step.
     ties: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # unbacked symbol -> the bounds it is asserted not to exceed (ints or backed expressions)
+    unbacked_le: dict[str, list[Any]] = field(default_factory=dict)
+    unbacked_avoid: set[int] = field(default_factory=set)  # ints a small probe must not equal
 
     def make_static(self, info: SymInfo) -> None:
         self.static |= set(info.origins)
@@ -170,6 +212,39 @@ class ShapeEnv:
     relations: list[sympy.Basic] = field(default_factory=list)
     int_args: dict[str, str] = field(default_factory=dict)  # symbol -> the int argument it is
     tied_sizes: dict[int, sympy.Expr] = field(default_factory=dict)  # real size -> `s0 - 1`
+    # `.item()` results (`u0`): hint is only a planning size (the value is known at run time)
+    unbacked: dict[str, SymInfo] = field(default_factory=dict)
+
+    def unbacked_symbol(self, where: str, avoid: set[int]) -> tuple[str, int, list[Any]]:
+        """A new unbacked symbol for the value `.item()` reads at `where`: (its name, its probe
+        value, the bounds it is asserted not to exceed). The k-th `.item()` of a recording is
+        `u<k>` in every attempt, so what one attempt learnt applies to the next."""
+        name = f"u{len(self.unbacked)}"
+        le = list(self.learnt.unbacked_le.get(name, []))
+        taken = {s.probe for s in [*self.symbols.values(), *self.unbacked.values()]}
+        taken |= avoid | self.learnt.unbacked_avoid  # a probe equal to a static int is misread
+        probes = self.probes()
+        caps = [int(evaluate(b, probes)) if not isinstance(b, int) else b for b in le]
+        if caps:  # below every bound: a small range takes _probe's unusual values
+            cap = min(caps)
+            free = [v for v in range(2, cap + 1) if v not in taken]
+            if cap < 1000 and len(free) < 2:  # two recordings need two probes to compare
+                raise Unbacked(f"{name} <= {cap} leaves no two unused probe sizes")
+            probe = _probe(0, self.run, 2, cap, taken) if cap < 1000 else \
+                _next_prime(cap * 2 // 3 - 211 * self.run - 37 * len(self.unbacked), taken)
+            hints = self.hints()
+            hint = min([64, *(int(evaluate(b, hints)) if not isinstance(b, int) else b
+                              for b in le)])
+        else:
+            probe = _next_prime(20011 + 4001 * len(self.unbacked) + 1499 * self.run, taken)
+            hint = 64
+        info = SymInfo(name, max(hint, 0), 0, INF, probe, [where])
+        self.unbacked[name] = info
+        self.known[probe] = symbol(name)
+        return name, probe, le
+
+    def is_unbacked(self, e: sympy.Basic) -> bool:
+        return any(s.name in self.unbacked for s in e.free_symbols)
 
     def dim_symbol(self, hint: int, lo: int, hi: int | float, where: str
                    ) -> sympy.Expr | None:
@@ -226,7 +301,7 @@ class ShapeEnv:
         return {n: s.hint for n, s in self.symbols.items()}
 
     def probes(self) -> dict[str, int]:
-        return {n: s.probe for n, s in self.symbols.items()}
+        return {n: s.probe for n, s in [*self.symbols.items(), *self.unbacked.items()]}
 
     def intervals(self) -> dict[str, tuple[int | float, int | float]]:
         return {n: (s.lo, s.hi) for n, s in self.symbols.items()}
@@ -239,9 +314,15 @@ class ShapeEnv:
 
     def expr_of(self, v: int) -> sympy.Expr | None:
         """The size expression whose value at the probes is `v`, or None (a static int)."""
-        if not self.symbols or isinstance(v, bool):
+        if isinstance(v, bool):
             return None
-        least = min(s.probe for s in self.symbols.values())
+        got = self.known.get(v)
+        if got is not None and self.is_unbacked(got):
+            return got  # an unbacked probe (small where a bound asserts it): read exactly
+        fit = self._fit_symbols()
+        if not fit:
+            return None
+        least = min(fit.values())
         if abs(v) < least // 64:
             return None  # far below every probe: a static int (even where a size made it)
         got = self.known.get(v)
@@ -250,8 +331,8 @@ class ShapeEnv:
         if abs(v) < least // 2 or least < 1000:
             return None  # (small probes, in a narrowed range: only exact values are read back)
         best: tuple[tuple[int, int], sympy.Expr] | None = None
-        for m in self._monomials():
-            mv = int(evaluate(m, self.probes()))
+        for m in self._monomials(list(fit)):
+            mv = int(evaluate(m, fit))
             c = round(v / mv)
             d = v - c * mv
             if c < 1 or abs(d) > _MAX_FIT_OFFSET:
@@ -264,8 +345,15 @@ class ShapeEnv:
         self.known[v] = best[1]
         return best[1]
 
-    def _monomials(self) -> Iterator[sympy.Expr]:
-        syms = [symbol(n) for n in self.symbols]
+    def _fit_symbols(self) -> dict[str, int]:
+        """The symbols ints are fitted over, by probe: every backed one, and the unbacked ones
+        with a large probe (a small one, below a bound, is only read back exactly)."""
+        out = {n: s.probe for n, s in self.symbols.items()}
+        out.update({n: s.probe for n, s in self.unbacked.items() if s.probe >= 1000})
+        return out
+
+    def _monomials(self, names: list[str]) -> Iterator[sympy.Expr]:
+        syms = [symbol(n) for n in names]
         yield from syms
         for i, a in enumerate(syms):
             for b in syms[i:]:
@@ -282,6 +370,15 @@ class ShapeEnv:
         Restarts the capture where the probes would take the other branch."""
         if isinstance(rel, sympy.logic.boolalg.BooleanAtom):
             return bool(rel)  # sympy decided it for every size (`s0 == s0 + 1`): no guard
+        if self.is_unbacked(rel):
+            ranges = {**self.intervals(), **{n: (s.lo, s.hi) for n, s in self.unbacked.items()}}
+            for outcome in (True, False):
+                if _implied(rel, outcome, ranges):
+                    return outcome  # (`u0 >= 0` of a size)
+            names = ", ".join(sorted(n.name for n in rel.free_symbols
+                                     if n.name in self.unbacked))
+            raise Unbacked(f"a branch on {rel_text(rel)} ({names}, a value .item() read: "
+                           f"data-dependent control flow)")
         hints = self.hints()
         real = bool(rel.subs({symbol(n): v for n, v in hints.items()}))
         if _implied(rel, real, self.intervals()):
@@ -508,7 +605,7 @@ class SymSize(tuple):
 def as_sym(v: Any) -> Any:
     """A recorded Python value with its sizes as SymInts (ints read back as expressions)."""
     env = current_env()
-    if env is None or not env.symbols:
+    if env is None or not (env.symbols or env.unbacked):
         return v
     if isinstance(v, int) and not isinstance(v, (bool, SymInt)):
         e = env.expr_of(v)
@@ -519,6 +616,25 @@ def as_sym(v: Any) -> Any:
             return v
         return SymSize(items) if isinstance(v, torch.Size) else tuple(items)
     return v
+
+
+def note_slice(size: int, start: Any, end: Any, length: int) -> None:
+    """A slice bounded by a value `.item()` read (`x[n:]`): its length `end - start` read back
+    as that expression, where the length is large enough to be told from static sizes (the
+    second recording catches a collision). `x[:n]`'s length is the symbol itself."""
+    env = current_env()
+    if env is None or not env.unbacked or length < 1000:
+        return
+    parts = []
+    for v, default in ((start, 0), (end, size)):
+        v = default if v is None or (isinstance(v, int) and v >= 2 ** 62) else v
+        if not isinstance(v, int) or v < 0:
+            return
+        e = env.expr_of(v)
+        parts.append(sympy.Integer(v) if e is None else e)
+    e = sympy.expand(parts[1] - parts[0])
+    if env.is_unbacked(e):
+        env.remember(length, e)
 
 
 def int_argument(value: int, where: str) -> int:
@@ -604,6 +720,7 @@ class Policy:
     """Which dims of an input are dynamic (runtime.dynamic implements it); None: none."""
 
     static_reason: str | None = None  # why the last capture asked to be dynamic stayed static
+    unbacked_reason: str | None = None  # why a value .item() read could not be a symbol
 
     def dims(self, where: str, real: Any) -> dict[int, tuple[int, int | float]]:
         raise NotImplementedError

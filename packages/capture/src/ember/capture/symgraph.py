@@ -27,10 +27,10 @@ from ember.capture.guards import (
 )
 from ember.capture.result import Captured, OutAlias, OutResult
 from ember.capture.sources import RefFn, Source
-from ember.capture.symbolic import ShapeEnv, SymInt
+from ember.capture.symbolic import BoundUnbacked, ShapeEnv, SymInt
 from ember.ir import Module, TensorType, Value
 from ember.ir.dtypes import DType
-from ember.ir.graph import Symbol
+from ember.ir.graph import BIND_SYMBOL, Symbol
 
 
 class NotSymbolic(Exception):
@@ -64,6 +64,7 @@ def _type(env: ShapeEnv, t: Any) -> Any:
 def symbolize(module: Module, env: ShapeEnv) -> None:
     """Probe-valued ints of `module` as size expressions; the symbols used, declared."""
     used: set[str] = set()
+    raw = _ints(module) if env.unbacked else set()
     for g in module.graphs.values():
         for p in g.params:
             p.type = _type(env, p.type)
@@ -72,9 +73,15 @@ def symbolize(module: Module, env: ShapeEnv) -> None:
             n.kwargs = {k: _arg(env, a) for k, a in n.kwargs.items()}
             for r in n.results:
                 r.type = _type(env, r.type)
+            try:
+                _check_unbacked(n, env)
+            except BoundUnbacked as e:
+                e.avoid = raw
+                raise
             _check_clamp(n)
         g.result_types = [_type(env, t) for t in g.result_types]
-        bound: set[str] = set()
+        bound: set[str] = {n.args[1].name for n in g.nodes if n.op == BIND_SYMBOL
+                            and isinstance(n.args[1], sympy.Symbol)}  # unbacked (`.item()`)
         for p in g.params:
             if isinstance(p.type, TensorType):
                 bound |= {s.name for d in p.type.shape if not isinstance(d, int)
@@ -90,6 +97,47 @@ def symbolize(module: Module, env: ShapeEnv) -> None:
     for name, info in env.symbols.items():
         if name in used:
             module.add_symbol(Symbol(name, info.hint, info.lo, info.hi))
+    sizes: set[str] = set()  # unbacked symbols some tensor's shape uses: asserted >= 0
+    for g in module.graphs.values():
+        for v in g.values():
+            if isinstance(v.type, TensorType):
+                sizes |= v.type.free_symbols()
+    for name, info in env.unbacked.items():
+        if name in used:
+            module.add_symbol(Symbol(name, info.hint if name in sizes else None,
+                                     0 if name in sizes else None))
+
+
+_VIEWS = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+
+
+def _check_unbacked(n: Any, env: ShapeEnv) -> None:
+    """What a value read by `.item()` must satisfy where it bounds a slice or sizes a view,
+    asserted at run time or checked here. A slice bounded by it is taken unclamped (its length
+    is `end - start`) only if it does not exceed the sliced dim: the bind node asserts
+    `u0 <= size` (BoundUnbacked restarts the capture to add it). A view or reshape with its
+    sizes must keep the element count whatever its value (`new_zeros(u0 * 3).view(u0, 3)`);
+    otherwise the capture stays static."""
+    if not env.unbacked or not isinstance(n.results[0].type, TensorType):
+        return
+    syms = _arg_symbols(n.args[1:]) & env.unbacked.keys()
+    if not syms:
+        return
+    base = n.args[0].type if n.args and isinstance(n.args[0], Value) else None
+    if n.op == "aten.slice.Tensor" and isinstance(base, TensorType) and len(n.args) > 1:
+        dim = n.args[1] if isinstance(n.args[1], int) else 0
+        size = sympy.sympify(base.shape[dim]) if -base.rank <= dim < base.rank else None
+        if size is None or env.is_unbacked(size):
+            raise NotSymbolic("a slice of a dim sized by .item() bounded by another")
+        for name in sorted(_arg_symbols(list(n.args[2:4])) & env.unbacked.keys()):
+            if size not in env.learnt.unbacked_le.get(name, []):
+                raise BoundUnbacked(name, int(size) if size.is_Integer else size)
+    elif n.op in _VIEWS and isinstance(base, TensorType):
+        count = sympy.expand(sympy.Mul(*map(sympy.sympify, base.shape)) - sympy.Mul(
+            *map(sympy.sympify, n.results[0].type.shape)))
+        if count != 0:
+            raise NotSymbolic(f"{n.op} with sizes read by .item() that may not keep the "
+                              f"element count")
 
 
 def _check_clamp(n: Any) -> None:
@@ -117,6 +165,27 @@ def _check_clamp(n: Any) -> None:
     if step == 1 and sympy.expand(end - start - sympy.sympify(out[dim])) == 0:
         return  # the unclamped length: `x[s0 - 1:s0]`, `x[:, -s0:]`, `x[:s0]` of an s0 dim
     raise NotSymbolic("a slice bounded by a size symbol is clamped at the probe sizes")
+
+
+def _ints(module: Module) -> set[int]:
+    """Every int of the recorded graph (shapes, arguments), before any is read back."""
+    out: set[int] = set()
+
+    def walk(a: Any) -> None:
+        if isinstance(a, TensorType):
+            walk(list(a.shape))
+        elif isinstance(a, list | tuple):
+            for x in a:
+                walk(x)
+        elif isinstance(a, int) and not isinstance(a, bool):
+            out.add(a)
+    for g in module.graphs.values():
+        for v in g.values():
+            walk(v.type)
+        for n in g.nodes:
+            walk(n.args)
+            walk(list(n.kwargs.values()))
+    return out
 
 
 def _arg_symbols(args: list[Any]) -> set[str]:
@@ -214,7 +283,7 @@ def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
         if not names <= seen:
             raise NotSymbolic(f"a branch on sizes {sorted(names - seen)} that no input binds")
         guards.append(Guard(GuardKind.SHAPE, None, ShapeRelation(rel)))
-    missing = set(declared) - seen
+    missing = {n for n in declared if n not in env.unbacked} - seen
     if missing:
         raise NotSymbolic(f"symbols {sorted(missing)} are bound by no guarded input")
     return replace(cap, guards=guards, plan=plan)

@@ -19,6 +19,7 @@ from ember.inductor.targets import scalar_inputs_to_device, target_for
 from ember.inductor.wrapper import WrapperUnsupported, generate
 from ember.ir import Graph, Interpreter, Module, Ref, RunResult, TensorType, Value
 from ember.ir.backends import Backend, Runner, default_backends
+from ember.ir.graph import BIND_SYMBOL
 from ember.ir.interpreter import bind_symbols, eager_error
 from ember.ir.passes import default_pass_registry, run_pipeline
 from ember.prims.decomp.random import run_with_philox
@@ -164,8 +165,8 @@ def summary(compiled: Module) -> str:
         if g.name in bodies:
             continue
         for n in g.nodes:
-            if n.op == "kernels.view":  # a strided view of a buffer: nothing runs
-                continue
+            if n.op in ("kernels.view", BIND_SYMBOL):  # a strided view of a buffer, a
+                continue  # value read off a tensor (.item()): nothing runs
             if n.op in counts:
                 counts[n.op] += 1
             elif n.op in ("loop.pointwise", "loop.reduction"):

@@ -35,8 +35,8 @@ from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer,
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
 from ember.ir.expr import PYTHON, as_sympy, is_loop_var, print_expr, simplify_dim
-from ember.ir.graph import map_args
-from ember.ir.interpreter import bind_symbols
+from ember.ir.graph import BIND_SYMBOL, is_unbacked, map_args
+from ember.ir.interpreter import bind_symbols, check_unbacked
 from ember.prims.decomp.random import philox_params
 
 
@@ -57,7 +57,7 @@ class Wrapper:
     call: Callable[[Sequence[Any]], RunResult]
 
 
-_SIZE_SYM = re.compile(r"s[0-9]+")  # ir-v1's size symbols, which are Python names here
+_SIZE_SYM = re.compile(r"[su][0-9]+")  # ir-v1's size symbols, which are Python names here
 
 
 def pyexpr(e: Any) -> str:
@@ -133,6 +133,7 @@ class _Gen:
                 _free(a, used)
             for r in n.results:
                 _free(r.type, used)
+        used = {n for n in used if not is_unbacked(n)}  # bound by graph.bind_symbol (other())
         if not used:
             return
         for name in used:
@@ -328,7 +329,27 @@ class _Gen:
         self.ns["_strided"] = strided_view
         self.names[r] = name
 
+    def bind_unbacked(self, i: int, node: Node) -> None:
+        """`%n = graph.bind_symbol(%t, u0, le=[...])`: u0 is the tensor's value from here on,
+        checked against its declared range and bounds (the interpreter's check)."""
+        t, sym = node.args[0], node.args[1]
+        if not isinstance(t, Value) or not isinstance(sym, sympy.Symbol) or \
+                not _SIZE_SYM.fullmatch(sym.name):
+            raise WrapperUnsupported("graph.bind_symbol takes a tensor and a symbol")
+        le = node.kwargs.get("le", [])
+        bounds = ", ".join(pyexpr(b) for b in le) if isinstance(le, list) else ""
+        self.ns["_check_unbacked"] = check_unbacked
+        name = sym.name
+        self.lines.append(f"    {name} = int({self.name(t)}.item())")
+        self.lines.append(f"    _check_unbacked({py_str(name)}, {name}, "
+                          f"{self.const(self.m.symbols.get(name))}, [{bounds}])")
+        self.lines.append(f"    v{i}_0 = {name}")  # (the node's value: dead values are deleted)
+        self.names[node.results[0]] = f"v{i}_0"
+
     def other(self, i: int, node: Node) -> None:
+        if node.op == BIND_SYMBOL:
+            self.bind_unbacked(i, node)
+            return
         if node.op == "kernels.view" and node.kwargs.get("op") == "loop.view":
             self.strided_view(i, node)
             return

@@ -1,4 +1,5 @@
-"""Ops of ember.ir's own `graph` dialect: `graph.call(@g, args...)` runs another graph."""
+"""Ops of ember.ir's own `graph` dialect: `graph.call(@g, args...)` runs another graph;
+`graph.bind_symbol(%t, u0)` (ir-v1.2) binds an unbacked size symbol to a tensor's value."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 
 from ember.ir.expr import as_sympy, simplify_dim
-from ember.ir.graph import Arg, Graph, Ref, Value
+from ember.ir.graph import BIND_SYMBOL, Arg, Graph, Ref, Value, is_unbacked
 from ember.ir.printer import print_arg
 from ember.ir.registry import InferContext, OpDef, OpRegistry, OpTypeError
 from ember.ir.types import F64, I64, ScalarType, TensorType, Type, scalar_type_of
@@ -94,6 +95,39 @@ GRAPH_CALL = OpDef(
 )
 
 
+def _bind_infer(ctx: InferContext, args: Sequence[Arg], kwargs: Mapping[str, Arg]
+                ) -> list[Type]:
+    usage = "graph.bind_symbol(%t, u0) takes a one-element integer tensor and an unbacked symbol"
+    if len(args) != 2 or not isinstance(args[0], Value) or not isinstance(args[0].type,
+                                                                         TensorType):
+        raise OpTypeError(usage)
+    t = args[0].type
+    if not t.dtype.is_integer or any(not (isinstance(d, int) and d == 1)
+                                                        for d in t.shape):
+        raise OpTypeError(f"{usage}, got %{args[0].name}: {t}")
+    if not isinstance(args[1], sympy.Symbol) or not is_unbacked(args[1].name):
+        raise OpTypeError(f"{usage}, got {print_arg(args[1])}")
+    le = kwargs.get("le", [])
+    if set(kwargs) - {"le"} or not isinstance(le, list) or not all(
+            isinstance(e, int | sympy.Expr) and not isinstance(e, bool) for e in le):
+        raise OpTypeError("graph.bind_symbol takes only le=[size expressions] (its asserts)")
+    return [I64]
+
+
+def _bind_run(interp: Interpreter, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """The tensor's value (the interpreter binds the symbol and checks its asserts)."""
+    return int(args[0].item())
+
+
+GRAPH_BIND_SYMBOL = OpDef(
+    BIND_SYMBOL, "bind unbacked symbol u0 to a one-element integer tensor's value, checked "
+    "against u0's declared range and each le=[...] bound: graph.bind_symbol(%t, u0, le=[s0])",
+    _bind_infer, _bind_run,
+    has_side_effects=True,  # it binds the symbol later nodes read, and asserts: never removed
+)
+
+
 def register_builtin_ops(registry: OpRegistry) -> None:
-    if registry.lookup(GRAPH_CALL.name) is None:
-        registry.register(GRAPH_CALL)
+    for op in (GRAPH_CALL, GRAPH_BIND_SYMBOL):
+        if registry.lookup(op.name) is None:
+            registry.register(op)

@@ -22,7 +22,18 @@ IR_VERSION: tuple[int, int] = (1, 0)  # what a new module prints, unless it need
 # 1.1 added loop variables in expressions (`index=[i0, r0 * 4]`) and body domains
 # (`domain(i0 < 4, r0 < 8)`); the printer writes 1.1 exactly when a module uses them.
 LOOP_VARS_VERSION: tuple[int, int] = (1, 1)
-IR_LATEST: tuple[int, int] = LOOP_VARS_VERSION  # the newest minor this reader knows
+# 1.2 added unbacked symbols `u0`: sizes read from a tensor's data (`.item()`), bound inside a
+# graph by `graph.bind_symbol(%t, u0)` instead of by an input's shape.
+UNBACKED_VERSION: tuple[int, int] = (1, 2)
+IR_LATEST: tuple[int, int] = UNBACKED_VERSION  # the newest minor this reader knows
+
+
+BIND_SYMBOL = "graph.bind_symbol"  # `%n = graph.bind_symbol(%t, u0) : i64` (1.2)
+
+
+def is_unbacked(name: str) -> bool:
+    """`u<digits>`: a symbol bound by a graph.bind_symbol node (ir-v1.2), not by an input."""
+    return name[:1] == "u" and name[1:].isdigit()
 
 
 @dataclass(frozen=True)

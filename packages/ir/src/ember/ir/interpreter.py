@@ -22,7 +22,7 @@ from ember.ir.expr import (
     loop_var_names,
     to_text,
 )
-from ember.ir.graph import Arg, Graph, Module, Node, Ref, Symbol, Value
+from ember.ir.graph import BIND_SYMBOL, Arg, Graph, Module, Node, Ref, Symbol, Value
 from ember.ir.registry import OpRegistry, default_registry
 from ember.ir.types import ScalarKind, ScalarType, TensorType, Type
 
@@ -201,6 +201,9 @@ class Interpreter:
         return [values[o] for o in g.outputs], env
 
     def _run_node(self, node: Node, values: dict[Value, Any], env: Mapping[str, int]) -> None:
+        if node.op == BIND_SYMBOL and isinstance(env, dict):
+            values[node.results[0]] = bind_unbacked(node, values, env, self.module.symbols)
+            return
         op = self.registry.lookup(node.op)
         if op is None:
             raise InterpretError(f"unknown op {node.op} (ember.ir interpreter)", node)
@@ -246,6 +249,49 @@ class Interpreter:
             if self.check_types:
                 _check_result(node, r.type, x, env)
             values[r] = x
+
+
+class SymbolAssertionError(RuntimeError):
+    """A value read from a tensor (an unbacked symbol, ir-v1.2) breaks what the graph assumed of
+    it: its declared range, or a bound `le=[...]` of its graph.bind_symbol (torch.compile's
+    deferred runtime asserts)."""
+
+
+def check_unbacked(name: str, v: int, sym: Symbol | None, le: Sequence[int]) -> None:
+    """Raise SymbolAssertionError where `v`, bound to unbacked symbol `name`, is outside its
+    declared range or above one of the bounds `le`."""
+    if sym is not None and not _in_range(sym, v):
+        hi = "inf" if sym.max is None else sym.max
+        raise SymbolAssertionError(
+            f"ember: {name} = {v}, read from a tensor, is outside the range [{sym.min or 0}, "
+            f"{hi}] the compiled graph assumes (a runtime assertion)")
+    for b in le:
+        if v > b:
+            raise SymbolAssertionError(
+                f"ember: {name} = {v}, read from a tensor, is above {b}, the size the compiled "
+                f"graph assumes it does not exceed (a runtime assertion; eager would clamp)")
+
+
+def bind_unbacked(node: Node, values: Mapping[Value, Any], env: dict[str, int],
+                  symbols: Mapping[str, Symbol]) -> int:
+    """Run `%n = graph.bind_symbol(%t, u0, le=[...])`: u0 := %t's value, checked."""
+    t, sym = node.args[0], node.args[1]
+    if not isinstance(t, Value) or not isinstance(sym, sympy.Symbol):
+        raise InterpretError("graph.bind_symbol(%t, u0) takes a tensor and a symbol", node)
+    x = values[t]
+    if not isinstance(x, torch.Tensor) or x.numel() != 1 or x.dtype.is_floating_point or \
+            x.dtype.is_complex or x.dtype == torch.bool:
+        raise InterpretError("graph.bind_symbol: the value is not a one-element integer tensor",
+                             node)
+    v = int(x.item())
+    env[sym.name] = v
+    le = node.kwargs.get("le", [])
+    try:
+        bounds = [evaluate(e, env) for e in le] if isinstance(le, list) else []
+    except ExprEvalError as e:
+        raise InterpretError(f"graph.bind_symbol: {e}", node) from None
+    check_unbacked(sym.name, v, symbols.get(sym.name), bounds)
+    return v
 
 
 def _unalias(x: Any, written: Sequence[Any]) -> Any:
@@ -307,5 +353,5 @@ def run_graph(module: Module, inputs: Sequence[Any], graph: str | None = None, *
     return Interpreter(module, registry).run(inputs, graph).outputs
 
 
-__all__ = ["InterpretError", "Interpreter", "RunResult", "bind_symbols", "eager_error",
-           "failed_node", "run_graph", "Ref"]
+__all__ = ["InterpretError", "Interpreter", "RunResult", "SymbolAssertionError", "bind_symbols",
+           "bind_unbacked", "check_unbacked", "eager_error", "failed_node", "run_graph", "Ref"]

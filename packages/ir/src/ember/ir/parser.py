@@ -29,6 +29,7 @@ from ember.ir.graph import (
     IR_LATEST,
     IR_VERSION,
     LOOP_VARS_VERSION,
+    UNBACKED_VERSION,
     Arg,
     Graph,
     Kernel,
@@ -48,7 +49,7 @@ RESERVED = frozenset(
 ) | DTYPE_NAMES
 MAX_DEPTH = 64
 _SYM = re.compile(r"s[0-9]+")
-_RESERVED_SYM = re.compile(r"u[0-9]+")
+_RESERVED_SYM = re.compile(r"u[0-9]+")  # unbacked symbols (ember.ir 1.2)
 _BINARY = ("+", "-", "*", "//")
 MAX_EXPR_TOKENS = 4096  # a standalone expression (compiled indices have a few dozen tokens)
 
@@ -211,8 +212,10 @@ class _Parser:
     def symbol_decl(self) -> None:
         self.expect("symbol")
         t = self.peek()
-        if t.kind != "NAME" or not _SYM.fullmatch(t.text):
-            raise self.error("a symbol name s<digits>")
+        if t.kind == "NAME" and _RESERVED_SYM.fullmatch(t.text):
+            self.need_version(UNBACKED_VERSION, f"unbacked symbol {t.text}", t)
+        elif t.kind != "NAME" or not _SYM.fullmatch(t.text):
+            raise self.error("a symbol name s<digits> (or u<digits>, ember.ir 1.2)")
         self.next()
         if t.text in self.module_.symbols:
             raise IRParseError(f"symbol {t.text} is declared twice", t.line, t.col)
@@ -324,11 +327,14 @@ class _Parser:
         return out
 
     def need_loop_version(self, what: str, t: Token) -> None:
-        if self.module_.version < LOOP_VARS_VERSION:
+        self.need_version(LOOP_VARS_VERSION, what, t)
+
+    def need_version(self, version: tuple[int, int], what: str, t: Token) -> None:
+        if self.module_.version < version:
             have = ".".join(map(str, self.module_.version))
-            raise IRParseError(f"{what} needs ember.ir {LOOP_VARS_VERSION[0]}."
-                               f"{LOOP_VARS_VERSION[1]} (this text says {have})", t.line, t.col,
-                               "the header 'ember.ir 1.1'")
+            want = f"{version[0]}.{version[1]}"
+            raise IRParseError(f"{what} needs ember.ir {want} (this text says {have})", t.line,
+                               t.col, f"the header 'ember.ir {want}'")
 
     def param(self) -> Value:
         t = self.peek()
@@ -591,14 +597,14 @@ class _Parser:
             self.need_loop_version(f"loop variable {t.text}", t)
             self.next()
             return symbol(t.text)
-        if t.kind == "NAME" and _SYM.fullmatch(t.text):
+        if t.kind == "NAME" and _RESERVED_SYM.fullmatch(t.text):
+            self.need_version(UNBACKED_VERSION, f"unbacked symbol {t.text}", t)
+        if t.kind == "NAME" and (_SYM.fullmatch(t.text) or _RESERVED_SYM.fullmatch(t.text)):
             if t.text not in self.module_.symbols and not self.free_symbols:
                 raise IRParseError(f"undeclared symbol {t.text}", t.line, t.col,
                                    "a symbol declared with 'symbol' before its use")
             self.next()
             return symbol(t.text)
-        if t.kind == "NAME" and _RESERVED_SYM.fullmatch(t.text):
-            raise IRParseError(f"symbol {t.text}: u-symbols are reserved", t.line, t.col)
         raise self.error("an integer, a symbol, '-', '(' or max/min/mod(...)")
 
     def fold(self, a: Dim, b: Dim, op: str, at: Token) -> Dim:

@@ -12,6 +12,7 @@ from ember.ir.dtypes import DTYPE_NAMES, DType
 from ember.ir.expr import INT64_MAX, INT64_MIN, Dim, is_loop_var, loop_var_names, to_text
 from ember.ir.graph import (
     LOOP_VARS_VERSION,
+    UNBACKED_VERSION,
     Arg,
     Graph,
     Kernel,
@@ -21,6 +22,7 @@ from ember.ir.graph import (
     Ref,
     Symbol,
     Value,
+    is_unbacked,
 )
 from ember.ir.types import TensorType, Type
 
@@ -33,7 +35,7 @@ class PrintError(ValueError):
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OPNAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
 _VALUE = re.compile(r"[A-Za-z0-9_.]+")
-_SYM = re.compile(r"s[0-9]+")
+_SYM = re.compile(r"[su][0-9]+")  # u<digits>: unbacked (1.2)
 _DEVICE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(:[0-9]+)?")
 _SURROGATE_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
@@ -56,7 +58,10 @@ def print_module(m: Module) -> str:
 
 def required_version(m: Module) -> tuple[int, int]:
     """The oldest ir-v1 minor whose grammar holds the module: 1.1 where a graph declares a
-    domain or an argument names a loop variable, else 1.0."""
+    domain or an argument names a loop variable, else 1.0; 1.2 where an unbacked symbol
+    (`u0`) is declared."""
+    if any(is_unbacked(n) for n in m.symbols):
+        return UNBACKED_VERSION
     for g in m.graphs.values():
         if g.domain is not None or any(_uses_loop_vars(a) for n in g.nodes
                                        for a in [*n.args, *n.kwargs.values()]):

@@ -1,6 +1,7 @@
 """The verifier: structural and type checks of a module, apart from any pass.
 
-Checks: SSA (each value defined once, before use), declared symbols and division by zero in
+Checks: SSA (each value defined once, before use; an unbacked symbol bound before its use),
+declared symbols and division by zero in
 expressions, `@` references, return types, `input_updates`, and every node's result count and
 types against its op's type rule. Unregistered ops are errors unless `allow_unregistered`; ops
 with effects outside the graph (effects.py) are errors unless effects are allowed, and their
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 
@@ -27,7 +29,7 @@ from ember.ir.expr import (
     loop_var_names,
     to_text,
 )
-from ember.ir.graph import Arg, Graph, Module, Node, Pos, Ref, Value
+from ember.ir.graph import BIND_SYMBOL, Arg, Graph, Module, Node, Pos, Ref, Value, is_unbacked
 from ember.ir.registry import InferContext, OpRegistry, OpTypeError, default_registry
 from ember.ir.types import ScalarType, TensorType, Type
 
@@ -151,6 +153,11 @@ class _Checker:
         for p in g.params:
             define(p, g.pos)
             self.type_(p.type, g.pos, f"{where} parameter %{p.name}")
+            if isinstance(p.type, TensorType) and _unbacked_in([p.type]):
+                self.err(f"{where} parameter %{p.name}: unbacked symbol(s) "
+                         f"{', '.join(sorted(_unbacked_in([p.type])))} in an input's type "
+                         f"(they are bound by graph.bind_symbol, inputs bind s-symbols)", g.pos)
+        bound: set[str] = set()  # ir-v1.2: unbacked symbols bound so far, in node order
         for t in g.result_types:
             self.type_(t, g.pos, f"{where} result type")
         if g.domain is not None:  # ir-v1.1: a body's loops (whether callers agree: their rules)
@@ -169,6 +176,7 @@ class _Checker:
             # only the loop-level dialects take indices over loop variables (ir-v1.1)
             self.args(n.args + list(n.kwargs.values()), n.pos, n.op,
                       loop_ok=n.op.startswith(_INDEX_DIALECTS))
+            self.unbacked_uses(n, bound)
             if len(self.errors) == before:  # the type rule would only repeat what is reported
                 self.node(n, g)
         for o in g.outputs:
@@ -183,6 +191,21 @@ class _Checker:
                     self.err(f"{where}: result {i} (%{o.name}) has type {o.type}, "
                              f"the signature says {t}", g.pos)
         self.input_updates(g)
+
+    def unbacked_uses(self, n: Node, bound: set[str]) -> None:
+        """An unbacked symbol is used only after the graph.bind_symbol that binds it, which
+        binds it once."""
+        uses: list[Any] = [*n.args, *n.kwargs.values(), *(r.type for r in n.results)]
+        if n.op == BIND_SYMBOL and len(n.args) == 2 and isinstance(n.args[1], sympy.Symbol):
+            name = n.args[1].name
+            if name in bound:
+                self.err(f"{n.op}: unbacked symbol {name} is bound twice", n.pos)
+            uses = [n.args[0], *n.kwargs.values()]
+            bound.add(name)
+        early = _unbacked_in(uses) - bound
+        if early:
+            self.err(f"{n.op}: unbacked symbol(s) {', '.join(sorted(early))} used before the "
+                     f"graph.bind_symbol that binds them", n.pos)
 
     def input_updates(self, g: Graph) -> None:
         raw = g.attrs.get("input_updates")
@@ -258,3 +281,16 @@ class _Checker:
             if at_hints != tuple(evaluate(d, {}) for d in want.shape):
                 return f"at the symbols' hints it is {list(at_hints)} and the op gives {want}"
         return None
+
+
+def _unbacked_in(items: Iterable[Any]) -> set[str]:
+    """The unbacked symbols (`u0`) in arguments or types."""
+    out: set[str] = set()
+    for a in items:
+        if isinstance(a, TensorType):
+            out |= _unbacked_in(list(a.shape) + list(a.strides or ()))
+        elif isinstance(a, list):
+            out |= _unbacked_in(a)
+        elif isinstance(a, sympy.Expr):
+            out |= {s.name for s in a.free_symbols if is_unbacked(s.name)}
+    return out

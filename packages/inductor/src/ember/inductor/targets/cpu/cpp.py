@@ -197,7 +197,7 @@ static inline int64_t ember_mod(int64_t a, int64_t b) {
 
 
 _LOOP_VAR = re.compile(r"[ir][0-9]+")
-_SIZE_SYM = re.compile(r"s[0-9]+")  # ir-v1's size symbols: C++ names of the kernel's arguments
+_SIZE_SYM = re.compile(r"[su][0-9]+")  # size symbols (u: unbacked, ir-v1.2): C++ kernel args
 # the size symbols the kernel being written reads (None outside `size_symbols`)
 _SIZES: ContextVar[set[str] | None] = ContextVar("ember_cpp_sizes", default=None)
 
