@@ -104,6 +104,9 @@ def main() -> int:
     ap.add_argument("--kernels", action="store_true", help="one line per kernel")
     ap.add_argument("--cpu", action="store_true", help="also the CPU target's kernel count")
     ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
+    ap.add_argument("--passes", default="", help="the CUDA passes after the front end, in place "
+                    "of inductor-cuda's up to schedule-cuda (e.g. the pipeline before "
+                    "matmul-lowp and fuse-shared: lower-loops,fuse,schedule-cuda)")
     a = ap.parse_args()
     import ember.inductor  # noqa: F401
     from ember.capture import capture
@@ -111,9 +114,13 @@ def main() -> int:
     from ember.inductor.targets.cpu import INDUCTOR_CPU
     from ember.inductor.targets.cuda import FRONT, register_cuda_target
     register_cuda_target()
-    cuda_pl = f"{FRONT},{cuda_pipeline_upto_schedule()}"
+    cuda_pl = f"{FRONT},{a.passes or cuda_pipeline_upto_schedule()}"
     for name in a.models.split(","):
-        model, args = build(name)
+        try:
+            model, args = build(name)
+        except ImportError as e:  # timm is not installed everywhere (this CPU machine)
+            print(f"{name}: skipped ({e})")
+            continue
         t0 = time.perf_counter()
         c = capture(model, args, {})
         module = getattr(c, "module", None)
