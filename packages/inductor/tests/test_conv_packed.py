@@ -186,7 +186,7 @@ graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f3
   %s = prims.div(%c1, %d) : f32[2, 4, 6, 5]
   %c2 = prims.convolution(%s, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
   %p = prims.add(%c2, 1.0) : f32[2, 4, 6, 5]
-  %q = prims.mul(%p, %p) : f32[2, 4, 6, 5]
+  %q = prims.mul(%p, 0.5) : f32[2, 4, 6, 5]
   %o = prims.add(%q, %p) : f32[2, 4, 6, 5]
   return (%o)
 }
@@ -213,4 +213,30 @@ def test_silu_folds_into_the_convolution_and_dead_conv_outputs_are_reused() -> N
     x[1, 2, 4, 1] = -float("inf")
     p = torch.conv2d(torch.nn.functional.silu(torch.conv2d(x, w1, padding=1)), w2) + 1
     got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
-    torch.testing.assert_close(got, p * p + p, equal_nan=True)
+    # the 1x1 convolution on 60 pixels runs as addmm: another summation order than eager's
+    # convolution, on values up to ~50
+    torch.testing.assert_close(got, p * 0.5 + p, equal_nan=True, rtol=1e-5, atol=1e-4)
+
+
+def test_a_1x1_convolution_on_few_pixels_runs_as_a_cached_matrix_product() -> None:
+    """A squeeze-excitation's 1x1 convolution on [N, C, 1, 1] is addmm on the NHWC rows
+    (oneDNN's per-call setup costs 5-10x the product); its [I, O] matrix, scaled, is cached
+    on the weight and remade when the weight changes; relu/silu apply as before."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(6, 5, 1, 1, generator=g))
+    a, b = torch.rand(6, generator=g) + 0.5, torch.randn(6, generator=g)
+    x = torch.randn(3, 1, 1, 5, generator=g)  # NHWC
+    kw = {"scale": True, "bias": True, "relu": False, "silu": True, "stride": [1, 1],
+          "padding": [0, 0], "dilation": [1, 1], "groups": 1}
+    assert packed._matmul(x, w, kw)
+    with torch.no_grad():
+        for _ in range(2):
+            want = torch.nn.functional.silu(torch.conv2d(
+                x.permute(0, 3, 1, 2), w * a[:, None, None, None], b)).permute(0, 2, 3, 1)
+            got = packed._run(None, [x, w, a, b], kw)  # type: ignore[arg-type]
+            torch.testing.assert_close(got, want)
+            assert got.is_contiguous() and packed.is_cached(w)
+            w.mul_(-2)  # a new version: the matrix is remade
+    big = torch.randn(2, 64, 64, 5)
+    assert not packed._matmul(big, torch.randn(600, 5, 1, 1), kw)  # many pixels: oneDNN
+    assert not packed._matmul(x, w, {**kw, "stride": [2, 2]})

@@ -126,12 +126,13 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
                   kw: Mapping[str, Any]) -> torch.Tensor:
     """oneDNN's packed `w * a[o]` for an NCHW input of `size`: cached for a Parameter (module
     docstring), packed afresh for any other tensor. The scale is compared by its bytes (a NaN
-    matches itself, -0.0 does not match 0.0: equal bytes pack to the same weight)."""
+    matches itself, -0.0 does not match 0.0: equal bytes pack to the same weight). With
+    size=[] (`_matmul`): the [I, O] matrix `(w * a[o]).T` of a 1x1 convolution instead."""
     p: _Packs | None = None
     key: tuple[Any, ...] = ()
     if isinstance(w, torch.nn.Parameter):
         key = (*size, *kw["stride"], *kw["padding"], *kw["dilation"], kw.get("groups", 1),
-               None if a is None else a.detach().numpy().tobytes())
+               None if a is None else a.detach().numpy().tobytes(), len(size))
         state = (w._version, w.data_ptr())
         p = _PACKS.get(id(w))
         if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
@@ -140,9 +141,12 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
         if hit is not None:
             return hit
     with torch.no_grad():  # packing is not part of any autograd graph
-        packed: torch.Tensor = torch.ops.mkldnn._reorder_convolution_weight(
-            _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
-            list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
+        if not size:  # the 1x1 convolution's matrix, [I, O]
+            packed = _scaled(w, a).reshape(w.shape[0], w.shape[1]).t()
+        else:
+            packed = torch.ops.mkldnn._reorder_convolution_weight(
+                _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
+                list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
     if p is not None:
         if len(p.entries) >= MAX_ENTRIES:
             p.entries.clear()
@@ -150,8 +154,31 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
     return packed
 
 
+# A 1x1 convolution on few pixels is a small matrix product: oneDNN's per-call setup
+# (~40 us) dwarfs it (a squeeze-excitation's [N, C, 1, 1] convolutions: ~300 us each in
+# efficientnet_b0 vs ~10 us as addmm). Up to this many multiply-adds (or 16 rows) it runs as
+# addmm on the NHWC rows; measured on the 2-core EPYC at 1 thread (oneDNN wins above ~4M).
+SMALL_MATMUL = 1 << 21
+
+
+def _matmul(x: torch.Tensor, w: torch.Tensor, kw: Mapping[str, Any]) -> bool:
+    """The convolution is a small matrix product over the NHWC rows (1x1, stride 1, no
+    padding, one group, few rows)."""
+    if w.dim() != 4 or w.shape[2] != 1 or w.shape[3] != 1 or kw.get("groups", 1) != 1 \
+            or list(kw["stride"]) != [1, 1] or list(kw["padding"]) != [0, 0] \
+            or x.dim() != 4 or x.dtype != w.dtype:
+        return False
+    rows = x.shape[0] * x.shape[1] * x.shape[2]
+    return rows <= 16 or rows * w.shape[0] * w.shape[1] <= SMALL_MATMUL
+
+
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     x, w, a, b = _operands(args, kw)
+    if _matmul(x, w, kw):  # NHWC rows times the [I, O] matrix: the NHWC result as it is
+        rows = x.reshape(-1, x.shape[3])
+        m = packed_weight(w, a, [], kw)  # (made under no_grad)
+        y = torch.mm(rows, m) if b is None else torch.addmm(b, rows, m)
+        return _activation(y, kw).view(x.shape[0], x.shape[1], x.shape[2], w.shape[0])
     groups = kw.get("groups", 1)
     xc = x.permute(0, 3, 1, 2)  # NCHW seen with channels-last strides
     if _mkldnn(x, w):
@@ -162,14 +189,19 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         with torch.no_grad():
             y = torch.convolution(xc, _scaled(w, a), b, kw["stride"], kw["padding"],
                                   kw["dilation"], False, [0, 0], groups)
+    return _activation(y, kw).permute(0, 2, 3, 1).contiguous()
+
+
+def _activation(y: torch.Tensor, kw: Mapping[str, Any]) -> torch.Tensor:
+    """relu=, relu_max=, silu= applied to the convolution's result in place."""
     hi = kw.get("relu_max")
     if hi is not None:  # ReLU6: torch's clamp keeps NaN (oneDNN's hardtanh post-op drops it)
-        y = torch.clamp_(y, 0.0, hi)
-    elif kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
-        y = torch.relu_(y)
-    elif kw.get("silu"):
-        y = torch.nn.functional.silu(y, inplace=True)
-    return y.permute(0, 2, 3, 1).contiguous()
+        return torch.clamp_(y, 0.0, hi)
+    if kw.get("relu"):  # torch's relu keeps NaN (oneDNN's post-op would map it to 0)
+        return torch.relu_(y)
+    if kw.get("silu"):
+        return torch.nn.functional.silu(y, inplace=True)
+    return y
 
 
 PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIHW weight "
