@@ -183,3 +183,22 @@ def test_independent_pointwise_kernels_merge() -> None:
     assert triton_kernels(on_cuda(projections, *args, passes=apart)) == 3
     for a, e in zip(interpreted(projections, *args), projections(*args), strict=True):
         torch.testing.assert_close(a, e)
+
+
+def test_linear_on_3d_input_is_one_f16_gemm_and_its_epilogue(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A linear on [B, T, K] (the input reshaped, the weight transposed: views between the
+    upcast and the product): the GEMM in f16, the bias + gelu epilogue the only kernel."""
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.gelu(F.linear(x, w, b))
+    args = (torch.randn(2, 4, 16).half(), torch.randn(8, 16).half(), torch.randn(8).half())
+    m = on_cuda(f, *args)
+    assert triton_kernels(m) == 1
+    mms = [n for g in m.graphs.values() for n in g.nodes
+           if n.op == "kernels.extern" and n.kwargs.get("op") == "prims.matmul"]
+    assert [n.results[0].type.dtype for n in mms] == [DType.f16]  # type: ignore[union-attr]
+    before = on_cuda(f, *args, passes="lower-loops,fuse,schedule-cuda,codegen-triton")
+    assert triton_kernels(before) == 3  # the input's and the weight's f32 copies
+    on_cuda(lambda x, w: F.linear(x, w).float().softmax(-1) @ w.float(),
+            args[0], args[1], passes="matmul-lowp{explain=true}")
+    assert "kept in f32: an operand is not an upcast" in capsys.readouterr().err
