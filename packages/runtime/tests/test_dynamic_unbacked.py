@@ -187,3 +187,20 @@ def test_int_of_a_size_is_still_the_size(fn: Callable[..., Any],
     for v in (5, 2, 12, 4):
         args = make(v)
         torch.testing.assert_close(cf(*args), fn(*args))
+
+
+def test_a_graph_recording_gradients_keeps_the_break() -> None:
+    """Training graphs are split into forward and backward, and only the forward would bind
+    the symbol: with an input that requires grad the `.item()` stays a graph break, and the
+    gradients are eager's."""
+    def f(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (x[:int(mask.sum().item())] * 2).sum()
+
+    cf = er.compile(f, backend="eager", dynamic=True)
+    for rows, k in ((6, 2), (7, 0)):
+        x, mask = torch.randn(rows, 3, requires_grad=True), torch.arange(rows) < k
+        cf(x, mask).backward()
+        x2 = x.detach().clone().requires_grad_()
+        f(x2, mask).backward()
+        torch.testing.assert_close(x.grad, x2.grad)
+    assert "records gradients" in er.explain(cf).breaks[0].reason

@@ -27,7 +27,7 @@ from ember.capture.guards import (
 )
 from ember.capture.result import Captured, OutAlias, OutResult
 from ember.capture.sources import RefFn, Source
-from ember.capture.symbolic import BoundUnbacked, ShapeEnv, SymInt
+from ember.capture.symbolic import BoundUnbacked, ShapeEnv, SymInt, Unbacked
 from ember.ir import Module, TensorType, Value
 from ember.ir.dtypes import DType
 from ember.ir.graph import BIND_SYMBOL, Symbol
@@ -239,6 +239,12 @@ def _add_carriers(cap: Captured, env: ShapeEnv) -> Captured:
 
 def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
     """The symbolic form of `cap` (recorded at probe sizes)."""
+    if env.unbacked and torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in cap.input_examples):
+        # the training path splits the graph into forward and backward, and only the forward
+        # would bind the symbol: such a call keeps the graph break at the .item()
+        raise Unbacked("a graph that records gradients reads a size with .item() (training "
+                       "graphs do not bind unbacked symbols)")
     if env.int_args:
         cap = _add_carriers(cap, env)
     symbolize(cap.module, env)
