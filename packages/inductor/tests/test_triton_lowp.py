@@ -4,14 +4,17 @@ The default ("f32"): f16/bf16 values are upcast at loads, every op, conversion a
 computed in f32 and the result is rounded to its dtype only at the store, as TorchInductor does.
 "per-op" (`schedule-cuda{lowp=per-op}`, or `cuda_lowp="per-op"` edited into a dump) rounds every
 op's result as eager does. Kernels run in Triton's interpreter on f16 (its bf16 arithmetic is
-wrong; bf16 is checked on the GPU by benchmarks/gpu_cuda_suite.py and cuda_schedule_sweep.py).
+wrong): bf16 on the device, with EMBER_TEST_CUDA=1 (real launches; the interpreter's tests
+are skipped there), and in benchmarks/gpu_cuda_suite.py and cuda_schedule_sweep.py.
 """
 
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+CUDA = os.environ.get("EMBER_TEST_CUDA") == "1"  # the device run: real launches
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
@@ -30,6 +33,8 @@ from ember.ir import Module, parse  # noqa: E402
 from ember.ir.passes import PipelineError, run_pipeline  # noqa: E402
 
 FRONT = "decompose,cse,dce,lower-loops,fuse"
+CPU_ONLY = pytest.mark.skipif(CUDA, reason="the interpreter's tests (EMBER_TEST_CUDA=1 is set)")
+pytestmark = CPU_ONLY
 ROUND_F16 = ".to(tl.float16).to(tl.float32)"  # per-op rounding as render.py writes it
 
 
