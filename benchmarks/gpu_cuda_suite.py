@@ -89,6 +89,15 @@ def copy_bandwidth() -> float:
     return tbs
 
 
+def same_size_copy(nbytes: int) -> float:
+    """TB/s of a copy moving `nbytes` in all: the ceiling at a kernel's own size (a 134 MB bf16
+    row sum is a 40 us kernel, whose fixed costs a 2 GiB copy does not show)."""
+    x = torch.empty(nbytes // 8, device="cuda")
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x))
+    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e12
+
+
 # ---- 2. kernels ------------------------------------------------------------------------------
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -211,12 +220,15 @@ def run_kernel_case(case: str, dtype: torch.dtype, copy_tbs: float) -> dict[str,
         kms, src = kernel_only(cf, args, want)
         row["ember_kernel_ms"] = kms
         row["sources"] = {case: src}
+    same = same_size_copy(nbytes)
+    row["same_size_copy_pct_copy"] = round(100 * same / copy_tbs, 1)
     for who in ("eager", "tc", "ember", "ember_kernel"):
         ms = row.get(f"{who}_ms")
         if ms:
             tbs = nbytes / (ms * 1e-3) / 1e12
             row[f"{who}_TBps"] = round(tbs, 3)
             row[f"{who}_pct_copy"] = round(100 * tbs / copy_tbs, 1)
+            row[f"{who}_pct_same_size_copy"] = round(100 * tbs / same, 1)
     return row
 
 
@@ -664,14 +676,16 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
         lines += [f"## Memory-bound kernels ({ROWS}x{COLS}; bytes: inputs read once, output "
                   "written once)", "",
                   "| case | dtype | ok | eager % copy | torch.compile % copy | ember % copy | "
-                  "ember kernel alone % copy | ember ms | tc ms | Triton kernels |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "ember kernel alone % copy | ember ms | tc ms | Triton kernels | "
+                  "same-size copy % copy | ember % same-size copy |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in ks:
             lines.append(f"| {r['case']} | {r['dtype']} | {r.get('ok')} | "
                          f"{r.get('eager_pct_copy')} | {r.get('tc_pct_copy')} | "
                          f"{r.get('ember_pct_copy')} | {r.get('ember_kernel_pct_copy')} | "
                          f"{r.get('ember_ms', 0):.4f} | {r.get('tc_ms', 0):.4f} | "
-                         f"{r.get('triton_kernels')} |")
+                         f"{r.get('triton_kernels')} | {r.get('same_size_copy_pct_copy')} | "
+                         f"{r.get('ember_pct_same_size_copy')} |")
     vs = [r for r in rows if r["section"] == "variants"]
     if vs:
         lines += ["", "## Schedule variants (ember's kernel re-launched)", "",
