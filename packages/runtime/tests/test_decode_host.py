@@ -1,0 +1,62 @@
+"""Per-call host work of a compiled function in a decode loop (issue 20): every step calls the
+same entry with the same ~400 tensors, so the other entries' guards and the inputs' storages
+are not read again each step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import ember.runtime as er
+import ember.runtime.writeback as wb
+
+
+def _counting(obj: Any, name: str) -> list[int]:
+    n = [0]
+    f = getattr(obj, name)
+
+    def counted(*a: Any, **k: Any) -> Any:
+        n[0] += 1
+        return f(*a, **k)
+    setattr(obj, name, counted)
+    return n
+
+
+def test_the_entry_the_last_call_ran_is_checked_first() -> None:
+    c = er.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    a, b = torch.randn(3), torch.randn(5)
+    for x in (a, a, b, b):  # two entries; the second ran last
+        torch.testing.assert_close(c(x), x * 2 + 1)
+    assert len(c.entries) == 2
+    first = _counting(c.entries[0].code, "guard")
+    for _ in range(3):
+        torch.testing.assert_close(c(b), b * 2 + 1)
+    assert first[0] == 0  # the first entry's (failing) check is not paid per call
+    torch.testing.assert_close(c(a), a * 2 + 1)  # and it still serves its inputs
+    assert first[0] >= 1 and len(c.entries) == 2
+
+
+def test_storages_are_read_again_only_when_an_address_changes(monkeypatch: Any) -> None:
+    def step(cache: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache.add_(v)
+        return cache.sum()
+
+    calls = [0]
+    real = wb.aliasing
+
+    def counted(inputs: Any) -> Any:
+        calls[0] += 1
+        return real(inputs)
+    monkeypatch.setattr(wb, "aliasing", counted)
+    c = er.compile(step, backend="eager")
+    cache, ref, v = torch.zeros(4), torch.zeros(4), torch.ones(4)
+    for _ in range(5):
+        torch.testing.assert_close(c(cache, v), step(ref, v))
+    assert calls[0] <= 3  # the capture's, then once for the first call's addresses
+    before = calls[0]
+    # a view of the cache as v: v's address changed, so the storages are read again, and
+    # the new aliasing pattern is a cache miss (the result is still eager's)
+    torch.testing.assert_close(c(cache, cache[:]), step(ref, ref[:]))
+    assert calls[0] > before
+    torch.testing.assert_close(cache, ref)
