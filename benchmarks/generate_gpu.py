@@ -110,7 +110,31 @@ def ember_counts(cf: Any) -> dict[str, Any]:
     return {"graphs": rep.graph_count, "recompilations": len(rep.recompilations),
             "fallbacks": [f"{f.kind}: {f.reason}"[:200] for f in rep.fallbacks],
             "cuda_recordings": rep.recordings, "cuda_replays": rep.replays,
-            "cuda_graphs": [r.text()[:300] for r in rep.cuda_graphs]}
+            "cuda_graphs": [r.text()[:300] for r in rep.cuda_graphs], "explain": str(rep)}
+
+
+def divergence_gaps(model: Any, ids: torch.Tensor, got: torch.Tensor, want: torch.Tensor,
+                    div: list[int | None]) -> list[dict[str, Any] | None]:
+    """Per divergent row: eager's logits at the first divergent position (its prompt and
+    eager's tokens before it, no cache), and how far apart eager's token and the compiled one
+    are there. A gap within bf16's rounding of the logits (their scale x 2^-8) is a near tie:
+    the compiled run took the other of two tokens eager barely tells apart."""
+    out: list[dict[str, Any] | None] = []
+    for b, p in enumerate(div):
+        if p is None or p >= got.shape[1] or p >= want.shape[1]:
+            out.append(None)
+            continue
+        seq = torch.cat([ids[b], want[b, :p]])[None]
+        with torch.no_grad():
+            # (the class's forward: the instance's may be the compiled one)
+            logits = type(model).forward(model, seq).logits[0, -1].float()
+        e, c = int(want[b, p]), int(got[b, p])
+        scale = float(logits.abs().max())
+        gap = float(logits[e] - logits[c])
+        out.append({"position": p, "eager_token": e, "compiled_token": c,
+                    "gap": round(gap, 4), "logit_scale": round(scale, 3),
+                    "near_tie": abs(gap) <= scale * 2 ** -8 * 2})
+    return out
 
 
 def compiled_forward(model: Any, variant: str) -> Any:
@@ -195,6 +219,9 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
             div = first_divergence(toks, eager_tokens[(cache, batch)])
             row["same_tokens"] = all(d is None for d in div)
             row["first_divergence"] = div
+            if not row["same_tokens"]:
+                row["divergence"] = divergence_gaps(model, ids, toks,
+                                                    eager_tokens[(cache, batch)], div)
         if variant.startswith("ember") and cf is not None:
             row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
     except Exception as e:
