@@ -121,3 +121,18 @@ def test_f16_rows_keep_reductions_in_f32(fn: Callable[[torch.Tensor], torch.Tens
     got_op, src_op = run(scheduled(fn, x, lowp="per-op"), x)
     assert ROUND_F16 in src_op
     torch.testing.assert_close(got_op, fn(x), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("lowp", ["f32", "per-op"])
+def test_bf16_cast_placement(lowp: str) -> None:
+    """bf16 (rendered only: the interpreter's bf16 arithmetic is wrong; test_triton_lowp_cuda
+    runs it on the device): loads upcast, the store rounds; per-op also rounds between ops."""
+    a, b = (t.bfloat16() for t in inputs(8, 32))
+    m = run_pipeline(scheduled(chain, a, b, lowp=lowp), "codegen-triton{interpret=true}")
+    (k,) = m.kernels.values()
+    body = k.source[k.source.index("def ember_k_"):]
+    loads = [ln for ln in body.splitlines() if "tl.load(" in ln]
+    assert loads and all(ln.endswith(".to(tl.float32)") for ln in loads)
+    assert ".to(tl.bfloat16), mask=" in body  # the store
+    rounds = body.count(".to(tl.bfloat16).to(tl.float32)")
+    assert (rounds >= 3) if lowp == "per-op" else (rounds == 0)
