@@ -105,6 +105,7 @@ _OP_NAMES: st.SearchStrategy[str] = st.one_of(
 )
 _SYMBOL_NAMES: st.SearchStrategy[str] = st.one_of(
     st.integers(0, 30).map(lambda i: f"s{i}"),
+    st.integers(0, 3).map(lambda i: f"u{i}"),  # unbacked (ir-v1.2): the header says 1.2
     st.sampled_from(["s007", "s00", "s123456789012345678901234567890"]),
 )
 
