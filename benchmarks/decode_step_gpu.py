@@ -1,0 +1,117 @@
+"""Where a decode step's time goes under ember (issue 20): host work against the device's.
+
+Run from the repository root (a GPU, or the CPU for a smoke run):
+
+    PYTHONPATH=.:$(ls -d packages/*/src | tr '\\n' :).devlibs python3 benchmarks/decode_step_gpu.py
+
+The dolly-v2-3b-shaped GPT-NeoX of generate_gpu.py (`--layers`, random weights, bf16 on CUDA),
+a greedy generate() with a static cache through `ember.runtime.compile(model.forward, mode=...)`;
+the forward's arguments at one decode step are kept, and that step is then timed alone, the
+cache's write position reset before each call (the step writes the same slot again). Printed, in
+ms per step (median of `--reps` rounds of `--calls` calls, the device synchronized per round):
+the generate() time per token; the compiled forward; its guard check alone (the entry's
+generated check over the forward's ~15 guards per module); and eager's forward. Host work
+that the device does not hide is the compiled forward's time minus the device time (the CUDA
+graph's replay, timed with CUDA events where recorded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from generate_gpu import build_model, generate  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--mode", default="reduce-overhead")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    import ember.runtime as er
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_model(a.layers, device)
+    ids = torch.randint(2, 50000, (1, 32), generator=torch.Generator().manual_seed(1)).to(device)
+    cf = er.compile(model.forward, mode=None if a.mode == "default" else a.mode)
+    steps: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        steps.append((args, kwargs))
+        return cf(*args, **kwargs)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    model.forward = spy
+    generate(model, ids, a.new, "static")  # compile, record
+    t0 = time.perf_counter()
+    generate(model, ids, a.new, "static")
+    per_token = (time.perf_counter() - t0) / a.new
+    model.forward = cf
+    args, kwargs = steps[-3]  # a decode step of the last generate()
+    cache = kwargs["past_key_values"]
+    layers = cache.layers
+    # each decode step writes one slot: the kept step (the 3rd from the end) started 3 back
+    at = [layer.cumulative_length.clone() - 3 for layer in layers]
+
+    def reset() -> None:
+        for layer, c in zip(layers, at, strict=True):
+            layer.cumulative_length.copy_(c)
+
+    entry = cf._hot
+    S = cf.self_obj
+
+    def timed(fn: Any) -> float:
+        out = []
+        for _ in range(a.reps):
+            sync()
+            t = 0.0
+            for _ in range(a.calls):
+                reset()
+                sync()
+                t1 = time.perf_counter()
+                fn()
+                sync()
+                t += time.perf_counter() - t1
+            out.append(t / a.calls * 1e3)
+        return round(statistics.median(out), 4)
+
+    with torch.no_grad():
+        row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "layers": a.layers, "mode": a.mode,
+               "generate_ms_per_token": round(per_token * 1e3, 3),
+               "forward_ms": timed(lambda: cf(*args, **kwargs)),
+               "guard_ms": timed(lambda: entry.code.guard(S, args, kwargs)),
+               "matches_ms": timed(lambda: entry.matches(entry.code.guard(S, args, kwargs))),
+               "eager_forward_ms": timed(lambda: type(model).forward(model, *args, **kwargs)),
+               "guards": len(entry.code.guards)}
+        rep = er.explain(cf)
+        row["cuda_graphs"] = [g.text()[:300] for g in rep.cuda_graphs]
+        row["graphs"] = rep.graph_count
+        row["fallbacks"] = [f"{f.kind}: {f.reason}"[:300] for f in rep.fallbacks]
+    print(json.dumps(row), flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        with (Path(out) / "decode_step.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
