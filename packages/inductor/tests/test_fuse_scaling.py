@@ -80,7 +80,8 @@ def graphs(draw: st.DrawFn) -> str:
 
 def _fused(src: str, max_nodes: int) -> str:
     m = run_pipeline(parse(src), "lower-loops")
-    text = print_module(run_pipeline(m, f"fuse{{max_nodes={max_nodes}}}"))
+    # recompute=0: rule 5 runs after the scan compared here
+    text = print_module(run_pipeline(m, f"fuse{{max_nodes={max_nodes},recompute=0}}"))
     # kernel bodies renamed in the order a walk from @f reaches them, and listed in that order:
     # the fresh-name counter may have advanced differently and bodies may be added in another
     # order, which is no difference in what was fused

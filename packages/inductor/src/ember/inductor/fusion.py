@@ -25,6 +25,15 @@ Four rules run to a fixpoint:
    value at its own index (one more result): after CSE, `mean` and `var` of the same rows share
    the mean, which is an output; they stay one kernel.
 
+5. **Recompute a cheap multi-reader producer** (`recompute=N`, N > 0; default -1: the graph's
+   target's `FusionHooks.recompute`, the CPU target's RECOMPUTE_NODES): a single-output
+   `loop.pointwise` kernel with no reductions in its body, at most N computing nodes, reading
+   at most `RECOMPUTE_READS` buffers, not a graph output, whose readers are all loop kernels
+   rule 1 could fuse it into, is inlined into every reader and never written (TorchInductor
+   inlines such pointwise values into each user likewise): a training backward's `x - mean`,
+   `xhat`, the ReLU-masked cotangent, each read by two or three kernels, were each a full
+   write and read-backs; now the readers reload the producer's inputs instead.
+
 Softmax, layernorm(+gelu) and var become one kernel each. A fused body holds at most `max_nodes`
 computing nodes. `why_not_fused` names the rule that keeps two kernels apart; `fuse{explain=true}`
 prints it for every producer -> consumer edge left unfused (stderr).
@@ -53,6 +62,13 @@ from ember.ir.expr import Dim
 from ember.ir.passes import register_pass
 
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
+# rule 5: at most this many distinct buffers read by a recomputed producer (each reader then
+# reads them instead of the producer's one buffer: more would cost more reads than the write
+# and read-backs it saves; counting the per-channel vectors too keeps a normalization's xhat,
+# whose inlined rsqrt would be recomputed per element in every reader, written: measured
+# slower on the conv+BN training step)
+RECOMPUTE_READS = 2
+RECOMPUTE_NODES = 12  # rule 5's default: the computing nodes of a producer worth recomputing
 
 # replace(buffer, index, builder) -> the value a load of `buffer` at `index` becomes, or None
 Replace = Callable[[Value, list[Dim], BodyBuilder], Value | None]
@@ -144,10 +160,32 @@ def _at_outer(index: list[str], k: int) -> bool:
     return index[:k] == [f"i{j}" for j in range(k)]
 
 
+def recompute_veto(m: Module, g: Graph, producer: Node, readers: list[Node], recompute: int,
+                   max_nodes: int = 64, index: Readers | None = None) -> str | None:
+    """Rule 5: None if `producer` may be inlined into all of `readers` (recomputed in each),
+    else why not."""
+    r = producer.results[0]
+    if producer.op != "loop.pointwise" or len(producer.results) != 1:
+        return "only single-output pointwise kernels are recomputed"
+    if r in g.outputs:
+        return f"%{r.name} is a graph output and must be written anyway"
+    pbody = _body(m, producer)
+    if _reduce_depth(m, pbody) or body_size(pbody) > recompute:
+        return f"%{r.name} is too costly to recompute (recompute={recompute})"
+    if len(set(producer.operands())) > RECOMPUTE_READS:
+        return f"%{r.name} reads more than {RECOMPUTE_READS} buffers"
+    for c in readers:
+        why = why_not_fused(m, g, producer, c, max_nodes, index, several=True)
+        if why is not None:
+            return why
+    return None
+
+
 def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes: int = 64,
-                  readers: Readers | None = None) -> str | None:
+                  readers: Readers | None = None, several: bool = False) -> str | None:
     """None if `fuse` may fuse `producer` into `consumer`, else the reason it may not
-    (`readers`: an index of g's readers, else g is scanned)."""
+    (`readers`: an index of g's readers, else g is scanned; `several`: rule 5, the producer
+    may have other readers)."""
     read = readers if readers is not None else (lambda v: _readers(g, v))
     if producer.op not in KERNEL_OPS:
         return f"the producer is {producer.op}; only loop kernels are fused"
@@ -166,7 +204,7 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
         if len(producer.results) > 1:
             return "the producer is a multi-output kernel"
         rs = read(r)
-        if [id(n) for n in rs] != [id(consumer)]:
+        if not several and [id(n) for n in rs] != [id(consumer)]:
             return f"%{r.name} has {len(rs)} readers (inlining would recompute it)"
         k = _reduce_depth(m, pbody)
     else:
@@ -349,8 +387,9 @@ def dependency_graph(g: Graph) -> nx.DiGraph:
 
 
 def _vertical(m: Module, g: Graph, max_nodes: int, reductions: bool, taken: set[str],
-              start: int = 0) -> bool:
-    """Rules 1, 2 and 4 to a fixpoint, always fusing the first fusable producer in graph order.
+              start: int = 0, recompute: int = 0) -> bool:
+    """Rules 1, 2 and 4 (and 5 where `recompute` > 0) to a fixpoint, always fusing the first
+    fusable producer in graph order.
     After a fusion the scan resumes at the first node whose fusability it may have changed
     (the consumers, and the producers of every buffer they or the fused producer read): nodes
     before it were not fusable and still are not. `start`: the first node that may be fusable
@@ -369,6 +408,11 @@ def _vertical(m: Module, g: Graph, max_nodes: int, reductions: bool, taken: set[
                     fuse_keeping(m, p, readers[0], taken)
                 else:
                     fuse_into(m, p, readers[0], taken)
+                done = readers
+            elif len(readers) > 1 and recompute > 0 and recompute_veto(
+                    m, g, p, readers, recompute, max_nodes, rd) is None:
+                for c in readers:
+                    fuse_into(m, p, c, taken)
                 done = readers
         elif p.op == "loop.reduction" and reductions:
             readers = rd(p.results[0])
@@ -522,17 +566,24 @@ def explain_fusion(m: Module, max_nodes: int = 64) -> list[str]:
 
 @register_pass("fuse", "fuse loop kernels: pointwise chains, pointwise producers and reductions "
                "into their readers (softmax, layernorm as one kernel), horizontal multi-output "
-               "kernels; explain=true prints why the remaining edges were not fused")
+               "kernels, cheap values read by several kernels recomputed in each (recompute=N "
+               "nodes; default: the target's); explain=true prints why edges were not fused")
 def fuse(module: Module, *, max_nodes: int = 64, reductions: bool = True,
-         horizontal: bool = True, explain: bool = False) -> Module:
+         horizontal: bool = True, explain: bool = False, recompute: int = -1) -> Module:
     out = module.clone()
     bodies = body_names(out)
     taken: set[str] = set()
     tops = [g for g in out.graphs.values() if g.name not in bodies]
     for g in tops:
         start: int | None = 0
+        target = graph_target(g)
+        rc = recompute if recompute >= 0 else target.fusion.recompute if target else 0
         while start is not None:  # vertical to a fixpoint, then one horizontal merge, again
             _vertical(out, g, max_nodes, reductions, taken, start)
+            # rule 5 only once rules 1, 2 and 4 are done: a max pool's padded input, read by
+            # each window step, is inlined once their chain is one kernel, not into each step
+            if rc and _vertical(out, g, max_nodes, reductions, taken, 0, rc):
+                continue
             start = _horizontal(out, g, max_nodes, taken) if horizontal else None
     _merge_duplicate_bodies(out, tops)
     live = _reachable_bodies(out, tops)

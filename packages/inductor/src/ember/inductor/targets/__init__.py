@@ -36,9 +36,11 @@ class TargetError(PipelineError):
 class FusionHooks:
     """A target's say in fusion: `veto` names a reason to keep a producer and its reader in
     separate kernels (say, a GPU kernel's shared-memory budget); None lets the core rules
-    decide."""
+    decide. `recompute`: the `fuse` pass's default rule 5 (inline a pointwise value of at
+    most that many computing nodes into each of its readers instead of writing it; 0: off)."""
 
     veto: FusionVeto | None = None
+    recompute: int = 0
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ember.inductor.fusion import RECOMPUTE_NODES
 from ember.inductor.launch import register_loader
-from ember.inductor.targets import Rule, register_target
+from ember.inductor.targets import FusionHooks, Rule, register_target
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
@@ -53,11 +54,17 @@ def _extern(lw: Any, n: Node) -> None:
     lw.passthrough(n, n.op)
 
 
-LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: _extern,
+# torch.nonzero: its row count is an unbacked symbol the graph binds from the data (capture)
+NONZERO = "aten.nonzero.default"
+
+LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: _extern, NONZERO: _extern,
                               **{op: _attention for op in FUSED_ATTENTION}}
 
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
+# recompute: a cheap multi-reader pointwise value (a training backward's x - mean, xhat, the
+# masked cotangent) is inlined into its readers rather than written and read back (fusion.py)
 CPU = register_target("cpu", "inductor-cpu", "cpp", lowerings=LOWERINGS, front=FRONT,
+                      fusion=FusionHooks(recompute=RECOMPUTE_NODES),
                       description="C++/OpenMP kernels built by g++")
 
 __all__ = ["CPU", "DEFAULT_PIPELINE", "FRONT", "INDUCTOR_CPU", "LOWERINGS"]
