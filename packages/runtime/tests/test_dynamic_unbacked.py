@@ -85,6 +85,27 @@ def test_new_tensors_sized_by_an_item_match_eager(backend: str, n: int) -> None:
     _check_one_graph(cf)
 
 
+def nonzero_rows(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    idx = torch.nonzero(x > 0)
+    return idx * 2, x[idx[:, 0], idx[:, 1]] + 1
+
+
+@pytest.mark.parametrize("backend", ["inductor", "reference"])
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(2, 9), data=st.data())
+def test_nonzero_rows_are_an_unbacked_symbol(backend: str, rows: int,
+                                            data: st.DataObject) -> None:
+    """torch.nonzero's row count is data: an unbacked symbol bound from `(x != 0).sum()`,
+    one capture for every count, none and all included (the inductor keeps nonzero an extern
+    call and compiles the rest)."""
+    k = data.draw(st.integers(0, rows * 3), label="positive entries")
+    x = -torch.rand(rows, 3)
+    x.view(-1)[torch.randperm(rows * 3)[:k]] *= -1
+    cf = _compiled(nonzero_rows, backend)
+    torch.testing.assert_close(cf(x), nonzero_rows(x))
+    _check_one_graph(cf)
+
+
 def test_the_inductor_runs_it_as_size_generic_cpp() -> None:
     cf = er.compile(new_sizes, dynamic=True)
     for n in (0, 1, 7):
@@ -204,3 +225,22 @@ def test_a_graph_recording_gradients_keeps_the_break() -> None:
         f(x2, mask).backward()
         torch.testing.assert_close(x.grad, x2.grad)
     assert "records gradients" in er.explain(cf).breaks[0].reason
+
+
+@pytest.mark.parametrize("backend", ["reference", "inductor"])
+def test_a_nonzero_dump_replays_with_ember_run(tmp_path: Path, backend: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "d"
+    cf = er.compile(nonzero_rows, dynamic=True, backend="eager", options={"dump_dir": str(d)})
+    cf(torch.randn(5, 3))
+    (ir,) = [p for p in d.glob("*.ir") if not p.name.endswith(".kernels.ir")]
+    for x in (-torch.rand(4, 3), torch.rand(6, 3), torch.randn(7, 3)):
+        ins, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+        save_file({"l_x": x}, str(ins))
+        rc = cli.main(["run", str(ir), "--inputs", str(ins), "--backend", backend, "--out",
+                       str(out)])
+        capsys.readouterr()
+        assert rc == 0
+        got = load_file(str(out))
+        for i, want in enumerate(nonzero_rows(x)):
+            torch.testing.assert_close(got[f"out{i}"], want)

@@ -256,6 +256,10 @@ class Recorder:
                 raise unhandled(why)
         if schema_name == "aten::_local_scalar_dense":
             return self._item(func, args, kwargs)
+        if schema_name == "aten::nonzero" and not kwargs and len(args) == 1:
+            got = self._nonzero(func, args[0])
+            if got is not None:
+                return got
         if schema_name in _LIFT:
             out = func(*args, **kwargs)
             src = args[0]
@@ -341,6 +345,31 @@ class Recorder:
                    loc=loc)
         self.op_counts[BIND_SYMBOL] += 1
         return probe
+
+    def _nonzero(self, func: torch._ops.OpOverload, x: Any) -> Any:
+        """`torch.nonzero(x)` in a capture with a shape environment: its row count is an
+        unbacked symbol, bound from `(x != 0).sum()` before the op (the op's result is then
+        declared `i64[u0, rank]`). None: not such a call (the fake tensor raises)."""
+        env = current_env()
+        if env is None or not self.is_fake(x) or self.value_of(x) is None or x.is_complex():
+            return None
+        xv = self._arg(x)
+        dev = device_text(x.device)
+        ne = self.emit("aten.ne.Scalar", [xv, 0], {}, TensorType(DType.b8, tuple(x.shape),
+                                                                 None, dev), "ne")
+        count = self.emit("aten.sum.default", [ne], {"dtype": torch.int64},
+                          TensorType(DType.i64, (), None, dev), "count")
+        loc = self.where()
+        avoid = {d for v in self.gb.params + [r for n in self.gb.nodes for r in n.results]
+                 if isinstance(v.type, TensorType) for d in v.type.shape if isinstance(d, int)}
+        name, probe, le = env.unbacked_symbol(f"{loc.file}:{loc.line}" if loc else "nonzero",
+                                              avoid)
+        self.gb.op(BIND_SYMBOL, [count, symbol(name)], {"le": list(le)} if le else {},
+                   type=I64, name=name, loc=loc)
+        self.op_counts[BIND_SYMBOL] += 1
+        out = torch.empty((probe, x.dim()), dtype=torch.int64, device=x.device)
+        self._bind(out, self.emit(ir_name(func), [xv], {}, TensorType.of(out), "nonzero"))
+        return out
 
     def _lift_reals(self, tree: Any) -> Any:
         if isinstance(tree, torch.Tensor) and not self.is_fake(tree):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sympy
+import torch
 
 from ember.ir.effects import effects_allowed, refusal
 from ember.ir.expr import (
@@ -247,6 +248,10 @@ class _Checker:
             if not effects_allowed():
                 self.err(refusal(n.op, op.effect), n.pos)
             return  # allowed: its declared types stand (the reference checks them when run)
+        if op.torch_op is not None and _unbacked_in([r.type for r in n.results]) and \
+                torch.Tag.dynamic_output_shape in op.torch_op.tags:
+            return  # (1.2) `nonzero`: no meta kernel sizes it; its result's symbol is checked
+            # when the graph runs (the interpreter checks every result against its type)
         ctx = InferContext(self.m, self.hints, self.reg, g, n)
         try:
             want = op.infer(ctx, n.args, n.kwargs)

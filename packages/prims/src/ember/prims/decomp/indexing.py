@@ -164,6 +164,15 @@ class _Plan:
         return [*rest[:self.before], *self.B, *rest[self.before:]]
 
 
+@register_decomposition("aten.nonzero.default")
+def nonzero(ctx: DecompContext, self: Value) -> Value:
+    """Kept whole (an extern call): its row count is data, an unbacked symbol the graph binds
+    before it from `(x != 0).sum()` (capture's recorder), so it has no loop form; its result
+    type is the node's own (no meta kernel can give it)."""
+    out: Value = ctx.b.emit(ctx.node.op, [self], types=[r.type for r in ctx.node.results])[0]
+    return out
+
+
 @register_decomposition("aten.index.Tensor")
 def index(ctx: DecompContext, self: Value, indices: list[Value | None]) -> Value:
     plan = _Plan(ctx, self, indices)
