@@ -85,7 +85,8 @@ def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, in
     if few:
         if not rows:
             return [{"cuda_xblock": 1024, "cuda_warps": 4}, {"cuda_xblock": 4096, "cuda_warps": 8}]
-        return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1} for w in (4, 8)]
+        return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1} for w in (4, 8)] + [
+            {"cuda_xblock": 1, "cuda_warps": 4, "cuda_persistent": 1, "cuda_evict": 1}]
     out: list[dict[str, int]] = []
     if not rows:
         for xb in (512, 1024, 2048, 4096, 8192):
@@ -97,6 +98,9 @@ def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, in
         for w in (2, 4, 8, 16):
             if xb * row_len // (32 * w) <= 128:
                 out.append({"cuda_xblock": xb, "cuda_warps": w, "cuda_persistent": 1})
+                if xb == 1:  # with TorchInductor's L2 eviction hints (one-pass rows only)
+                    out.append({"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1,
+                                "cuda_evict": 1})
     for rb in (512, 1024, 2048):
         if rb < row_len:
             for xb in (1, 2, 4, 8):
@@ -256,7 +260,7 @@ def main() -> int:
         r = json.loads(line)
         if r.get("section") == "sweep" and "ms" in r:
             sched = ", ".join(f"{k}={v}" for k, v in r.items() if k in (
-                "xblock", "warps", "persistent", "rblock")) + (" (default)" if r["default"] else "")
+                "xblock", "warps", "persistent", "rblock", "evict")) + (" (default)" if r["default"] else "")
             lines.append(f"| {r['case']} | {r['dtype']} | {sched} | {r['ok']} | {r['ms']} | "
                          f"{r['pct_copy']} |")
     (OUT / "sweep.md").write_text("\n".join(lines) + "\n")

@@ -1,7 +1,8 @@
 """`autotune-cuda`: mode="max-autotune" for the CUDA target (docs/inductor.md "max-autotune").
 
 Runs after `schedule-cuda`. For every loop kernel with static sizes it renders a few candidate
-schedules (XBLOCK and warps; for rows also persistent vs looped and RBLOCK), compiles them (on
+schedules (XBLOCK and warps; for rows also persistent vs looped and RBLOCK, and for a one-pass
+rows kernel the default with `cuda_evict=1`, TorchInductor's L2 eviction hints), compiles them (on
 the GPU in launcher.py's thread pool, as a module load does), times each on random inputs of the
 kernel's dtypes and shapes (fresh buffers: the user's tensors are never touched, so a kernel
 that writes its inputs writes only these) and writes the fastest into the node's cuda_*
@@ -56,7 +57,7 @@ from ember.ir.passes import expand_pipeline, register_pass
 
 Candidate = dict[str, Any]
 Timer = Callable[[Callable[[], object], Candidate], float]  # (run, candidate) -> ms
-CACHE_VERSION = 1  # bump when the candidate sets or the file's fields change
+CACHE_VERSION = 2  # bump when the candidate sets or the file's fields change (2: cuda_evict)
 _LOG = logging.getLogger("ember.kernels")
 _TIMER: ContextVar[Timer | None] = ContextVar("ember_tuning_timer", default=None)
 # the reports of a `collecting()` block (compile() notes them in explain)
@@ -221,6 +222,8 @@ def loop_candidates(sched: Mapping[str, int], xn: int, rn: int | None) -> list[C
     for c in out:
         if c not in uniq:
             uniq.append(c)
+    if rn is not None and sched.get("one_pass"):  # the default with L2 eviction hints too
+        return [*uniq[:8], {**default, "cuda_evict": 1}]
     return uniq[:8]
 
 

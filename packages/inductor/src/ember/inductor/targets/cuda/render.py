@@ -39,6 +39,7 @@ from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
 from ember.inductor.targets.cuda.launcher import bind_source
 from ember.inductor.targets.cuda.lowp import has_lowp_values, read_lowp
+from ember.inductor.targets.cuda.prelude import prelude
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
 
@@ -95,113 +96,8 @@ OPS: dict[str, dict[str, str]] = {
 OPS_F64: dict[str, str] = {"prims.sqrt": "libdevice.sqrt({0})",
                            "prims.rsqrt": "(1.0 / libdevice.sqrt({0}))"}
 
-# helpers every kernel module defines (jit functions the kernels call)
-PRELUDE = '''import triton
-import triton.language as tl
-from triton.language.extra import libdevice
-
-
-@triton.jit
-def _maximum(a, b):  # NaN-propagating, as eager
-    return tl.where((a != a) | (a > b), a, b)
-
-
-@triton.jit
-def _minimum(a, b):
-    return tl.where((a != a) | (a < b), a, b)
-
-
-@triton.jit
-def _sign(a):
-    return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
-
-
-@triton.jit
-def _remainder(a, b):
-    r = libdevice.fmod(a, b)
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _floordiv(a, b):
-    q = a // b
-    return tl.where((q * b != a) & ((a < 0) != (b < 0)), q - 1, q)
-
-
-@triton.jit
-def _mod(a, b):
-    r = a % b
-    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
-
-
-@triton.jit
-def _mul(a, b):
-    return a * b
-
-
-# integer division and modulo: Triton's // and % truncate, as C; a zero divisor gives 0 (a GPU
-# kernel cannot raise: eager's CPU kernels raise, its CUDA kernels give unspecified values)
-@triton.jit
-def _idiv(a, b):
-    z = b == 0
-    return tl.where(z, 0, a // tl.where(z, tl.full([], 1, b.dtype), b))
-
-
-@triton.jit
-def _ifmod(a, b):
-    z = b == 0
-    return tl.where(z, 0, a % tl.where(z, tl.full([], 1, b.dtype), b))
-
-
-@triton.jit
-def _iremainder(a, b):
-    z = b == 0
-    r = a % tl.where(z, tl.full([], 1, b.dtype), b)
-    return tl.where(z, 0, tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r))
-
-
-@triton.jit
-def _shl(a, b, BITS: tl.constexpr):  # past the width or negative: 0, as eager
-    out = (b < 0) | (b >= BITS)
-    return tl.where(out, 0, a << tl.where(out, tl.full([], 0, b.dtype), b))
-
-
-@triton.jit
-def _shr(a, b, BITS: tl.constexpr):  # past the width or negative: the sign, as eager
-    out = (b < 0) | (b >= BITS)
-    return tl.where(out, tl.where(a < 0, -1, 0), a >> tl.where(out, tl.full([], 0, b.dtype), b))
-
-
-@triton.jit
-def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):  # square and multiply
-    one = tl.full([], 1, a.dtype)
-    base = a + tl.zeros_like(b)
-    e = b + tl.zeros_like(a)
-    r = tl.zeros_like(base) + one
-    for _ in tl.static_range(BITS):
-        r = tl.where((e & one) != 0, r * base, r)
-        base = base * base
-        e = e >> one
-    if SIGNED:  # a negative exponent: 1 ** b, (-1) ** b, else 0 (a ** b truncated)
-        neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & one) != 0, -1, 1), 0))
-        r = tl.where(b < 0, neg.to(r.dtype), r)
-    return r
-'''
-
-
-INTERP_LIBDEVICE = "from ember.inductor.targets.cuda import interp_libdevice as libdevice"
-
-
-def prelude(interpret: bool) -> str:
-    """The helpers; for Triton's interpreter, which has no libdevice, numpy's functions in its
-    place (interp_libdevice.py)."""
-    if not interpret:
-        return PRELUDE
-    return PRELUDE.replace("from triton.language.extra import libdevice", INTERP_LIBDEVICE)
-
-
 # schedule-cuda's attributes of a loop node (they dump, can be edited, and replay)
-SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock")
+SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock", "cuda_evict")
 def read_schedule(node: Node) -> dict[str, int]:
     """The node's cuda_* schedule attributes, checked (ScheduleError names a bad one)."""
     from ember.inductor.schedule import ScheduleError
@@ -211,12 +107,12 @@ def read_schedule(node: Node) -> dict[str, int]:
         if v is None:
             continue
         ok = isinstance(v, int) and not isinstance(v, bool) and (
-            v in (0, 1) if k == "cuda_persistent" else v in (1, 2, 4, 8, 16, 32)
+            v in (0, 1) if k in ("cuda_persistent", "cuda_evict") else v in (1, 2, 4, 8, 16, 32)
             if k == "cuda_warps" else v >= 1 and v & (v - 1) == 0 and v <= 1 << 16)
         if not ok:
             raise ScheduleError(f"{node.op}: {k}={v!r} is not valid (cuda_xblock, cuda_rblock: "
                                 f"powers of two; cuda_warps: 1..32, a power of two; "
-                                f"cuda_persistent: 0 or 1)")
+                                f"cuda_persistent, cuda_evict: 0 or 1)")
         out[k] = int(v)  # type: ignore[arg-type]
     return out
 
@@ -339,6 +235,10 @@ class _Writer:
     renders: int = 0
     wide: bool = False  # int64 index math
     interpret: bool = False  # for Triton's interpreter (numpy in place of libdevice)
+    # cuda_evict=1 on a one-pass rows kernel: L2 eviction hints on its loads, as TorchInductor
+    # gives them (a load every row reads again, missing an outer variable: evict_last; a load
+    # read once: evict_first); the outer loop variables' names
+    evict: frozenset[str] | None = None
     tags: int = 0  # passes over a reduction row so far (each names its locals apart)
     rtag: str = ""  # the suffix of the reduced loop variables' names in the current pass
     # one persistent row for every reduction and the row body: one set of indices, and each
@@ -403,8 +303,13 @@ class _Writer:
             else:
                 off = pyexpr(flat, self.rtag, self.alias)
             # the offsets broadcast to the block (a row value's load under a [X, R] mask)
+            hint = ""
+            if self.evict is not None:
+                names = {str(f) for f in flat.free_symbols}
+                hint = ", eviction_policy=" + (
+                    "'evict_first'" if self.evict <= names else "'evict_last'")
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
-                   f"mask={mask}, other=0)"
+                   f"mask={mask}, other=0{hint})"
             return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
         if n.op == "loop.index":
             e = pyexpr(parse_index(n.kwargs["index"]), self.rtag, self.alias)
@@ -742,6 +647,13 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         w.shared = all(r.persistent and r.rranges == rr for r in order) and (
             main is not None or inner == rr)
         sched["shared_row"] = int(w.shared)
+        # one pass over each row (no buffer read again by a later pass: one reduction, not
+        # argmax/argmin's two, and one value per row after it): eviction hints apply
+        sched["one_pass"] = int(w.shared or (len(order) == 1 and ni == 1 and order[0].reduction
+                                             not in ("argmax", "argmin")))
+        if user.get("cuda_evict") == 1 and sched["one_pass"]:
+            w.evict = frozenset(f"i{k}" for k in range(len(outer)))
+            sched["evict"] = 1
         w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         _xmask(w, xn, xn_t, "[XBLOCK, 1]")
         _decompose(w, 1, "xflat", outer, "i", 0)

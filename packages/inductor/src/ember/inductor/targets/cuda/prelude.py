@@ -1,0 +1,113 @@
+"""The helpers every Triton kernel module of the CUDA target defines (render.py): NaN-propagating
+maximum/minimum, Python's floor division and remainder, integer division by zero, shifts past
+the width and integer powers as eager computes them; for Triton's interpreter, libdevice is
+interp_libdevice.py (numpy's functions)."""
+
+from __future__ import annotations
+
+# helpers every kernel module defines (jit functions the kernels call)
+PRELUDE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def _maximum(a, b):  # NaN-propagating, as eager
+    return tl.where((a != a) | (a > b), a, b)
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.where((a != a) | (a < b), a, b)
+
+
+@triton.jit
+def _sign(a):
+    return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
+
+
+@triton.jit
+def _remainder(a, b):
+    r = libdevice.fmod(a, b)
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _floordiv(a, b):
+    q = a // b
+    return tl.where((q * b != a) & ((a < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def _mod(a, b):
+    r = a % b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+# integer division and modulo: Triton's // and % truncate, as C; a zero divisor gives 0 (a GPU
+# kernel cannot raise: eager's CPU kernels raise, its CUDA kernels give unspecified values)
+@triton.jit
+def _idiv(a, b):
+    z = b == 0
+    return tl.where(z, 0, a // tl.where(z, tl.full([], 1, b.dtype), b))
+
+
+@triton.jit
+def _ifmod(a, b):
+    z = b == 0
+    return tl.where(z, 0, a % tl.where(z, tl.full([], 1, b.dtype), b))
+
+
+@triton.jit
+def _iremainder(a, b):
+    z = b == 0
+    r = a % tl.where(z, tl.full([], 1, b.dtype), b)
+    return tl.where(z, 0, tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r))
+
+
+@triton.jit
+def _shl(a, b, BITS: tl.constexpr):  # past the width or negative: 0, as eager
+    out = (b < 0) | (b >= BITS)
+    return tl.where(out, 0, a << tl.where(out, tl.full([], 0, b.dtype), b))
+
+
+@triton.jit
+def _shr(a, b, BITS: tl.constexpr):  # past the width or negative: the sign, as eager
+    out = (b < 0) | (b >= BITS)
+    return tl.where(out, tl.where(a < 0, -1, 0), a >> tl.where(out, tl.full([], 0, b.dtype), b))
+
+
+@triton.jit
+def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):  # square and multiply
+    one = tl.full([], 1, a.dtype)
+    base = a + tl.zeros_like(b)
+    e = b + tl.zeros_like(a)
+    r = tl.zeros_like(base) + one
+    for _ in tl.static_range(BITS):
+        r = tl.where((e & one) != 0, r * base, r)
+        base = base * base
+        e = e >> one
+    if SIGNED:  # a negative exponent: 1 ** b, (-1) ** b, else 0 (a ** b truncated)
+        neg = tl.where(a == 1, 1, tl.where(a == -1, tl.where((b & one) != 0, -1, 1), 0))
+        r = tl.where(b < 0, neg.to(r.dtype), r)
+    return r
+'''
+
+
+INTERP_LIBDEVICE = "from ember.inductor.targets.cuda import interp_libdevice as libdevice"
+
+
+def prelude(interpret: bool) -> str:
+    """The helpers; for Triton's interpreter, which has no libdevice, numpy's functions in its
+    place (interp_libdevice.py)."""
+    if not interpret:
+        return PRELUDE
+    return PRELUDE.replace("from triton.language.extra import libdevice", INTERP_LIBDEVICE)
+
+
+__all__ = ["INTERP_LIBDEVICE", "PRELUDE", "prelude"]
