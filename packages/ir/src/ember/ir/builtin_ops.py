@@ -124,6 +124,7 @@ GRAPH_BIND_SYMBOL = OpDef(
     "against u0's declared range and each le=[...] bound: graph.bind_symbol(%t, u0, le=[s0])",
     _bind_infer, _bind_run,
     has_side_effects=True,  # it binds the symbol later nodes read, and asserts: never removed
+    aliasing="alias",  # (its result is a Python int, no storage: the trait that claims nothing)
 )
 
 

@@ -397,11 +397,28 @@ def _histc(draw: Draw) -> Sample:
     return Sample((x, bins, lo, lo + draw(st.sampled_from([0.5, 1.0, 3.0, 4]))))
 
 
+@st.composite
+def _nonzero(draw: Draw) -> Sample:
+    """Any tensor, zeros among its values (its rows are its nonzero entries' indices)."""
+    x = _tensor(draw, draw(S.shapes(0, 3, 5)))
+    if x.numel() and draw(st.booleans()):
+        x = x * (torch.rand(x.shape) < 0.5).to(x.dtype)
+    return Sample((x,))
+
+
+# torch.nonzero's row count is data: capture binds it as an unbacked symbol before the op
+# (packages/runtime/tests/test_dynamic_unbacked.py checks it against eager through compile())
+NONZERO_KEPT_WHOLE = ("kept whole: its row count is data (an unbacked symbol capture binds), one "
+                      "extern call")
+
+
 def _ix(op: str, samples: Gen, **kw: Any) -> None:
     entry(op, samples, FAMILY, **kw)
 
 
 _ix("aten.index.Tensor", lambda: _index())
+_ix("aten.nonzero.default", lambda: _nonzero(), symbolic=False,
+    gaps={"decomposition": NONZERO_KEPT_WHOLE})
 _ix("aten.index_put.default", lambda: _index_put(), tol=ACCUMULATE_TOL,
     tol_reason=ACCUMULATE_REASON)
 _ix("aten.index_copy.default", lambda: _index_copy())
