@@ -305,7 +305,8 @@ class _Writer:
             # the offsets broadcast to the block (a row value's load under a [X, R] mask)
             hint = ""
             if self.evict is not None:
-                names = {str(f) for f in flat.free_symbols}
+                names = {str(f) for f in flat.free_symbols} \
+                    if isinstance(flat, sympy.Basic) else set()  # a constant index: every row
                 hint = ", eviction_policy=" + (
                     "'evict_first'" if self.evict <= names else "'evict_last'")
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
