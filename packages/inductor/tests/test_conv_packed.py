@@ -240,3 +240,39 @@ def test_a_1x1_convolution_on_few_pixels_runs_as_a_cached_matrix_product() -> No
     big = torch.randn(2, 64, 64, 5)
     assert not packed._matmul(big, torch.randn(600, 5, 1, 1), kw)  # many pixels: oneDNN
     assert not packed._matmul(x, w, {**kw, "stride": [2, 2]})
+
+
+CONV_RESIDUAL = """ember.ir 1.0
+
+graph @f(%x: f32[2, 4, 6, 5], %w1: f32[4, 4, 3, 3], %w2: f32[4, 4, 3, 3], %w3: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5]) {
+  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %s1 = prims.add(%c1, %x) : f32[2, 4, 6, 5]
+  %r1 = prims.maximum(%s1, 0.0) : f32[2, 4, 6, 5]
+  %c2 = prims.convolution(%r1, %w2, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %c3 = prims.convolution(%r1, %w3, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %s2 = prims.add(%c2, %c3) : f32[2, 4, 6, 5]
+  return (%s2)
+}
+"""
+
+
+def test_a_residual_add_is_the_convolutions_post_op() -> None:
+    """conv + residual (then ReLU) is one extern (oneDNN's binary add post-op): no kernel
+    reads the convolution's result again. Where two convolutions meet in one add (a ResNet's
+    downsample and main branch), one of them takes the add and the other's result is its
+    residual. NaN in the residual comes through."""
+    compiled = compile_module(parse(CONV_RESIDUAL))
+    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    assert [bool(n.kwargs.get("residual")) for n in externs].count(True) == 2
+    # the only kernels: x to NHWC (once, the input and the residual) and the output to NCHW
+    copies = [n for n in compiled.graph().nodes if n.op == "kernels.call"]
+    assert [len(n.results) for n in copies] == [1, 1]
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2, w3 = (torch.randn(s, generator=g)
+                     for s in ([2, 4, 6, 5], [4, 4, 3, 3], [4, 4, 3, 3], [4, 4, 1, 1]))
+    x[1, 2, 3, 3] = float("nan")
+    r1 = torch.relu(torch.conv2d(x, w1, padding=1) + x)
+    want = torch.conv2d(r1, w2, padding=1) + torch.conv2d(r1, w3)
+    got = compiled_runner(compiled)(None, [x, w1, w2, w3]).outputs[0]
+    assert want.isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True)

@@ -51,7 +51,7 @@ from ember.ir.passes import register_pass
 from ember.prims import PRIMS_BY_OP
 
 CONV_OP = "loop.conv2d"
-_OWN_KW = ("steps", "relu", "relu_max", "silu")  # the rest are prims.convolution's attributes
+_OWN_KW = ("steps", "relu", "relu_max", "silu", "residual")  # the rest are prims.convolution's attributes
 
 
 def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
@@ -167,7 +167,10 @@ def _rewrite(g: Graph) -> None:
             kw["relu_max"] = epi.relu_max
         if epi is not None and epi.silu:
             kw["silu"] = True
-        fused = Node(CONV_OP, [n.args[0], n.args[1], *(u for _, u in steps)], kw,
+        res = [epi.residual] if epi is not None and epi.residual is not None else []
+        if res:
+            kw["residual"] = True
+        fused = Node(CONV_OP, [n.args[0], n.args[1], *(u for _, u in steps), *res], kw,
                      list(last.results), n.loc, n.pos)
         for r in fused.results:
             r.node = fused
@@ -181,11 +184,20 @@ def _rewrite(g: Graph) -> None:
 
 def _steps(args: Sequence[Any], kw: Mapping[str, Any]) -> list[str]:
     steps = kw.get("steps", [])
+    res = kw.get("residual", False)
     if not isinstance(steps, list) or not all(s in AFFINE_OPS for s in steps) \
-            or len(args) != 2 + len(steps):
-        raise OpTypeError(f"{CONV_OP} takes x, a weight and one operand per step; steps= "
-                          f"must list {', '.join(AFFINE_OPS)}")
+            or res.__class__ is not bool or len(args) != 2 + len(steps) + res:
+        raise OpTypeError(f"{CONV_OP} takes x, a weight, one operand per step, then the "
+                          f"residual if residual=true; steps= must list "
+                          f"{', '.join(AFFINE_OPS)}")
     return steps
+
+
+def _parts(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[list[tuple[str, Any]], Any]:
+    """The (step, operand) pairs and the residual (None without residual=true)."""
+    steps = _steps(args, kw)
+    ops = list(zip(steps, args[2:2 + len(steps)], strict=True))
+    return ops, (args[-1] if kw.get("residual") else None)
 
 
 def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -194,7 +206,10 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
     assert conv is not None
     t = conv.infer(ctx, list(args[:2]), {k: v for k, v in kw.items() if k not in _OWN_KW})[0]
     assert isinstance(t, TensorType)
-    for u in args[2:]:
+    ops, res = _parts(args, kw)
+    if res is not None and (not isinstance(res, Value) or res.type != t):
+        raise OpTypeError(f"{CONV_OP}: the residual has the result's type")
+    for _, u in ops:
         if isinstance(u, (int, float)) and not isinstance(u, bool):
             continue
         if not isinstance(u, Value) or not isinstance(u.type, TensorType) \
@@ -229,11 +244,12 @@ def relu_max(kw: Mapping[str, Any], op: str) -> float | None:
 
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
-    x, w, *ops = args
+    x, w = args[:2]
+    steps, residual = _parts(args, kw)
     conv = interp.registry.lookup("prims.convolution")
     assert conv is not None
     y = conv.reference(interp, [x, w], {k: v for k, v in kw.items() if k not in _OWN_KW})
-    for step, u in zip(_steps(args, kw), ops, strict=True):
+    for step, u in steps:
         u = u[:, None, None] if isinstance(u, torch.Tensor) else u
         fn: Any = {"prims.add": torch.add, "prims.sub": torch.sub, "prims.mul": torch.mul,
                    "prims.div": torch.div}[step]
@@ -283,17 +299,17 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
     args: list[Arg] = [xb, lw.extern_operand(w)]
     kw: dict[str, Arg] = {"op": "loop.conv2d_nhwc",
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
-    steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
+    steps, residual = _parts(n.args, n.kwargs)
     if steps:
         args = _fold_epilogue(lw, res.name, steps, args, int(t.shape[1]))
-    # done by _relu_nhwc, never by oneDNN's post-op
-    relu = bool(n.kwargs.get("relu")) or silu(n.kwargs, CONV_OP)
+    # done by _relu_nhwc (with the residual add), never by oneDNN's post-op
+    relu = bool(n.kwargs.get("relu")) or silu(n.kwargs, CONV_OP) or residual is not None
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
     if relu:
         out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP),
-                         silu(n.kwargs, CONV_OP))
+                         silu(n.kwargs, CONV_OP), residual, bool(n.kwargs.get("relu")))
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
@@ -309,7 +325,7 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     convolutions read the result (they read its NHWC buffer as it is: no kernel to fuse it
     into); otherwise it stays a kernel that fuses into the pointwise reader."""
     res = n.results[0]
-    steps = list(zip(_steps(n.args, n.kwargs), n.args[2:], strict=True))
+    steps, residual = _parts(n.args, n.kwargs)
     channels = int(t.shape[1])
     scale = any(op in ("prims.mul", "prims.div") for op, _ in steps)
     shift = any(op in ("prims.add", "prims.sub") for op, _ in steps)
@@ -329,6 +345,10 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
         args.append(_affine(lw, res.name, steps, channels, "b"))
     kw: dict[str, Arg] = {"op": PACKED_OP, "scale": scale, "bias": shift, "relu": inside,
                           **{k: v for k, v in n.kwargs.items() if k not in _OWN_KW}}
+    if isinstance(residual, Value):  # added by oneDNN as it writes the result
+        args.append(xb if residual is n.args[0]  # conv(x) + x: the NHWC x it already has
+                    else _nhwc_buffer(lw, residual, f"{residual.name}.nhwc"))
+        kw["residual"] = True
     hi = relu_max(n.kwargs, CONV_OP)
     if inside and hi is not None:  # ReLU6 in place too (torch.clamp_, NaN kept)
         kw["relu_max"] = hi
@@ -346,15 +366,37 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
+def _nhwc_buffer(lw: _Lowering, v: Value, name: str) -> Value:
+    """An NHWC buffer holding the [N, C, H, W] value `v`: the buffer it already is a permuted
+    view of (a convolution's result, a channels-last residual), else a copy."""
+    vt = v.type
+    assert isinstance(vt, TensorType)
+    i = [ivar(k) for k in range(4)]
+    nhwc = TensorType(vt.dtype, (vt.shape[0], vt.shape[2], vt.shape[3], vt.shape[1]), None,
+                      vt.device)
+    src, idx = lw.index_of(v, [i[0], i[3], i[1], i[2]], _ranges(nhwc.shape))
+    if isinstance(src.type, TensorType) and list(src.type.shape) == list(nhwc.shape) \
+            and idx == i:
+        return src
+    return lw.materialize_view(View(src, tuple(idx), nhwc), name)
+
+
 def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | None = None,
-               act_silu: bool = False) -> Value:
+               act_silu: bool = False, residual: Any = None, relu: bool = True) -> Value:
     """ReLU (then min(., hi) where hi is given: ReLU6) of the NHWC result by ember's own
     kernel, not oneDNN's post-op: that one computes max(y, 0) with NaN mapped to 0, where
     torch.relu(NaN) is NaN (BatchNorm with a negative running variance). prims.maximum and
     prims.minimum render NaN-propagating; a pointwise consumer fuses the kernel. With
-    act_silu, SiLU instead: y / (1 + exp(-y)), as the prims wrote it."""
+    act_silu, SiLU instead: y / (1 + exp(-y)), as the prims wrote it. A residual ([N, C, H, W]
+    value) is added first; relu=False: no activation after it."""
     bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
-    v = bb.load(y, [ivar(k) for k in range(4)])
+    i = [ivar(k) for k in range(4)]
+    v = bb.load(y, i)
+    if isinstance(residual, Value):
+        buf, idx = lw.index_of(residual, [i[0], i[3], i[1], i[2]], _ranges(t.shape))
+        v = bb.b.op("prims.add", [v, bb.load(buf, idx)], {}, name=f"{name}.sum")
+        if not relu and not act_silu:
+            return lw.kernel("loop.pointwise", bb, v, {"ranges": list(t.shape)}, t, name)
     if act_silu:
         e = bb.b.op("prims.exp", [bb.b.op("prims.neg", [v], {}, name=f"{name}.neg")], {},
                     name=f"{name}.exp")

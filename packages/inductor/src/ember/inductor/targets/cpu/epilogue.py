@@ -15,7 +15,9 @@ TorchInductor's freezing does): within f32 tolerances. A ReLU followed by min(.,
 hardtanh(0, c)) folds too, as `relu_max=c`: a clamp to [0, c] that keeps NaN (torch.clamp_
 inside the extern, or the max/min kernel), never oneDNN's hardtanh post-op, which drops NaN.
 So does SiLU, y / (1 + exp(-y)) (`silu=true`: torch's silu_ inside the extern, eager's own
-kernel, or the same prims in a kernel).
+kernel, or the same prims in a kernel). A residual add after the steps (`residual=true`, the
+residual the last operand) is oneDNN's binary add post-op where the weight is packed (the
+convolution writes conv + bias + residual in one pass, the add kernel is gone), else a kernel.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Epilogue:
     relu: bool = False
     relu_max: float | None = None  # ReLU6-like: min(relu(y), relu_max) after the ReLU
     silu: bool = False  # y / (1 + exp(-y)) instead of a ReLU
+    residual: Value | None = None  # y + residual (same shape) after the steps, before relu
     chain: list[Node] = field(default_factory=list)  # the nodes folded, in order
 
     @property
@@ -108,7 +111,8 @@ def _silu(y: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> li
 def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
     """Each f32 2-d convolution whose result feeds, through single-reader nodes that are not
     graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)
-    (and then min(., c): ReLU6) or by SiLU."""
+    (and then min(., c): ReLU6) or by SiLU; a residual add of a tensor of the result's type
+    may come after the per-channel steps (before the activation)."""
     readers: dict[Value, list[Node]] = {}
     defs: dict[Value, Node] = {}
     for n in g.nodes:
@@ -118,6 +122,7 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
             readers.setdefault(v, []).append(n)
     outputs = set(g.outputs)
     found: dict[Node, Epilogue] = {}
+    claimed: set[int] = set()
     for n in g.nodes:
         t = n.results[0].type if n.results else None
         if n.op != "prims.convolution" or not isinstance(t, TensorType) or t.rank != 4 \
@@ -147,11 +152,19 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
                 if epi.relu_max is not None:
                     epi.chain.append(readers[r.results[0]][0])
                 break
-            if r.op not in AFFINE_OPS:
-                break
             other = b if a is cur else a if r.op in ("prims.add", "prims.mul") else None
+            if r.op not in AFFINE_OPS or epi.residual is not None:
+                break  # (steps after the residual would scale it too: not folded)
             op = _per_channel(defs, other, t) if other is not None and other is not cur \
                 else None
+            if op is None and r.op == "prims.add" and isinstance(other, Value) \
+                    and other is not cur and other.type == t and id(r) not in claimed:
+                # (claimed: two convolution chains meeting in one add, as a ResNet's
+                # downsample branch and main branch do: the first one takes it)
+                epi.residual = other  # a residual add: oneDNN's binary post-op
+                epi.chain.append(r)
+                cur = r.results[0]
+                continue
             if op is None:
                 break
             epi.steps.append((r.op, op))
@@ -159,6 +172,7 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
             cur = r.results[0]
         if epi.chain:
             found[n] = epi
+            claimed.update(id(m) for m in epi.chain)
     return found
 
 

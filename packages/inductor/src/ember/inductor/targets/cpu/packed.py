@@ -11,7 +11,8 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
 relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6; silu=true:
-torch's silu_, eager's own SiLU kernel), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
+torch's silu_, eager's own SiLU kernel; residual=true: an NHWC residual operand added before
+the activation, by oneDNN's binary add post-op as it writes the result), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
 weight dies) while the weight's version counter and data pointer stay the same (the
 packed-from storage is held, so a freed storage's address cannot come back under
 `w.data = ...`), under the input's size, the convolution's attributes and the bytes of `a`
@@ -78,18 +79,22 @@ def is_cached(w: torch.Tensor) -> bool:
 
 
 def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
-    """x, w, a (or None), b (or None) by the op's scale=/bias= flags."""
+    """x, w, a (or None), b (or None) by the op's scale=/bias= flags (then the residual, if
+    residual=true: args[-1])."""
     scale, bias, relu = kw.get("scale", False), kw.get("bias", False), kw.get("relu", False)
+    res = kw.get("residual", False)
     hi = kw.get("relu_max")
     if scale.__class__ is not bool or bias.__class__ is not bool \
-            or relu.__class__ is not bool or len(args) != 2 + scale + bias \
+            or relu.__class__ is not bool or res.__class__ is not bool \
+            or len(args) != 2 + scale + bias + res \
             or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)) \
             or kw.get("silu", False).__class__ is not bool or (relu and kw.get("silu")):
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
                           f"are true or false; relu_max=, with relu=true, a float >= 0; silu= true or "
-                          f"false, not with relu=true)")
-    rest = list(args[2:])
+                          f"false, not with relu=true), then the NHWC residual if "
+                          f"residual=true")
+    rest = list(args[2:len(args) - res])
     a = rest.pop(0) if kw.get("scale") else None
     b = rest.pop(0) if kw.get("bias") else None
     return args[0], args[1], a, b
@@ -102,6 +107,11 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
     t = nhwc.infer(ctx, [x, w] + ([b] if b is not None else []),
                    {k: v for k, v in kw.items() if k in _CONV})[0]
     assert isinstance(t, TensorType)
+    r = args[-1] if kw.get("residual") else None
+    if r is not None and not (isinstance(r, Value) and isinstance(r.type, TensorType)
+                              and list(r.type.shape) == list(t.shape)
+                              and r.type.dtype == t.dtype):
+        raise OpTypeError(f"{PACKED_OP}: the residual is an NHWC tensor of the result's shape")
     if a is not None and not (isinstance(a, Value) and isinstance(a.type, TensorType)
                               and list(a.type.shape) == [t.shape[3]]):
         raise OpTypeError(f"{PACKED_OP}: the scale has one value per output channel")
@@ -174,14 +184,21 @@ def _matmul(x: torch.Tensor, w: torch.Tensor, kw: Mapping[str, Any]) -> bool:
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     x, w, a, b = _operands(args, kw)
+    r = args[-1] if kw.get("residual") else None
     if _matmul(x, w, kw):  # NHWC rows times the [I, O] matrix: the NHWC result as it is
         rows = x.reshape(-1, x.shape[3])
         m = packed_weight(w, a, [], kw)  # (made under no_grad)
         y = torch.mm(rows, m) if b is None else torch.addmm(b, rows, m)
+        if r is not None:
+            y = y.add_(r.reshape(y.shape))
         return _activation(y, kw).view(x.shape[0], x.shape[1], x.shape[2], w.shape[0])
     groups = kw.get("groups", 1)
     xc = x.permute(0, 3, 1, 2)  # NCHW seen with channels-last strides
-    if _mkldnn(x, w):
+    if r is not None and _mkldnn(x, w):  # oneDNN's binary add post-op: one pass
+        y = torch.ops.mkldnn._convolution_pointwise(
+            xc, r.permute(0, 3, 1, 2), packed_weight(w, a, xc.shape, kw), b, kw["padding"],
+            kw["stride"], kw["dilation"], groups, "add", None, None, [], None)
+    elif _mkldnn(x, w):
         y = torch.ops.mkldnn._convolution_pointwise(
             xc, packed_weight(w, a, xc.shape, kw), b, kw["padding"], kw["stride"],
             kw["dilation"], groups, "none", [], "")
@@ -189,6 +206,8 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         with torch.no_grad():
             y = torch.convolution(xc, _scaled(w, a), b, kw["stride"], kw["padding"],
                                   kw["dilation"], False, [0, 0], groups)
+        if r is not None:
+            y = y.add_(r.permute(0, 3, 1, 2))
     return _activation(y, kw).permute(0, 2, 3, 1).contiguous()
 
 
