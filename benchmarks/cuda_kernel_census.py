@@ -12,7 +12,13 @@ comparison.
     python3 benchmarks/cuda_kernel_census.py --models hf/gpt2,timm/deit_tiny_patch16_224 --kernels
 
 Capture on the CPU records the CPU's form of a few ops (scaled dot-product attention's CPU
-kernel); the device records its CUDA form, which the CUDA front end decomposes the same way.
+kernel); the device records its CUDA form. The retyping rewrites the CPU attention node into the
+form sdpa dispatches to on the GPU (targets/cuda/attention.py, cuda_form_of_cpu_attention):
+without a mask the flash kernel's `_scaled_dot_product_flash_attention`, with one the
+memory-efficient kernel's `_scaled_dot_product_efficient_attention` on the mask expanded to
+[B, H, L, S] (as sdpa expands it), which the CUDA front end keeps whole as one extern. --cpu-attention leaves the CPU form,
+which the CUDA front end decomposes (GEMMs + a softmax kernel: the count before attention
+became an extern).
 """
 
 from __future__ import annotations
@@ -103,6 +109,8 @@ def main() -> int:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--kernels", action="store_true", help="one line per kernel")
     ap.add_argument("--cpu", action="store_true", help="also the CPU target's kernel count")
+    ap.add_argument("--cpu-attention", action="store_true", help="leave attention in the CPU "
+                    "form (decomposed by the CUDA front end) instead of the CUDA form")
     ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
     ap.add_argument("--passes", default="", help="the CUDA passes after the front end, in place "
                     "of inductor-cuda's up to schedule-cuda (e.g. the pipeline before "
@@ -128,7 +136,11 @@ def main() -> int:
             print(f"{name}: not captured whole ({type(c).__name__})")
             continue
         cpu_module = module.clone()
-        out, kernels, externs = census(to_cuda(module), cuda_pl)
+        on_cuda = to_cuda(module)
+        if not a.cpu_attention:
+            from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
+            on_cuda = cuda_form_of_cpu_attention(on_cuda)
+        out, kernels, externs = census(on_cuda, cuda_pl)
         ex = collections.Counter(str(n.kwargs.get("op")) for n in externs)
         line = (f"{name}: cuda {len(kernels)} Triton kernels, {len(externs)} externs "
                 f"({', '.join(f'{k} {v}' for k, v in ex.most_common())})")

@@ -87,3 +87,58 @@ def test_fused_attention_matches_the_cuda_kernels(dt: torch.dtype, shape: tuple[
     got = _decomposed(FLASH, Sample((q, k, v), kw), [0, 1])
     _close(got[0], want[0], tol)
     _close(got[1], want[1], (1e-4, 1e-4))
+
+
+# ---- the CUDA target keeps the fused op whole (targets/cuda/attention.py) -------------------
+
+HEADS, D = 4, 64
+
+
+def _layer(causal: bool, masked: bool) -> Any:
+    """Queries from x, keys and values from mem (a decode step: fewer queries than keys), sdpa,
+    heads merged, projected: what the CUDA target compiles around the kept attention op."""
+    import torch.nn.functional as F
+
+    def f(x: torch.Tensor, mem: torch.Tensor, wq: torch.Tensor, wkv: torch.Tensor,
+          o: torch.Tensor, *mask: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        s = mem.shape[1]
+        q = (x @ wq).reshape(b, t, HEADS, D // HEADS).transpose(1, 2)
+        k, v = ((u.reshape(b, s, HEADS, D // HEADS).transpose(1, 2))
+                for u in (mem @ wkv).split(D, -1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if masked else None,
+                                           is_causal=causal)
+        return y.transpose(1, 2).reshape(b, t, D) @ o
+    return f
+
+
+@pytest.mark.parametrize("case", ["plain", "causal", "mask16", "mask7", "decode7"])
+def test_compiled_attention_is_one_torch_kernel_and_matches_eager(case: str) -> None:
+    import ember.inductor  # noqa: F401
+    from ember.capture import capture
+    from ember.inductor.backend import compiled_runner
+    from ember.inductor.targets.cuda import FRONT
+    from ember.inductor.targets.cuda.attention import HEADS_LAST
+    from ember.ir.passes import run_pipeline
+
+    S = 7 if case.endswith("7") else 16
+    L = 1 if case.startswith("decode") else S
+    masked = case.startswith(("mask", "decode"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+
+    def r(*s: int) -> torch.Tensor:
+        return torch.randn(*s, device="cuda", dtype=dt, generator=g) * 0.3
+    args = [r(2, L, D), r(2, S, D), r(D, D), r(D, 2 * D), r(D, D)]
+    if masked:
+        args.append(r(2, 1, L, S))
+    f = _layer(case == "causal", masked)
+    with torch.no_grad():
+        c = capture(f, tuple(args), {})
+        assert c.module is not None
+        m = run_pipeline(c.module, f"{FRONT},inductor-cuda")
+        ops = [n.kwargs.get("op") for gr in m.graphs.values() for n in gr.nodes]
+        assert HEADS_LAST in ops, sorted({str(o) for o in ops})
+        got = compiled_runner(m)(None, args).outputs[0]
+        want = f(*args)
+    _close(got, want, TOL[dt])

@@ -32,6 +32,14 @@ from ember.prims.rules import is_number
 FUSED_ATTENTION_DROPOUT = {"aten._scaled_dot_product_flash_attention_for_cpu.default": 3,
                            "aten._scaled_dot_product_flash_attention_for_cpu_backward.default": 6}
 FUSED_ATTENTION = tuple(FUSED_ATTENTION_DROPOUT)
+# The CUDA forms (what sdpa dispatches to on a GPU), kept whole by keep_cuda_attention=true (the
+# CUDA target's front end: torch's fused kernel as one extern instead of two GEMMs, a softmax
+# kernel and head copies), without dropout and with static shapes only (the target pads a bias
+# whose rows are not 16-element aligned, which needs its sizes); op -> dropout_p's position.
+FUSED_ATTENTION_CUDA_DROPOUT = {"aten._scaled_dot_product_flash_attention.default": 3,
+                                "aten._scaled_dot_product_efficient_attention.default": 5,
+                                "aten._scaled_dot_product_cudnn_attention.default": 5}
+FUSED_ATTENTION_CUDA = tuple(FUSED_ATTENTION_CUDA_DROPOUT)
 
 # torch's own operator namespaces; an operator of any other (a `torch.library` custom op) has
 # no decomposition unless a table gives one: it stays one opaque op, typed by its fake kernel,
@@ -60,10 +68,12 @@ def is_custom_op(name: str) -> bool:
 
 @register_pass("decompose", "lower aten (and other torch) ops to ember's prims; "
                "keep_attention=true keeps torch's fused CPU attention (no dropout) as one op; "
+               "keep_cuda_attention=true its CUDA forms (no dropout, static shapes); "
                "table=NAME picks a registered decomposition table (default: 'default', or "
                "compile()'s)")
 def decompose(module: Module, *, keep_unsupported: bool = False, keep_attention: bool = False,
-              table: str = "", registry: OpRegistry) -> Module:
+              keep_cuda_attention: bool = False, table: str = "",
+              registry: OpRegistry) -> Module:
     if table:
         try:
             chosen = decomposition_table(table)
@@ -72,7 +82,8 @@ def decompose(module: Module, *, keep_unsupported: bool = False, keep_attention:
     else:
         chosen = active_table()
     return decompose_module(module, chosen, keep_unsupported=keep_unsupported,
-                            keep_attention=keep_attention)
+                            keep_attention=keep_attention,
+                            keep_cuda_attention=keep_cuda_attention)
 
 
 TO_PRIMS = "decompose,cse,dce"
@@ -81,15 +92,22 @@ register_pipeline("to-prims", TO_PRIMS, "aten -> ember's prims, then common sube
 
 
 def decompose_module(module: Module, table: DecompositionTable, *,
-                     keep_unsupported: bool = False, keep_attention: bool = False) -> Module:
+                     keep_unsupported: bool = False, keep_attention: bool = False,
+                     keep_cuda_attention: bool = False) -> Module:
     out = module.clone()
     for g in out.graphs.values():
-        _decompose_graph(out, g, table, keep_unsupported, keep_attention)
+        _decompose_graph(out, g, table, keep_unsupported, keep_attention, keep_cuda_attention)
     return out
 
 
+def _kept_cuda_attention(n: Node) -> bool:
+    static = all(isinstance(d, int) for v in n.operands() if isinstance(v.type, TensorType)
+                 for d in v.type.shape)
+    return static and n.op in FUSED_ATTENTION_CUDA_DROPOUT and _kept_attention(n)
+
+
 def _kept_attention(n: Node) -> bool:
-    at = FUSED_ATTENTION_DROPOUT.get(n.op)
+    at = FUSED_ATTENTION_DROPOUT.get(n.op, FUSED_ATTENTION_CUDA_DROPOUT.get(n.op))
     if at is None:
         return False
     at = _dropout_position(n.op, at)
@@ -107,7 +125,8 @@ def _dropout_position(op: str, default: int) -> int:
 
 
 def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
-                     keep_unsupported: bool, keep_attention: bool = False) -> None:
+                     keep_unsupported: bool, keep_attention: bool = False,
+                     keep_cuda_attention: bool = False) -> None:
     vmap: dict[Value, Any] = {}  # a Value, or a literal standing for a scalar result
 
     def sub(v: Value) -> Any:
@@ -120,7 +139,8 @@ def _decompose_graph(module: Module, g: Graph, table: DecompositionTable,
         args = [map_args(a, sub) for a in n.args]
         kwargs = {k: map_args(a, sub) for k, a in n.kwargs.items()}
         if n.op.split(".", 1)[0] in EMBER_DIALECTS or (keep_unsupported and n.op not in table) \
-                or (keep_attention and _kept_attention(n)) \
+                or (keep_attention and n.op in FUSED_ATTENTION_DROPOUT and _kept_attention(n)) \
+                or (keep_cuda_attention and _kept_cuda_attention(n)) \
                 or (n.op not in table and is_custom_op(n.op)):
             n.args, n.kwargs = args, kwargs  # the module is a clone: editing in place is fine
             b.nodes.append(n)

@@ -22,20 +22,24 @@ import torch
 
 from ember.inductor.launch import register_loader
 from ember.inductor.targets import Target, register_target, targets
+from ember.inductor.targets.cuda.attention import LOWERINGS as ATTENTION_LOWERINGS
+from ember.inductor.targets.cuda.attention import cuda_attention as _cuda_attention  # noqa: F401
 from ember.inductor.targets.cuda.autotune import autotune_cuda, with_autotune
 from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
 from ember.inductor.targets.cuda.fuse_shared import fuse_shared as _fuse_shared  # noqa: F401
 from ember.inductor.targets.cuda.matmul_lowp import matmul_lowp as _matmul_lowp  # noqa: F401
 from ember.ir.passes import register_pipeline
 
-FRONT = "decompose,cse,dce"
+# torch's fused CUDA attention stays one op (an extern of the same kernel: attention.py)
+FRONT = "decompose{keep_cuda_attention=true},cse,dce"
 INDUCTOR_CUDA = register_pipeline(
-    "inductor-cuda", "matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
+    "inductor-cuda", "cuda-attention,matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
     "prims -> loop kernels, fused, scheduled (cuda_* attributes), as Triton kernel blocks with "
     "planned buffers (CUDA)").text
 INDUCTOR_CUDA_INTERPRET = register_pipeline(
     "inductor-cuda-interpret",
-    "matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
+    "cuda-attention,matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,"
+    "codegen-triton{interpret=true},plan-buffers",
     "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
     "(TRITON_INTERPRET=1; testing without a GPU)").text
 
@@ -48,6 +52,7 @@ def register_cuda_target() -> Target:
     if have is not None:
         return have
     return register_target("cuda", "inductor-cuda", LANG, front=FRONT,
+                           lowerings=ATTENTION_LOWERINGS,
                            description="Triton kernels (externs: torch's CUDA kernels)")
 
 
