@@ -81,6 +81,7 @@ def test_attention_is_one_extern_on_strided_views_with_no_softmax_kernel() -> No
     m = compiled(*inputs())
     n = attention(m)
     assert n.kwargs["kernel"] == FLASH
+    assert "kept whole" in str(n.kwargs["why"])  # the decision, in the dump
     for a in n.args[:3]:  # q, k, v: strided views of the qkv GEMM's output, never copies
         assert isinstance(a, Value) and a.node is not None
         assert a.node.op == "kernels.extern" or a.node.kwargs.get("op") == "loop.view", a.node
@@ -147,7 +148,7 @@ def test_extern_types_agree_with_torch_meta_kernels(S: int | None) -> None:
             metas.append(a)
     op = torch.ops.aten._scaled_dot_product_flash_attention.default if S is None else \
         torch.ops.aten._scaled_dot_product_efficient_attention.default
-    kw = {k: v for k, v in n.kwargs.items() if k not in ("op", "kernel")}
+    kw = {k: v for k, v in n.kwargs.items() if k not in ("op", "kernel", "why")}
     want = op(*metas, **kw)
     got = n.results
     assert list(got[0].type.shape) == list(want[0].transpose(1, 2).shape)  # type: ignore[union-attr]

@@ -183,6 +183,10 @@ def _accepted(lw: Any, v: Value, bias: bool) -> bool:
 # permuted view, so the head merge is a reshape of it and the output projection's GEMM reads it
 # as it is. Its other results are the kernel's.
 HEADS_LAST = "loop.attention_heads_last"
+# the decision, as the extern's why= attribute (the dump says why no GEMMs and softmax are there)
+WHY = ("kept whole: torch's fused kernel, no score matrix in memory and no softmax kernel "
+       "(decompose{keep_cuda_attention=true})")
+_OWN = ("kernel", "why")  # this op's attributes; the rest are the kernel's
 
 
 def _heads_last_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -192,7 +196,7 @@ def _heads_last_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> l
     if name not in FUSED_ATTENTION_CUDA or target is None:
         raise OpTypeError(f"{HEADS_LAST}: kernel= must name a CUDA attention op "
                           f"({', '.join(FUSED_ATTENTION_CUDA)}), got {name!r}")
-    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "kernel"})
+    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in _OWN})
     out = types[0]
     if not isinstance(out, TensorType) or out.rank != 4:
         raise OpTypeError(f"{HEADS_LAST}: the kernel's output must be 4-d, got {out}")
@@ -203,7 +207,7 @@ def _heads_last_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> l
 def _heads_last_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
     target = interp.registry.lookup(kw["kernel"])
     assert target is not None
-    res = target.reference(interp, args, {k: v for k, v in kw.items() if k != "kernel"})
+    res = target.reference(interp, args, {k: v for k, v in kw.items() if k not in _OWN})
     res = list(res) if isinstance(res, (list, tuple)) else [res]
     return (res[0].transpose(1, 2), *res[1:])
 
@@ -237,7 +241,8 @@ def lower_attention(lw: Any, n: Node) -> None:
     names = [f"{out.name}.heads_last", *(r.name for r in n.results[1:])]
     for r in n.results[1:]:
         lw.b.taken.discard(r.name)
-    outs = lw.b.emit("loop.extern", args, {"op": HEADS_LAST, "kernel": n.op, **kwargs},
+    outs = lw.b.emit("loop.extern", args,
+                     {"op": HEADS_LAST, "kernel": n.op, "why": WHY, **kwargs},
                      types=[buf_t, *(r.type for r in n.results[1:])], names=names, loc=n.loc)
     lw.env[out] = View(outs[0], (ivar(0), ivar(2), ivar(1), ivar(3)), ot)
     lw.env.update(zip(n.results[1:], outs[1:], strict=True))
