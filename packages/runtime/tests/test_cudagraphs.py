@@ -172,6 +172,20 @@ def test_a_static_input_that_moves_is_recorded_again_then_copied(fake: Any) -> N
     assert "2 re-recording(s) (a static input moved)" in g.text()
 
 
+def test_a_static_input_that_moves_after_a_run_of_replays_stays_static(fake: Any) -> None:
+    """Each generate() may bring a new static cache: an input that stays put for a run of
+    replays and then moves is recorded again in place every time, never demoted to a copy."""
+    fake()
+    c = er.compile(mlp, mode="reduce-overhead")
+    x = torch.randn(4, 160)
+    for _ in range(4):
+        w = torch.randn(160, 160)
+        for _ in range(6):
+            torch.testing.assert_close(c(x, w), mlp(x, w))
+    (g,) = er.explain(c).cuda_graphs
+    assert (g.rerecorded, g.recordings) == (3, 4), g.text()
+
+
 def test_a_small_input_at_the_same_address_is_copied(fake: Any) -> None:
     """A step's token ids are a new small tensor each call that can land at the same address
     as the last one: small inputs the graph does not update are copied, never read in place

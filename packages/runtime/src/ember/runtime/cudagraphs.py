@@ -13,11 +13,13 @@ exceeds the GPU time. Under these modes each graph the inductor compiled is wrap
   gets one recording per binding it meets twice (the first call of a binding is the warm-up:
   Triton compiles and specializes there, outside capture). At most `max_recordings` per graph
   (default 8); a binding past that runs without a graph, counted.
-* **Static inputs**: a parameter, or an input at the same address (data_ptr, strides) at the
-  warm-up and the recording, is read in place by the recording (never copied; the recording
-  holds it, so its memory is not reused under it); every call checks those addresses; where
-  one moved, the binding is recorded again (an input that moves twice, a new tensor each call,
-  is copied from then on). Other inputs are copied into buffers the recording owns.
+* **Static inputs**: a parameter, an input the graph updates, or a large input at the same
+  address (data_ptr, strides) at the warm-up and the recording, is read in place by the
+  recording (never copied; the recording holds it, so its memory is not reused under it);
+  every call checks those addresses; where one moved, the binding is recorded again (an input
+  that moves twice within a few replays of its recording, a new tensor each call, is copied
+  from then on; one that moves after a run of replays, another generate()'s cache, is simply
+  recorded again). Other inputs are copied into buffers the recording owns.
 * **One memory pool** per compiled function: its recordings' intermediates and outputs.
 * **Outputs are cloned out of the pool** after each replay, so the caller never holds memory
   that the next replay overwrites (the "CUDAGraphs output overwritten" failure of keeping a
@@ -52,6 +54,7 @@ MAX_RECORDINGS = 8  # per graph: a symbolic graph meets a new binding per size
 SEEN_LIMIT = 256  # bindings remembered from their warm-up (a growing cache meets one a step)
 SCALARS = (int, float, bool, type(None))
 SMALL_INPUT = 64 * 1024  # bytes: an input at most this large is copied unless updated
+STABLE_REPLAYS = 4  # a static input that stayed put this many replays, then moved, is no churn
 
 IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
 _DATA_PTR = torch.Tensor.data_ptr
@@ -234,6 +237,7 @@ class _Recording:
         self.take: Callable[[Sequence[Any]], Any] = \
             operator.itemgetter(*static) if len(static) > 1 else _take(static)
         self.copied = copied
+        self.replays = 0
         # per result: ("clone", -) a pool tensor, ("input", i) the caller's static input i
         # (written back in the graph), ("view", i) a view of static input i, ("same", -) as is
         self.plan = plan
@@ -279,9 +283,12 @@ class _GraphRunner:
         r = self.recordings.get(key)
         again: set[int] = set()  # a re-recording: the inputs static in the last recording
         if r is not None and not self._still_static(r, inputs):
-            for i, a in r.static:
-                if inputs[i].data_ptr() != a:
-                    self.moves[i] = self.moves.get(i, 0) + 1
+            # a move after a run of replays is a new long-lived tensor (another generate()'s
+            # cache): recorded again in place, not counted toward copying the input
+            if r.replays < STABLE_REPLAYS:
+                for i, a in r.static:
+                    if inputs[i].data_ptr() != a:
+                        self.moves[i] = self.moves.get(i, 0) + 1
             again = {i for i, _ in r.static}
             del self.recordings[key]
             rec.rerecorded += 1
@@ -322,6 +329,7 @@ class _GraphRunner:
             for i in r.copied:
                 r.ins[i].copy_(inputs[i])
         self.owner.recorder.replay(r.graph)
+        r.replays += 1
         rec.replays += 1
         return RunResult(self._outputs(r, inputs))
 
