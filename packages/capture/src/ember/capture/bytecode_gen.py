@@ -127,6 +127,8 @@ def resume_code(code: types.CodeType, target: int, stack: list[Slot], local_name
         prologue += _push_slot(slot, slot_arg(i), lineno)
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     bc[first + 1:first + 1] = prologue
+    if PY_VERSION >= (3, 13):
+        _split_local_pairs(bc)
     bc.argnames = args + list(local_names)
     bc.argcount = len(bc.argnames)
     bc.posonlyargcount = 0
@@ -135,6 +137,29 @@ def resume_code(code: types.CodeType, target: int, stack: list[Slot], local_name
     bc.name = name
     bc.qualname = name
     return bc.to_code()
+
+
+# 3.13's superinstructions over two locals, and the two instructions each one stands for
+_LOCAL_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+                "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+                "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST")}
+
+
+def _split_local_pairs(bc: Bytecode) -> None:
+    """Replace 3.13's two-local superinstructions by their two instructions. They pack both
+    local indices in 4 bits each; a resume function's stack arguments come first and push the
+    indices past 15, which the `bytecode` package packs without a check (a wrong local)."""
+    i = 0
+    while i < len(bc):
+        ins = bc[i]
+        if isinstance(ins, Instr) and ins.name in _LOCAL_PAIRS:
+            a, b = _LOCAL_PAIRS[ins.name]
+            first, second = ins.arg
+            bc[i:i + 1] = [Instr(a, first, location=ins.location),
+                           Instr(b, second, location=ins.location)]
+            i += 2
+        else:
+            i += 1
 
 
 @dataclass(frozen=True)
