@@ -15,7 +15,8 @@ Per batch size (batch 1 first), each case runs through every variant but torch.c
 reduce-overhead, which runs after them (it crashed inside generate() before). Each
 variant's compiled forward serves all its cases (its recompiles show in their first calls).
 
-Per case: the first call's seconds (capture, compile, warm-up), then `--reps` timed calls
+Per case: the first call's seconds (capture, compile, warm-up), `--warm` untimed calls, then
+`--reps` timed calls
 (CUDA synchronized around each; the median reported) as tokens/s = batch x new tokens / s, and
 the tokens compared with eager's (greedy in bf16 can diverge late: the first divergent position
 is reported, per row, never hidden). ember's explain() counts (graphs, recompilations,
@@ -189,7 +190,7 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
     row: dict[str, Any] = {"section": "case", "variant": variant, "cache": cache,
                            "batch": batch, "new": args.new}
     guess = 5.0 if variant == "eager" else args.compile_guess
-    expect = last_first.get(variant, guess) + args.reps * 3.0
+    expect = last_first.get(variant, guess) + (args.reps + args.warm) * 3.0
     if elapsed() + expect > args.budget:
         row["skipped"] = (f"budget: {elapsed():.0f} s used of {args.budget:.0f}, this case "
                           f"expected to take {expect:.0f} s")
@@ -203,6 +204,8 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
         t0 = time.perf_counter()
         toks = generate(model, ids, args.new, cache)
         row["first_s"] = last_first[variant] = round(time.perf_counter() - t0, 3)
+        for _ in range(args.warm):  # (CUDA graphs record on a binding's second call)
+            generate(model, ids, args.new, cache)
         times = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
@@ -273,6 +276,9 @@ def main() -> int:
                     choices=["static", "dynamic"])
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     ap.add_argument("--reps", type=int, default=2, help="timed calls per case (median)")
+    ap.add_argument("--warm", type=int, default=0,
+                    help="untimed calls after the first: a steady state (recordings of a "
+                         "DynamicCache's bindings happen in the second generate())")
     ap.add_argument("--budget", type=float, default=540.0,
                     help="seconds after which no new case starts")
     ap.add_argument("--compile-guess", type=float, default=60.0,
