@@ -7,17 +7,24 @@ without a mask, memory-efficient with one), then compiled by the CUDA front end 
 q/k/v (no copy kernels, no softmax kernel), its output's head merge is a reshape of the
 [B, L, H, E] buffer the kernel writes, a bias whose rows are not 16-element aligned is padded
 as eager's sdpa pads it, and the extern's types agree with torch's meta kernels. Numerics run
-on the device (packages/prims/tests/test_attention_cuda.py).
+on the device (packages/prims/tests/test_attention_cuda.py); here the same lowering runs on a
+CPU graph in Triton's interpreter with a CPU stand-in for the CUDA kernels (their math through
+eager sdpa), which checks the views, the heads-last output and the bias padding numerically.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
+import os
 
-import pytest
-import torch
-import torch.nn.functional as F
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import dataclasses  # noqa: E402
+import re  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
@@ -174,3 +181,51 @@ def test_dropout_is_not_kept() -> None:
     assert FLASH not in ops(run_pipeline(keep, "decompose,cse,dce"))
     with pytest.raises(DecompositionError, match="dropout_p=0.5"):
         run_pipeline(drop, FRONT)
+
+
+def _stand_in(name: str) -> Any:
+    """The op's record with a CPU reference: eager sdpa's output, zeros for the rest (unused)."""
+    from ember.ir.torch_ops import torch_opdef
+    real = torch_opdef(name)
+    assert real is not None
+
+    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+        q, k, v = args[:3]
+        bias = args[3] if name == EFFICIENT else None
+        causal = bool(args[6] if name == EFFICIENT else args[4]) if len(args) > 4 else False
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
+                                             scale=kw.get("scale"))
+        if name == FLASH:
+            return (out, torch.zeros(out.shape[:-1]), 0, 0, torch.zeros(2, dtype=torch.uint64),
+                    torch.zeros((), dtype=torch.uint64), torch.zeros(0))
+        return (out, torch.zeros(*out.shape[:2], 0), torch.zeros((), dtype=torch.int64),
+                torch.zeros((), dtype=torch.int64))
+    return dataclasses.replace(real, reference=run)
+
+
+@pytest.mark.parametrize("S", [None, 7, 16])
+def test_lowering_matches_eager_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
+                                                   S: int | None) -> None:
+    from ember.inductor.backend import compiled_runner
+    from ember.inductor.targets import targets
+    from ember.inductor.targets.cuda.attention import LOWERINGS
+    from ember.ir.registry import default_registry
+    for op, rule in LOWERINGS.items():  # the CUDA target's rule, on this CPU graph
+        monkeypatch.setitem(targets()["cpu"].lowerings, op, rule)  # type: ignore[index]
+    reg = default_registry()
+    for op in (FLASH, EFFICIENT):
+        reg.register(_stand_in(op))  # unregistered below
+    try:
+        args = inputs(S)
+        with torch.no_grad():
+            c = capture(block, args, {})
+        assert c.module is not None
+        m = run_pipeline(cuda_form_of_cpu_attention(c.module),
+                         f"{FRONT},inductor-cuda-interpret")
+        assert attention(m).kwargs["kernel"] == (FLASH if S is None else EFFICIENT)
+        got = compiled_runner(m)(None, list(args)).outputs[0]
+        want = block(*args)  # the graph returns the product's [B*L, D] matrix (a view of it)
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    finally:
+        for op in (FLASH, EFFICIENT):
+            reg.unregister(op)
