@@ -276,3 +276,30 @@ def test_a_residual_add_is_the_convolutions_post_op() -> None:
     got = compiled_runner(compiled)(None, [x, w1, w2, w3]).outputs[0]
     assert want.isnan().any()
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+CONV_COMPUTED_WEIGHT = """ember.ir 1.0
+
+graph @f(%x: f32[2, 4, 6, 5], %w1: f32[4, 4, 3, 3]) -> (f32[2, 4, 6, 5]) {
+  %w = prims.mul(%w1, 2.0) : f32[4, 4, 3, 3]
+  %c1 = prims.convolution(%x, %w, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %s1 = prims.add(%x, %c1) : f32[2, 4, 6, 5]
+  %r1 = prims.maximum(%s1, 0.0) : f32[2, 4, 6, 5]
+  %r2 = prims.minimum(%r1, 6.0) : f32[2, 4, 6, 5]
+  return (%r2)
+}
+"""
+
+
+def test_residual_and_relu6_on_a_computed_weight_are_one_kernel() -> None:
+    """A weight computed in the graph is not packed (loop.conv2d_nhwc): the residual add and
+    ReLU6 then run as one kernel after the convolution, NaN kept."""
+    compiled = compile_module(parse(CONV_COMPUTED_WEIGHT))
+    ops = [n.kwargs.get("op", n.op) for n in compiled.graph().nodes]
+    assert ops.count("loop.conv2d_nhwc") == 1 and ops.count("kernels.call") == 3
+    g = torch.Generator().manual_seed(0)
+    x, w1 = torch.randn(2, 4, 6, 5, generator=g), torch.randn(4, 4, 3, 3, generator=g)
+    x[0, 1, 2, 2] = float("nan")
+    want = torch.clamp(torch.conv2d(x, w1 * 2, padding=1) + x, 0, 6)
+    got = compiled_runner(compiled)(None, [x, w1]).outputs[0]
+    torch.testing.assert_close(got, want, equal_nan=True)

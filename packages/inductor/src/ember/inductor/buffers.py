@@ -103,7 +103,11 @@ def _buffer_key(v: Value) -> tuple[str, object] | None:
 
 
 def plan_graph(g: Graph) -> int:
-    """Add `reuse=` to the graph's kernel calls; the number of buffers reused."""
+    """Add `reuse=` to the graph's kernel calls; the number of buffers reused. A graph that
+    already carries a plan (a stored compiled module, planned by an earlier version whose
+    rules may differ) is kept as it is."""
+    if any(n.op == "kernels.call" and "reuse" in n.kwargs for n in g.nodes):
+        return 0
     al = _aliases(g)
     last = last_uses(g)
     # buffer -> its definition, then the last use of anything aliasing it
@@ -113,10 +117,6 @@ def plan_graph(g: Graph) -> int:
     for v, bufs in al.items():
         for b in bufs:
             dies[b] = max(dies.get(b, -1), last.get(v, -1))
-    # Buffers an earlier plan already handed to a kernel (its reuse=): that kernel's output
-    # lives there now, so they are never free again (planning twice must not share storage).
-    claimed = {v for n in g.nodes if n.op == "kernels.call"
-               for v in n.kwargs.get("reuse") or [] if isinstance(v, Value)}  # type: ignore[union-attr]
     free: dict[tuple[str, object], list[Value]] = {}
     released: list[tuple[float, Value]] = sorted(
         ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
@@ -126,10 +126,10 @@ def plan_graph(g: Graph) -> int:
         while k < len(released) and released[k][0] < i:  # dead before this node runs
             b = released[k][1]
             key = _buffer_key(b)
-            if key is not None and b not in claimed:
+            if key is not None:
                 free.setdefault(key, []).append(b)
             k += 1
-        if n.op != "kernels.call" or "reuse" in n.kwargs:
+        if n.op != "kernels.call":
             continue
         reuse: list[Value] = []
         for r in n.results:  # a prefix of the results (reuse= is positional)
