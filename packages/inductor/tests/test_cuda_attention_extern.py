@@ -58,6 +58,17 @@ def block(x: torch.Tensor, w: torch.Tensor, o: torch.Tensor,
     return y.transpose(1, 2).reshape(b, t, D) @ o
 
 
+def decode(x: torch.Tensor, mem: torch.Tensor, w: torch.Tensor, o: torch.Tensor,
+           mask: torch.Tensor) -> torch.Tensor:
+    """A decode step: one query row against S keys/values, a [B, 1, 1, S] mask."""
+    b, t, _ = x.shape
+    s = mem.shape[1]
+    q = (x @ w[:, :D]).reshape(b, t, H, E).transpose(1, 2)
+    k, v = ((mem @ u).reshape(b, s, H, E).transpose(1, 2) for u in w[:, D:].split(D, -1))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return y.transpose(1, 2).reshape(b, t, D) @ o
+
+
 def compiled(*args: torch.Tensor, front: str = FRONT) -> Module:
     with torch.no_grad():
         c = capture(block, args, {})
@@ -203,9 +214,9 @@ def _stand_in(name: str) -> Any:
     return dataclasses.replace(real, reference=run)
 
 
-@pytest.mark.parametrize("S", [None, 7, 16])
+@pytest.mark.parametrize("S", [None, 7, 16, "decode"])
 def test_lowering_matches_eager_in_the_interpreter(monkeypatch: pytest.MonkeyPatch,
-                                                   S: int | None) -> None:
+                                                   S: int | str | None) -> None:
     from ember.inductor.backend import compiled_runner
     from ember.inductor.targets import targets
     from ember.inductor.targets.cuda.attention import LOWERINGS
@@ -216,15 +227,21 @@ def test_lowering_matches_eager_in_the_interpreter(monkeypatch: pytest.MonkeyPat
     for op in (FLASH, EFFICIENT):
         reg.register(_stand_in(op))  # unregistered below
     try:
-        args = inputs(S)
+        fn: Any = decode if S == "decode" else block
+        if S == "decode":
+            g = torch.Generator().manual_seed(1)
+            args = tuple(torch.randn(*s, generator=g) for s in
+                         ((B, 1, D), (B, 7, D), (D, 3 * D), (D, D), (B, 1, 1, 7)))
+        else:
+            args = inputs(S)  # type: ignore[arg-type]
         with torch.no_grad():
-            c = capture(block, args, {})
+            c = capture(fn, args, {})
         assert c.module is not None
         m = run_pipeline(cuda_form_of_cpu_attention(c.module),
                          f"{FRONT},inductor-cuda-interpret")
         assert attention(m).kwargs["kernel"] == (FLASH if S is None else EFFICIENT)
         got = compiled_runner(m)(None, list(args)).outputs[0]
-        want = block(*args)  # the graph returns the product's [B*L, D] matrix (a view of it)
+        want = fn(*args)  # the graph returns the product's [B*L, D] matrix (a view of it)
         torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     finally:
         for op in (FLASH, EFFICIENT):
