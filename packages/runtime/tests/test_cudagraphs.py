@@ -186,6 +186,20 @@ def test_a_static_input_that_moves_after_a_run_of_replays_stays_static(fake: Any
     assert (g.rerecorded, g.recordings) == (3, 4), g.text()
 
 
+def test_a_growing_binding_stops_recording_clearly(fake: Any) -> None:
+    """A DynamicCache's decode graph meets a new cache length every call: after twice the
+    recording limit of new bindings in a row, none met twice, the graph is not recorded (no
+    captures for the few lengths a next generate() brings back), and explain says why."""
+    fake(max_recordings=2)
+    c = er.compile(mlp, mode="reduce-overhead", dynamic=True)
+    w = torch.randn(8, 8)
+    for n in [*range(2, 9), 2, 3]:  # 7 new sizes, then two that come back
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(c(x, w), mlp(x, w))
+    (g,) = er.explain(c).cuda_graphs
+    assert g.recordings == 0 and g.skipped is not None and "growing cache" in g.skipped, g.text()
+
+
 def test_a_small_input_at_the_same_address_is_copied(fake: Any) -> None:
     """A step's token ids are a new small tensor each call that can land at the same address
     as the last one: small inputs the graph does not update are copied, never read in place

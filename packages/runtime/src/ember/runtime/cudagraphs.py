@@ -271,6 +271,7 @@ class _GraphRunner:
         self.recordings: dict[tuple[Any, ...], _Recording] = {}
         self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
         self.moves: dict[int, int] = {}  # static inputs that moved: how often
+        self.fresh = 0  # calls in a row whose binding was new
         self.binder = binder
 
     def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
@@ -305,7 +306,17 @@ class _GraphRunner:
                     del self.seen[next(iter(self.seen))]
                 self.seen[key] = addrs
                 rec.warmups += 1
+                self.fresh += 1
+                # (twice the recording limit of new bindings in a row, none recorded)
+                if self.fresh >= 2 * self.owner.max_recordings and not self.recordings:
+                    # a DynamicCache's decode graph: a new cache length every step, each met
+                    # once per generate(); recording the few that come back (the next
+                    # generate()) costs a capture each for a handful of replays
+                    rec.skipped = (f"its size binding changed on each of {self.fresh} calls "
+                                   f"in a row, none met twice (a growing cache): it runs "
+                                   f"without CUDA graphs")
                 return self.runner(graph, inputs)
+            self.fresh = 0
             # static: a parameter, an input the graph updates (a static KV cache: the
             # caller's state), a large input at the same address at warm-up and now, or one
             # static in the last recording; an input that moved twice (a new tensor each
