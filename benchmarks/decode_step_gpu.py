@@ -89,7 +89,7 @@ def main() -> int:
                 sync()
                 t += time.perf_counter() - t1
             out.append(t / a.calls * 1e3)
-        return round(statistics.median(out), 4)
+        return float(round(statistics.median(out), 4))
 
     with torch.no_grad():
         row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
