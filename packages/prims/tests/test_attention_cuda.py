@@ -141,4 +141,6 @@ def test_compiled_attention_is_one_torch_kernel_and_matches_eager(case: str) -> 
         assert HEADS_LAST in ops, sorted({str(o) for o in ops})
         got = compiled_runner(m)(None, args).outputs[0]
         want = f(*args)
-    _close(got, want, TOL[dt])
+    # the captured graph returns the product's [B*L, D] matrix (the model's reshape is a view
+    # the runtime applies outside the graph)
+    _close(got.reshape(want.shape), want, TOL[dt])
