@@ -18,7 +18,9 @@ without a mask the flash kernel's `_scaled_dot_product_flash_attention`, with on
 memory-efficient kernel's `_scaled_dot_product_efficient_attention` on the mask expanded to
 [B, H, L, S] (as sdpa expands it), which the CUDA front end keeps whole as one extern. --cpu-attention leaves the CPU form,
 which the CUDA front end decomposes (GEMMs + a softmax kernel: the count before attention
-became an extern).
+became an extern). On a GPU machine --on-device captures on cuda:0 instead (no
+retyping, no rewrite) and names the attention ops the capture recorded: whether the model's
+sdpa reached the CUDA target as one of the kept forms.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ def main() -> int:
     ap.add_argument("--cpu", action="store_true", help="also the CPU target's kernel count")
     ap.add_argument("--cpu-attention", action="store_true", help="leave attention in the CPU "
                     "form (decomposed by the CUDA front end) instead of the CUDA form")
+    ap.add_argument("--on-device", action="store_true", help="capture on cuda:0 (a GPU machine): "
+                    "the graph holds the CUDA attention form sdpa really dispatched to; each "
+                    "model's line also names its attention ops as captured")
     ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
     ap.add_argument("--passes", default="", help="the CUDA passes after the front end, in place "
                     "of inductor-cuda's up to schedule-cuda (e.g. the pipeline before "
@@ -130,21 +135,29 @@ def main() -> int:
             print(f"{name}: skipped ({e})")
             continue
         t0 = time.perf_counter()
-        c = capture(model, args, {})
+        if a.on_device:
+            model = model.to("cuda:0")
+            args = tuple(x.to("cuda:0") for x in args)
+        with torch.no_grad():
+            c = capture(model, args, {})
         module = getattr(c, "module", None)
         if module is None:
             print(f"{name}: not captured whole ({type(c).__name__})")
             continue
         cpu_module = module.clone()
-        on_cuda = to_cuda(module)
-        if not a.cpu_attention:
+        captured = sorted({n.op for g in module.graphs.values() for n in g.nodes
+                           if "attention" in n.op})
+        on_cuda = module if a.on_device else to_cuda(module)
+        if not a.cpu_attention and not a.on_device:
             from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
             on_cuda = cuda_form_of_cpu_attention(on_cuda)
         out, kernels, externs = census(on_cuda, cuda_pl)
         ex = collections.Counter(str(n.kwargs.get("op")) for n in externs)
         line = (f"{name}: cuda {len(kernels)} Triton kernels, {len(externs)} externs "
                 f"({', '.join(f'{k} {v}' for k, v in ex.most_common())})")
-        if a.cpu:
+        if a.on_device:
+            line += f"; captured attention ops: {', '.join(captured) or 'none'}"
+        if a.cpu and not a.on_device:
             cpl = f"{CPU_FRONT},{INDUCTOR_CPU.replace(',codegen-cpp,plan-buffers', '')}"
             _, ck, cx = census(cpu_module, cpl)
             line += f"; cpu {len(ck)} C++ kernels, {len(cx)} externs"
