@@ -106,6 +106,27 @@ def test_nonzero_rows_are_an_unbacked_symbol(backend: str, rows: int,
     _check_one_graph(cf)
 
 
+def mask_index(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    m = x > 0
+    return x[m] * 2, y[:, m[:, 0]].sum(0)
+
+
+@pytest.mark.parametrize("backend", ["inductor", "reference"])
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(2, 9), data=st.data())
+def test_boolean_mask_indexing_is_nonzero_then_gather(backend: str, rows: int,
+                                                      data: st.DataObject) -> None:
+    """`x[mask]` is `x[nonzero(mask) columns]`: one capture for every count, none and all
+    included."""
+    k = data.draw(st.integers(0, rows * 3), label="positive entries")
+    x = -torch.rand(rows, 3)
+    x.view(-1)[torch.randperm(rows * 3)[:k]] *= -1
+    y = torch.randn(4, rows)
+    cf = _compiled(mask_index, backend)
+    torch.testing.assert_close(cf(x, y), mask_index(x, y))
+    _check_one_graph(cf)
+
+
 def test_the_inductor_runs_it_as_size_generic_cpp() -> None:
     cf = er.compile(new_sizes, dynamic=True)
     for n in (0, 1, 7):

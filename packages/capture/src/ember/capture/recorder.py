@@ -260,6 +260,10 @@ class Recorder:
             got = self._nonzero(func, args[0])
             if got is not None:
                 return got
+        if func is torch.ops.aten.index.Tensor and not kwargs and len(args) == 2:
+            got = self._mask_index(func, args[0], args[1])
+            if got is not None:
+                return got
         if schema_name in _LIFT:
             out = func(*args, **kwargs)
             src = args[0]
@@ -369,6 +373,31 @@ class Recorder:
         self.op_counts[BIND_SYMBOL] += 1
         out = torch.empty((probe, x.dim()), dtype=torch.int64, device=x.device)
         self._bind(out, self.emit(ir_name(func), [xv], {}, TensorType.of(out), "nonzero"))
+        return out
+
+    def _mask_index(self, func: torch._ops.OpOverload, x: Any, indices: Any) -> Any:
+        """`x[mask]` (one boolean mask among the indices, the rest None or absent) in a capture
+        with a shape environment: `x[nonzero(mask) columns]`, integer indexing on the mask's
+        nonzero indices, whose count is an unbacked symbol (`_nonzero`). None otherwise."""
+        if current_env() is None or not isinstance(indices, (list, tuple)):
+            return None
+        masks = [i for i, t in enumerate(indices) if isinstance(t, torch.Tensor)]
+        if len(masks) != 1 or indices[masks[0]].dtype != torch.bool:
+            return None
+        p, mask = masks[0], indices[masks[0]]
+        nz = self._nonzero(torch.ops.aten.nonzero.default, mask)
+        if nz is None:
+            return None
+        nzv = self.value_of(nz)
+        cols = []
+        for k in range(mask.dim()):
+            col = torch.ops.aten.select.int(nz, 1, k)
+            self._bind(col, self.emit("aten.select.int", [nzv, 1, k], {}, TensorType.of(col),
+                                      "col"))
+            cols.append(col)
+        new = [*indices[:p], *cols, *indices[p + 1:]]
+        out = func(x, new)
+        self._bind(out, self.emit(ir_name(func), [x, new], {}, TensorType.of(out), "index"))
         return out
 
     def _lift_reals(self, tree: Any) -> Any:
