@@ -60,3 +60,34 @@ def test_storages_are_read_again_only_when_an_address_changes(monkeypatch: Any) 
     torch.testing.assert_close(c(cache, cache[:]), step(ref, ref[:]))
     assert calls[0] > before
     torch.testing.assert_close(cache, ref)
+
+
+def test_only_the_inputs_that_move_have_their_storage_read(monkeypatch: Any) -> None:
+    """A decode step's token ids are a new tensor every call: after two calls, only that
+    input's storage is read per call; one that shares the cache's storage is still a miss."""
+    def step(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        cache.add_(ids[:1])
+        return cache * 2
+
+    calls = [0]
+    real = wb.aliasing
+
+    def counted(inputs: Any) -> Any:
+        calls[0] += 1
+        return real(inputs)
+    monkeypatch.setattr(wb, "aliasing", counted)
+    c = er.compile(step, backend="eager")
+    base, rbase = torch.zeros(8), torch.zeros(8)
+    cache, ref = base[:4], rbase[:4]
+    kept = []  # (alive: each call's ids at a new address)
+    for _ in range(6):
+        ids = torch.randn(4)
+        kept.append(ids)
+        torch.testing.assert_close(c(cache, ids), step(ref, ids))
+    assert calls[0] <= 3, calls  # the capture's and two full checks, then incremental
+    # ids sharing the cache's storage: the incremental check sees it (a miss, eager's result)
+    assert len(c.entries) == 1
+    got, want = c(cache, base[4:]), step(ref, rbase[4:])
+    assert len(c.entries) == 2  # a capture for the new aliasing pattern
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(cache, ref)

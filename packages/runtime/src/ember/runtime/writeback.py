@@ -27,6 +27,13 @@ from ember.ir import Module
 _DATA_PTR = torch.Tensor.data_ptr
 
 
+def _getter(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """The items at `at` as a tuple, at C speed (itemgetter of one index returns the item)."""
+    if len(at) > 1:
+        return operator.itemgetter(*at)
+    return lambda xs: tuple(xs[i] for i in at)
+
+
 def backend_module(cap: Captured) -> Module:
     """The module a backend runs: the captured one, with input updates as plain outputs."""
     if not cap.updates:
@@ -52,24 +59,48 @@ class Epilogue:
         # A graph that writes its inputs was captured for one pattern of inputs sharing memory
         # (usually none): another pattern would need other updates, so it is a cache miss.
         self.aliasing = aliasing(cap.input_examples) if cap.updates else None
-        self._seen: list[int] | None = None  # tensor addresses of the last inputs that matched
         # the tensor inputs (the guards hold each input's type), read at C speed
         at = [i for i, x in enumerate(cap.input_examples) if isinstance(x, torch.Tensor)]
-        self._tensors: Callable[[Sequence[Any]], Any] = (
-            operator.itemgetter(*at) if len(at) > 1 else lambda xs: [xs[i] for i in at])
+        self._tensors = _getter(at)
+        # no two tensor inputs share a storage (the usual pattern): checked incrementally
+        self._distinct = self.aliasing is not None and all(
+            self.aliasing[i] == i for i in at)
+        self._stable: Callable[[Sequence[int]], Any] | None = None  # the unmoved positions
+        self._stable_ptrs: Any = None  # their addresses at the last full check
+        self._stable_storages: frozenset[int] = frozenset()
+        self._moving: list[int] = []  # positions (among the tensors) that moved last time
+        self._seen: list[int] | None = None  # all tensor addresses at the last full check
 
     def matches(self, inputs: Sequence[Any]) -> bool:
         if self.aliasing is None:
             return True
-        # Storages are read only where an input's address differs from the last call that
-        # matched: a decode step passes the same ~400 tensors every call, and reading their
-        # storages costs ~1 ms per call where their addresses cost ~50 us. (Tensors at the
-        # same addresses as before in other storages than before would need the allocator
-        # to have merged those blocks into one: not assumed.)
-        ptrs = list(map(_DATA_PTR, self._tensors(inputs)))
+        # Storages are read only for inputs whose address moved since the last full check: a
+        # decode step passes the same ~400 tensors every call but a new token-ids tensor, and
+        # reading ~400 storages costs ~1 ms per call where their addresses cost ~50 us.
+        # (A tensor at the same address as before in another storage than before would need
+        # the allocator to have merged blocks under a live tensor: not assumed.)
+        ts = self._tensors(inputs)
+        ptrs = list(map(_DATA_PTR, ts))
         if ptrs == self._seen:
             return True
+        if self._distinct and self._stable is not None and \
+                self._stable(ptrs) == self._stable_ptrs:
+            moved = [ts[j].untyped_storage()._cdata for j in self._moving]
+            return len(set(moved)) == len(moved) and self._stable_storages.isdisjoint(moved)
         ok = aliasing(inputs) == self.aliasing
+        if ok and self._distinct:
+            old = self._seen
+            self._moving = [] if old is None else \
+                [j for j, (a, b) in enumerate(zip(ptrs, old, strict=True)) if a != b]
+            moving = set(self._moving)
+            still = [j for j in range(len(ptrs)) if j not in moving]
+            if self._moving and len(self._moving) <= 8 and still:
+                self._stable = _getter(still)
+                self._stable_ptrs = self._stable(ptrs)
+                self._stable_storages = frozenset(ts[j].untyped_storage()._cdata
+                                                  for j in still)
+            else:
+                self._stable = None
         self._seen = ptrs if ok else None
         return ok
 
