@@ -19,7 +19,7 @@ from __future__ import annotations
 import dis
 import types
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from bytecode import Bytecode, CompilerFlags, Instr, Label
@@ -148,13 +148,14 @@ _LOCAL_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
 def _split_local_pairs(bc: Bytecode) -> None:
     """Replace 3.13's two-local superinstructions by their two instructions. They pack both
     local indices in 4 bits each; a resume function's stack arguments come first and push the
-    indices past 15, which the `bytecode` package packs without a check (a wrong local)."""
+    indices past 15, and the `bytecode` package (0.19) splits them only past 16: it packs 16
+    into the 4-bit field, which reads a wrong local."""
     i = 0
     while i < len(bc):
         ins = bc[i]
         if isinstance(ins, Instr) and ins.name in _LOCAL_PAIRS:
             a, b = _LOCAL_PAIRS[ins.name]
-            first, second = ins.arg
+            first, second = cast(tuple[str, str], ins.arg)  # the two locals' names
             bc[i:i + 1] = [Instr(a, first, location=ins.location),
                            Instr(b, second, location=ins.location)]
             i += 2
