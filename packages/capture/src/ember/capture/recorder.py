@@ -311,6 +311,13 @@ class Recorder:
             name = "aten.reshape.default"  # the written base's value may have any layout
         if is_view and name == "aten.as_strided.default":
             assert base is not None
+            # no storage_offset means the argument's own: say it, since the node (and the view
+            # step an output replays) reads the root
+            if (len(args) < 4 or args[3] is None) and kwargs.get("storage_offset") is None:
+                ir_args = [*ir_args[:3], base.storage_offset()]
+                ir_kwargs.pop("storage_offset", None)
+                args = (*args[:3], base.storage_offset())
+                kwargs = {k: v for k, v in kwargs.items() if k != "storage_offset"}
             base, ir_args[0] = self.aliases.as_strided_base(base)
         hint = schema_name.split("::")[-1]
         if types is None:
