@@ -64,10 +64,11 @@ from ember.ir.passes import register_pass
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
 # rule 5: at most this many distinct buffers read by a recomputed producer (each reader then
 # reads them instead of the producer's one buffer: more would cost more reads than the write
-# and read-backs it saves; counting the per-channel vectors too keeps a normalization's xhat,
-# whose inlined rsqrt would be recomputed per element in every reader, written: measured
-# slower on the conv+BN training step)
-RECOMPUTE_READS = 2
+# and read-backs it saves). Per-channel vectors count too: a BatchNorm's xhat (x, mean, rstd)
+# is recomputed, while not counting vectors at all also recomputed chains reading two full-size
+# buffers plus vectors, measured slower on the conv+BN training step (1 thread: 3 reads 14.8 ms,
+# 2 reads 16.2 ms, vectors not counted 22 ms)
+RECOMPUTE_READS = 3
 RECOMPUTE_NODES = 12  # rule 5's default: the computing nodes of a producer worth recomputing
 
 # replace(buffer, index, builder) -> the value a load of `buffer` at `index` becomes, or None
