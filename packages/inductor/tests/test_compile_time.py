@@ -260,4 +260,6 @@ def test_fuse_looks_the_target_up_once_per_scan(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(fusion, "graph_devices", counted)
     text = _fuse(src, 1000)
     assert len(re.findall(r"= loop\.pointwise\(", text)) == 1
-    assert calls[0] <= 3
+    # fuse's own lookup (its recompute setting) plus one per scan (vertical, rule 5's, the
+    # horizontal merge): a count that does not grow with the chain, where per pair it would be ~30
+    assert calls[0] <= 5
