@@ -20,6 +20,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this 
 
 import dataclasses  # noqa: E402
 import re  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -32,6 +33,7 @@ import ember.inductor  # noqa: E402,F401
 from ember.capture import capture  # noqa: E402
 from ember.inductor.indexing import affine_view, parse_index  # noqa: E402
 from ember.inductor.launch import strided_view  # noqa: E402
+from ember.inductor.targets import targets, unregister_target  # noqa: E402
 from ember.inductor.targets.cuda import FRONT, register_cuda_target  # noqa: E402
 from ember.inductor.targets.cuda.attention import (  # noqa: E402
     EFFICIENT,
@@ -43,7 +45,18 @@ from ember.ir import Module, Node, Value, parse  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
 from ember.prims.decomp.context import DecompositionError  # noqa: E402
 
-register_cuda_target()  # its lowering rules (registered by itself only where CUDA is)
+
+@pytest.fixture(autouse=True, scope="module")
+def _cuda_target() -> Iterator[None]:
+    """The cuda target's lowering rules, registered for this file only (it registers itself
+    only where CUDA is; other files check what happens without it)."""
+    had = targets().get("cuda") is not None
+    register_cuda_target()
+    yield
+    if not had:
+        unregister_target("cuda")
+
+
 _TYPE = re.compile(r"((?:f16|bf16|f32|f64|i64|b8)\[[^\]]*\](?:\{[^}]*\})?)(?!@)")
 B, L, H, E = 2, 8, 2, 16
 D = H * E
