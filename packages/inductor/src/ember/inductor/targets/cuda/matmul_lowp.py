@@ -82,11 +82,13 @@ def _rounds_back(v: Value, dt: DType, users: dict[Value, list[Node]], outputs: s
     return None
 
 
-def _names(g: Graph) -> set[str]:
+def graph_names(g: Graph) -> set[str]:
+    """The value names g uses (params and results): what a rewrite's new names must avoid."""
     return {v.name for v in [*g.params, *(r for n in g.nodes for r in n.results)]}
 
 
-def _fresh(taken: set[str], hint: str) -> str:
+def fresh(taken: set[str], hint: str) -> str:
+    """`hint`, or `hint<k>` for the first k not taken; recorded in `taken`."""
     name, k = hint, 0
     while name in taken:
         k += 1
@@ -101,7 +103,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
         for v in set(n.operands()):
             users.setdefault(v, []).append(n)
     outputs = set(g.outputs)
-    taken = _names(g)
+    taken = graph_names(g)
     done = 0
     new_nodes: list[Node] = []
     for n in g.nodes:
@@ -133,13 +135,13 @@ def _rewrite(g: Graph, explain: bool) -> int:
                 old = vn.results[0]
                 t = _tt(old)
                 assert t is not None
-                nv = Value(_fresh(taken, f"{old.name}.lowp"), dataclasses.replace(t, dtype=dt))
+                nv = Value(fresh(taken, f"{old.name}.lowp"), dataclasses.replace(t, dtype=dt))
                 node = Node(vn.op, [x, *vn.args[1:]], dict(vn.kwargs), [nv], vn.loc, vn.pos)
                 nv.node = node
                 new_nodes.append(node)
                 x = nv
             args.append(x)
-        low = Value(_fresh(taken, f"{res.name}.lowp"), dataclasses.replace(rt, dtype=dt))
+        low = Value(fresh(taken, f"{res.name}.lowp"), dataclasses.replace(rt, dtype=dt))
         mm = Node("prims.matmul", list(args), dict(n.kwargs), [low], n.loc, n.pos)
         low.node = mm
         up = Node(CONVERT, [low], {"dtype": DType.f32}, [res], n.loc, n.pos)
