@@ -13,6 +13,11 @@ the generate() time per token; the compiled forward; its guard check alone (the 
 generated check over the forward's ~15 guards per module); and eager's forward. Host work
 that the device does not hide is the compiled forward's time minus the device time (the CUDA
 graph's replay, timed with CUDA events where recorded).
+
+`--profile N` (CUDA only) then records N calls of the compiled forward and N of eager's under
+torch.profiler and writes OUT/decode_profile.txt: per variant the device kernels grouped by name
+(calls and microseconds per step), and the kernels of one compiled step in launch order with
+their durations (where the time of a layer goes: GEMMs, attention, small kernels, copies).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ def main() -> int:
     ap.add_argument("--mode", default="reduce-overhead")
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=0, help="calls to profile (CUDA only)")
     a = ap.parse_args()
     import ember.runtime as er
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,7 +116,45 @@ def main() -> int:
         Path(out).mkdir(parents=True, exist_ok=True)
         with (Path(out) / "decode_step.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
+    if a.profile and device == "cuda":
+        with torch.no_grad():
+            text = "\n".join([
+                profile(lambda: cf(*args, **kwargs), reset, a.profile, "ember compiled forward"),
+                profile(lambda: type(model).forward(model, *args, **kwargs), reset, a.profile,
+                        "eager forward")])
+        print(text[:3000], flush=True)
+        if out:
+            (Path(out) / "decode_profile.txt").write_text(text)
     return 0
+
+
+def profile(fn: Any, reset: Any, calls: int, label: str) -> str:
+    """The device kernels of `calls` calls of fn: grouped by name (per step), and one step's in
+    launch order (CUDA graph replays included: CUPTI records the kernels of a graph's nodes)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    fn()
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            reset()
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by: dict[str, list[float]] = {}
+    for e in kernels:
+        by.setdefault(e.name, []).append(e.device_time_total)
+    total = sum(sum(v) for v in by.values()) / calls
+    lines = [f"== {label}: {len(kernels) / calls:.0f} device kernels per step, "
+             f"{total:.1f} us of kernel time per step"]
+    for name, ts in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"{sum(ts) / calls:9.1f} us {len(ts) / calls:6.1f}x "
+                     f"{sum(ts) / len(ts):8.2f} us each  {name[:150]}")
+    per = len(kernels) // calls
+    lines.append(f"-- one step in launch order ({per} kernels)")
+    for e in sorted(kernels, key=lambda e: e.time_range.start)[-per:][:400]:
+        lines.append(f"{e.device_time_total:8.2f} us  {e.name[:150]}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
