@@ -1,10 +1,12 @@
 """The other Pythons of `dev.py test` (tools/bootstrap.py, noxfile.py): found where they are
-installed, each skipped with its reason where it or a CPU torch for it is missing, never
-silently."""
+installed, set up in the background while the main suite runs, each skipped with its reason where
+it is missing or not wanted (never silently), and a failed set-up fails the run."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ def test_every_extra_python_is_reported(monkeypatch: pytest.MonkeyPatch) -> None
     pytest.importorskip("nox")
     import noxfile
 
+    monkeypatch.delenv("EMBER_EXTRA_PYTHONS", raising=False)
     monkeypatch.setattr(bootstrap, "EXTRA_PYTHONS", ((3, 98), (3, 99)))
     session: Any = _Session([])
     out = noxfile._extra_pythons(session)
@@ -74,3 +77,74 @@ def test_other_pythons_install_the_packages_and_the_test_tools_only() -> None:
     assert f"{bootstrap.ROOT}[dev]" not in cmd and set(reqs) <= set(cmd)
     assert str(bootstrap.ROOT / "packages" / "capture") in cmd
     assert f"{bootstrap.ROOT}[dev]" in bootstrap.install_command()
+
+
+def test_ember_extra_pythons_picks_them() -> None:
+    every = {v: "" for v in bootstrap.EXTRA_PYTHONS}
+    assert bootstrap.wanted_extras("") == {v: "EMBER_EXTRA_PYTHONS=" for v in every}
+    assert bootstrap.wanted_extras("none") == {v: "EMBER_EXTRA_PYTHONS=none" for v in every}
+    last = bootstrap.EXTRA_PYTHONS[-1]
+    picked = bootstrap.wanted_extras("{}.{}".format(*last))
+    assert picked[last] == "" and all(picked[v] for v in every if v != last)
+    with pytest.raises(SystemExit, match="3.99 is not one of"):
+        bootstrap.wanted_extras("3.12,3.99")
+
+
+def test_ember_extra_pythons_unset_wants_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMBER_EXTRA_PYTHONS", raising=False)
+    assert bootstrap.wanted_extras() == {v: "" for v in bootstrap.EXTRA_PYTHONS}
+
+
+def test_a_failed_set_up_is_a_failure_with_its_log(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.setattr(bootstrap, "ROOT", tmp_path)
+
+    def pip_fails(**kw: Any) -> Path:
+        kw["out"].write("ERROR: no matching distribution for torch\n")
+        raise subprocess.CalledProcessError(1, ["pip"])
+
+    monkeypatch.setattr(bootstrap, "ensure", pip_fails)
+    extra = bootstrap.ensure_extra((3, 99), python=sys.executable)
+    assert extra.failed and extra.venv is None
+    assert "failed (exit 1)" in extra.reason and ".venv-py399/ember-install.log" in extra.reason
+    assert "no matching distribution" in bootstrap.install_log((3, 99)).read_text()
+
+
+def test_set_up_runs_in_the_background_and_a_failure_fails_the_run(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("nox")
+    import noxfile
+
+    release = threading.Event()
+    started: list[tuple[int, int]] = []
+
+    def slow_failing_set_up(version: tuple[int, int], python: str) -> bootstrap.Extra:
+        started.append(version)
+        assert release.wait(30)
+        return bootstrap.Extra(version, None, "setting up failed (exit 1)", failed=True)
+
+    monkeypatch.delenv("EMBER_EXTRA_PYTHONS", raising=False)
+    monkeypatch.setattr(bootstrap, "EXTRA_PYTHONS", ((3, 98), (3, 99)))
+    monkeypatch.setattr(bootstrap, "find_python", lambda v: None if v == (3, 99) else "py")
+    monkeypatch.setattr(bootstrap, "ensure_extra", slow_failing_set_up)
+    session: Any = _Session([])
+    pending = noxfile._start_extra_pythons(session)  # returns while the set-up still runs
+    job = pending["python3.98"]
+    assert not isinstance(job, str) and not job.done()
+    assert pending["python3.99"] == "skipped: no python3.99 on this machine"
+    release.set()
+    out = noxfile._finish_extra_pythons(session, pending)
+    assert started == [(3, 98)]
+    assert out == {"python3.98": (1, "FAILED: setting up failed (exit 1)"),
+                   "python3.99": (None, "skipped: no python3.99 on this machine")}
+
+
+def test_unwanted_pythons_are_skipped_with_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("nox")
+    import noxfile
+
+    monkeypatch.setenv("EMBER_EXTRA_PYTHONS", "none")
+    session: Any = _Session([])
+    out = noxfile._extra_pythons(session)
+    assert out == {"python{}.{}".format(*v): (None, "skipped: EMBER_EXTRA_PYTHONS=none")
+                   for v in bootstrap.EXTRA_PYTHONS}

@@ -12,9 +12,12 @@ files, constraints.txt, this file, the venv's Python version); when it matches, 
 
 The other Pythons capture supports (EXTRA_PYTHONS) get venvs of their own, `.venv-py312/` and
 `.venv-py313/`, installed by the same code (`ensure_extra`), for the capture and end-to-end tests
-that `dev.py test` also runs on them. One is set up only where that Python exists and the pinned
-torch has a CPU wheel for it on this machine (pip's find-links): torch from the index would be
-the multi-GB CUDA build. Otherwise it is reported as skipped, with the reason.
+that `dev.py test` also runs on them, wherever that Python exists (else it is reported as
+skipped, with the reason). Their torch is the pinned one: a CPU wheel where pip's find-links has
+one, else the package index's build (on Linux PyPI's is the CUDA build, ~4.7 GB with its nvidia-*
+libraries, which runs on a CPU-only machine). An existing venv whose stamp matches is reused as
+it is; a stale one is updated in place (pip keeps a torch that already matches the pin).
+EMBER_EXTRA_PYTHONS picks them (`3.13`, `3.12,3.13`; `none` skips them all, with that reason).
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
@@ -45,9 +49,9 @@ EXAMPLES = ("ember-plugin-example",)
 MIN_PYTHON = (3, 11)
 # Pythons besides the main one whose capture and end-to-end tests `dev.py test` runs (issue 18)
 EXTRA_PYTHONS = ((3, 12), (3, 13))
-# what their venvs take of the `dev` extra: the test runner and what those tests import (no
-# linters, Hugging Face, Triton or plotting: a smaller, faster install)
-EXTRA_DEV = ("pytest", "hypothesis", "numpy", "networkx", "safetensors")
+# what their venvs take of the `dev` extra: the test runner and what those tests import,
+# Hugging Face modeling code included (no linters, Triton or plotting: a smaller install)
+EXTRA_DEV = ("pytest", "hypothesis", "numpy", "networkx", "safetensors", "transformers")
 
 Log = Callable[[str], object]
 
@@ -104,7 +108,8 @@ def dev_requirements(names: tuple[str, ...]) -> list[str]:
 
 def install_command(venv: Path = VENV) -> list[str]:
     """`.venv/`: everything; another Python's venv: the packages and what EXTRA_TESTS need."""
-    cmd = [str(venv_bin("python", venv)), "-m", "pip", "install", "--progress-bar", "off", "-q"]
+    cmd = [str(venv_bin("python", venv)), "-m", "pip", "install", "--progress-bar", "off"]
+    cmd += ["-q"] if venv == VENV else []  # another Python's output is a log file: keep it all
     cmd += ["-c", str(CONSTRAINTS)]
     for name in PACKAGES + TEST_PACKAGES:
         wanted = extras(name)
@@ -126,9 +131,9 @@ def is_current(venv: Path = VENV) -> bool:
 
 
 def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
-           python: str = sys.executable) -> Path:
+           python: str = sys.executable, out: IO[str] | None = None) -> Path:
     """Make `venv` (`.venv/`) hold every ember package (editable) plus the dev tools, built with
-    `python`; return its path.
+    `python`; return its path. `out`: where venv's and pip's output go (default: this process's).
 
     Creates the venv when missing; (re)installs when the stamp is stale or `force` is set;
     otherwise returns at once.
@@ -139,7 +144,7 @@ def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
     stamp = venv / STAMP.name
     if not venv_bin("python", venv).exists():
         log(f"creating {name} with {python}")
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        subprocess.run([python, "-m", "venv", str(venv)], check=True, stdout=out, stderr=out)
     elif not force and is_current(venv):
         log(f"{name} is up to date")
         return venv
@@ -147,7 +152,7 @@ def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
     log(f"installing all ember packages (editable) + {tools} tools into {name} (first time: "
         f"minutes)")
     stamp.unlink(missing_ok=True)  # a failed install must not leave a valid stamp behind
-    subprocess.run(install_command(venv), check=True, cwd=ROOT)
+    subprocess.run(install_command(venv), check=True, cwd=ROOT, stdout=out, stderr=out)
     stamp.write_text(fingerprint(venv) + "\n")
     log(f"installed; {name}bin/ember is the CLI")
     return venv
@@ -156,11 +161,14 @@ def ensure(force: bool = False, log: Log = _log, venv: Path = VENV,
 # -- the other Pythons ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Extra:
-    """One of EXTRA_PYTHONS: its venv when ready, else why it is skipped."""
+    """One of EXTRA_PYTHONS: its venv when ready; else why not, and whether that is a failure
+    (its install failed) or a skip (no such Python here, or not wanted)."""
 
     version: tuple[int, int]
     venv: Path | None
     reason: str = ""
+    failed: bool = False
+    seconds: float = 0.0  # how long setting the venv up took
 
     @property
     def name(self) -> str:
@@ -169,6 +177,26 @@ class Extra:
 
 def extra_venv(version: tuple[int, int]) -> Path:
     return ROOT / ".venv-py{}{}".format(*version)
+
+
+def install_log(version: tuple[int, int]) -> Path:
+    """Where `ensure_extra` writes venv's and pip's output (it may run in the background)."""
+    return extra_venv(version) / "ember-install.log"
+
+
+def wanted_extras(env: str | None = None) -> dict[tuple[int, int], str]:
+    """EXTRA_PYTHONS -> "" when wanted, else why skipped, from EMBER_EXTRA_PYTHONS (unset: all;
+    `none`: none; else the versions it lists, `3.12,3.13`)."""
+    env = os.environ.get("EMBER_EXTRA_PYTHONS") if env is None else env
+    if env is None:
+        return {v: "" for v in EXTRA_PYTHONS}
+    picked = {w.strip() for w in env.replace(",", " ").split()} - {"none"}
+    unknown = picked - {"{}.{}".format(*v) for v in EXTRA_PYTHONS}
+    if unknown:
+        raise SystemExit(f"EMBER_EXTRA_PYTHONS={env!r}: {', '.join(sorted(unknown))} is not one "
+                         f"of {', '.join('{}.{}'.format(*v) for v in EXTRA_PYTHONS)} (or `none`)")
+    return {v: "" if "{}.{}".format(*v) in picked else f"EMBER_EXTRA_PYTHONS={env}"
+            for v in EXTRA_PYTHONS}
 
 
 def find_python(version: tuple[int, int]) -> str | None:
@@ -199,34 +227,33 @@ def torch_pin() -> str:
     return "torch"
 
 
-def local_torch_wheel(version: tuple[int, int]) -> bool:
-    """Whether pip finds the pinned torch for `version` without an index (pip's find-links:
-    the CPU wheels on this machine's disk). Asked of this Python's pip (`.venv/`'s, in the nox
-    session), which installs nothing."""
-    with tempfile.TemporaryDirectory() as target:
-        r = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
-             "--ignore-installed", "--no-deps", "--no-index", "--only-binary=:all:",
-             "--python-version", "{}.{}".format(*version), "--target", target, torch_pin()],
-            capture_output=True, text=True, cwd=ROOT)
-    return r.returncode == 0
-
-
-def ensure_extra(version: tuple[int, int], log: Log = _log) -> Extra:
-    """Set up the venv of one of EXTRA_PYTHONS (as `ensure` does `.venv/`), or say why not."""
+def ensure_extra(version: tuple[int, int], python: str | None = None) -> Extra:
+    """Set up the venv of one of EXTRA_PYTHONS as `ensure` does `.venv/` (with `python`, by
+    default `find_python`'s), all its output into `install_log(version)` (so it can run beside
+    a test run), or say why not."""
     name = Extra(version, None).name
-    python = find_python(version)
+    python = python or find_python(version)
     if python is None:
         return Extra(version, None, f"no {name} on this machine")
-    if not local_torch_wheel(version):
-        return Extra(version, None, f"no CPU wheel of {torch_pin()} for {name} on this "
-                     f"machine (pip's find-links; torch from the index would be the CUDA build)")
-    try:
-        venv = ensure(log=log, venv=extra_venv(version), python=python)
-    except subprocess.CalledProcessError as e:
-        return Extra(version, None, f"installing into {extra_venv(version).name}/ failed "
-                     f"(exit {e.returncode})")
-    return Extra(version, venv)
+    venv = extra_venv(version)
+    start = time.monotonic()
+    venv.mkdir(exist_ok=True)  # `python -m venv` fills an existing directory; the log goes in it
+    with open(install_log(version), "w") as out:
+
+        def log(msg: str) -> None:
+            out.write(f"[ember] {msg}\n")
+            out.flush()
+
+        log(f"{name} is {python}; torch is {torch_pin()}: a CPU wheel from pip's find-links "
+            f"where there is one, else the index's build (PyPI's: CUDA, ~4.7 GB, runs on CPU)")
+        try:
+            ensure(log=log, venv=venv, python=python, out=out)
+        except (subprocess.CalledProcessError, OSError) as e:
+            code = f"exit {e.returncode}" if isinstance(e, subprocess.CalledProcessError) else e
+            return Extra(version, None, f"setting up {venv.name}/ failed ({code}); its output is "
+                         f"in {install_log(version).relative_to(ROOT)}", failed=True,
+                         seconds=time.monotonic() - start)
+    return Extra(version, venv, seconds=time.monotonic() - start)
 
 
 if __name__ == "__main__":

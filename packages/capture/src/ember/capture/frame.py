@@ -1,9 +1,10 @@
 """Symbolic frames: decoded instructions, the value stack, locals, cells and the exception table.
 
 Instructions come from `dis` (opcode names and decoded arguments, jump targets as offsets) for
-the running Python; 3.11 and 3.12 differ in opcodes, not in this structure. CPython 3.11+ has no
-block stack: try/except and `with` unwind through the code's exception table, which a frame
-consults when the user's code raises during symbolic execution.
+the running Python; 3.11, 3.12 and 3.13 differ in opcodes and stack layouts (opcodes/), not in
+this structure. CPython 3.11+ has no block stack: try/except and `with` unwind through the
+code's exception table, which a frame consults when the user's code raises during symbolic
+execution.
 """
 
 from __future__ import annotations
