@@ -54,7 +54,10 @@ _LIFT = ("aten::lift_fresh", "aten::lift_fresh_copy")
 # does not say so): (index of `training` or None when always training, of momentum, of eps)
 _BATCH_NORMS = {"aten.native_batch_norm.default": (5, 6, 7),
                 "aten._native_batch_norm_legit.default": (5, 6, 7),
-                "aten._batch_norm_with_update.default": (None, 5, 6)}
+                "aten._batch_norm_with_update.default": (None, 5, 6),
+                # what aten.batch_norm dispatches to on a GPU (f32/f16 on cuDNN, ROCm's MIOpen)
+                "aten.cudnn_batch_norm.default": (5, 6, 7),
+                "aten.miopen_batch_norm.default": (5, 6, 7)}
 _BN_FUNCTIONAL = torch.ops.aten._native_batch_norm_legit_functional.default
 
 

@@ -248,6 +248,50 @@ for _op, (_names, _training) in _BATCH_NORMS.items():
     entry(_op, _batch_norm(*_names, training=_training), "normalization", tol=_NORM_TOL,
           tol_reason=_NORM_REASON, compare=_norm_compare(_op, _names))
 
+# The GPU forms of batch norm (what aten.batch_norm dispatches to on cuDNN and MIOpen) have no
+# CPU kernel: their reference is native_batch_norm's eager CPU result (+ cuDNN's reserve buffer,
+# empty: the decomposition's), compared as native_batch_norm is. The weight is required.
+_NATIVE_BN = "aten.native_batch_norm.default"
+_GPU_BN_NAMES = (*_IN, *_STATS, "training", *_HYPER)
+
+
+def _gpu_batch_norm() -> Any:
+    @st.composite
+    def gen(draw: st.DrawFn) -> Sample:
+        parts = draw(_batch_norm_parts(None))
+        if parts["weight"] is None:
+            parts["weight"] = torch.ones(parts["running_mean"].shape,
+                                         dtype=parts["running_mean"].dtype)
+        return Sample(tuple(parts[n] for n in _GPU_BN_NAMES))
+    return lambda: gen()
+
+
+def _gpu_bn_reference(reserve: bool) -> Any:
+    def reference(s: Sample) -> list[Any]:
+        out = eager(_NATIVE_BN, s)
+        return [*out, torch.empty(0, dtype=torch.uint8)] if reserve else out
+    return reference
+
+
+def _gpu_bn_compare(reserve: bool) -> Compare:
+    native = _norm_compare(_NATIVE_BN, _GPU_BN_NAMES)
+
+    def compare(sample: Sample, got: Any, want: Any) -> None:
+        native(sample, list(got)[:3], list(want)[:3])
+        if reserve:
+            assert (got[3].dtype, got[3].shape) == (torch.uint8, (0,)), got[3]
+    return compare
+
+
+_GPU_ONLY = ("; a GPU kernel: compared with native_batch_norm's eager CPU result (the "
+             "decomposition is the same)")
+entry("aten.cudnn_batch_norm.default", _gpu_batch_norm(), "normalization", tol=_NORM_TOL,
+      tol_reason=_NORM_REASON + _GPU_ONLY, reference=_gpu_bn_reference(True),
+      compare=_gpu_bn_compare(True))
+entry("aten.miopen_batch_norm.default", _gpu_batch_norm(), "normalization", tol=_NORM_TOL,
+      tol_reason=_NORM_REASON + _GPU_ONLY, reference=_gpu_bn_reference(False),
+      compare=_gpu_bn_compare(False))
+
 # ---- group norm -----------------------------------------------------------------------------
 
 

@@ -256,10 +256,20 @@ def training_batch_norms(stop: Stop) -> dict[str, Callable[..., list[Value]]]:
         return _batch_norm(ctx, input, weight, bias, running_mean, running_var, training,
                            momentum, eps, functional=True, stop=stop)
 
+    def gpu(ctx: DecompContext, input: Value, weight: Value | None, bias: Value | None,
+            running_mean: Value | None, running_var: Value | None, training: bool,
+            exponential_average_factor: float, epsilon: float) -> list[Value]:
+        out = legit(ctx, input, weight, bias, running_mean, running_var, training,
+                    exponential_average_factor, epsilon)
+        # cuDNN's form has a 4th result (its reserve space), MIOpen's does not
+        return _with_reserve(ctx, out) if len(ctx.out_types) == 4 else out
+
     return {"aten.native_batch_norm.default": legit,
             "aten._native_batch_norm_legit.default": legit,
             "aten._native_batch_norm_legit.no_stats": no_stats,
-            "aten._native_batch_norm_legit_functional.default": functional}
+            "aten._native_batch_norm_legit_functional.default": functional,
+            "aten.cudnn_batch_norm.default": gpu,
+            "aten.miopen_batch_norm.default": gpu}
 
 
 def _declared_empty(ctx: DecompContext, i: int) -> bool:
@@ -310,6 +320,38 @@ def _native_batch_norm_legit_functional(ctx: DecompContext, input: Value,
                                         ) -> list[Value]:
     return _batch_norm(ctx, input, weight, bias, running_mean, running_var, training,
                        momentum, eps, functional=True)
+
+
+# The GPU forms aten.batch_norm dispatches to (cuDNN for f32/f16 CUDA inputs, MIOpen on ROCm).
+# Capture turns a training call with
+# running statistics into `_native_batch_norm_legit_functional` (the stats update is a write);
+# these see the rest: evaluation, and training without running statistics. cuDNN's save_var is
+# the inverse standard deviation, as native_batch_norm's; its 4th result is cuDNN's reserve
+# space, which the decomposition returns empty (nothing reads it but cuDNN's own backward,
+# which ember's autograd does not call).
+
+
+def _with_reserve(ctx: DecompContext, out: list[Value]) -> list[Value]:
+    """The three batch norm results and an empty reserve buffer of the declared type."""
+    t = ctx.out_types[3]
+    assert isinstance(t, TensorType)
+    return [*out, ctx.full([0], 0, t.dtype, ctx.device(out[0]))]
+
+
+@register_decomposition("aten.cudnn_batch_norm.default")
+def cudnn_batch_norm(ctx: DecompContext, input: Value, weight: Value, bias: Value | None,
+                     running_mean: Value | None, running_var: Value | None, training: bool,
+                     exponential_average_factor: float, epsilon: float) -> list[Value]:
+    return _with_reserve(ctx, _batch_norm(ctx, input, weight, bias, running_mean, running_var,
+                                          training, exponential_average_factor, epsilon))
+
+
+@register_decomposition("aten.miopen_batch_norm.default")
+def miopen_batch_norm(ctx: DecompContext, input: Value, weight: Value, bias: Value | None,
+                      running_mean: Value | None, running_var: Value | None, training: bool,
+                      exponential_average_factor: float, epsilon: float) -> list[Value]:
+    return _batch_norm(ctx, input, weight, bias, running_mean, running_var, training,
+                       exponential_average_factor, epsilon)
 
 
 # ---- group norm -----------------------------------------------------------------------------
