@@ -9,10 +9,12 @@ a greedy generate() with a static cache through `ember.runtime.compile(model.for
 the forward's arguments at one decode step are kept, and that step is then timed alone, the
 cache's write position reset before each call (the step writes the same slot again). Printed, in
 ms per step (median of `--reps` rounds of `--calls` calls, the device synchronized per round):
-the generate() time per token; the compiled forward; its guard check alone (the entry's
+the generate() time per token (and whether its tokens are eager's: greedy in bf16 may take the
+other of two near-tied tokens); the compiled forward; its guard check alone (the entry's
 generated check over the forward's ~15 guards per module); and eager's forward. Host work
 that the device does not hide is the compiled forward's time minus the device time (the CUDA
-graph's replay, timed with CUDA events where recorded).
+graph's replay, timed with CUDA events where recorded). The kept step's logits, compiled and
+eager, are compared (largest difference, and whether the argmax agrees).
 
 `--profile N` (CUDA only) then records N calls of the compiled forward and N of eager's under
 torch.profiler and writes OUT/decode_profile.txt: per variant the device kernels grouped by name
@@ -63,14 +65,17 @@ def main() -> int:
         if device == "cuda":
             torch.cuda.synchronize()
 
+    want = generate(model, ids, a.new, "static")  # eager's tokens
     model.forward = spy
     generate(model, ids, a.new, "static")  # compile, record
     t0 = time.perf_counter()
-    generate(model, ids, a.new, "static")
+    got = generate(model, ids, a.new, "static")
     per_token = (time.perf_counter() - t0) / a.new
+    same = [i for i, (x, y) in enumerate(zip(got[0].tolist(), want[0].tolist(), strict=True))
+            if x != y]
     model.forward = cf
     args, kwargs = steps[-3]  # a decode step of the last generate()
-    cache = kwargs["past_key_values"]
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
     layers = cache.layers
     # each decode step writes one slot: the kept step (the 3rd from the end) started 3 back
     at = [layer.cumulative_length.clone() - 3 for layer in layers]
@@ -105,7 +110,15 @@ def main() -> int:
                "guard_ms": timed(lambda: entry.code.guard(S, args, kwargs)),
                "matches_ms": timed(lambda: entry.matches(entry.code.guard(S, args, kwargs))),
                "eager_forward_ms": timed(lambda: type(model).forward(model, *args, **kwargs)),
-               "guards": len(entry.code.guards)}
+               "guards": len(entry.code.guards),
+               "same_tokens": not same, "first_divergence": same[0] if same else None}
+        reset()
+        lc = cf(*args, **kwargs).logits.float()
+        reset()
+        le = type(model).forward(model, *args, **kwargs).logits.float()
+        row["step_logits_max_diff"] = round(float((lc - le).abs().max()), 4)
+        row["step_logits_scale"] = round(float(le.abs().max()), 4)
+        row["step_same_argmax"] = bool((lc.argmax(-1) == le.argmax(-1)).all())
         rep = er.explain(cf)
         row["cuda_graphs"] = [g.text()[:300] for g in rep.cuda_graphs]
         row["graphs"] = rep.graph_count

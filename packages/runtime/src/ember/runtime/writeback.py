@@ -25,6 +25,8 @@ from ember.capture.result import OutAlias, OutResult
 from ember.ir import Module
 
 _DATA_PTR = torch.Tensor.data_ptr
+# the backend graph's attribute: [[param, result], ...] of the capture's updates (backend_module)
+REPLACED_INPUTS = "replaced_inputs"
 
 
 def _getter(at: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -40,6 +42,12 @@ def backend_module(cap: Captured) -> Module:
         return cap.module
     m = cap.module.clone()
     m.graph().attrs.pop("input_updates", None)
+    # which results replace which inputs (no autograd record): a backend may then compute such
+    # a result in the input's own memory (the CUDA target's `cache-inplace`: a static KV
+    # cache's slot written in place), returning the input itself; write_back skips it then
+    plain = [[u.param, u.result] for u in cap.updates if not u.grad]
+    if plain:
+        m.graph().attrs[REPLACED_INPUTS] = plain  # type: ignore[assignment]
     return m
 
 

@@ -4,6 +4,7 @@ Registers the `triton` loader (codegen.py: each block a Python module of Triton 
 from the private kernel cache; it runs on cuda, and on cpu tensors in Triton's interpreter),
 the passes `matmul-lowp`, `schedule-cuda` and `codegen-triton` and the pipelines `inductor-cuda`
 (prims -> kernels.*: `matmul-lowp` (matmul_lowp.py: a linear's GEMM in bf16/f16, not f32),
+`cache-inplace` (inplace.py: a static KV cache's new rows written into the cache in place),
 `lower-loops`, `fuse`, `fuse-shared` (fuse_shared.py: a residual add computed by the next
 layernorm's kernel), `schedule-cuda`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
 graphs, run by TRITON_INTERPRET=1: how the target is tested without a GPU). Externs (matmul,
@@ -27,18 +28,19 @@ from ember.inductor.targets.cuda.attention import cuda_attention as _cuda_attent
 from ember.inductor.targets.cuda.autotune import autotune_cuda, with_autotune
 from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
 from ember.inductor.targets.cuda.fuse_shared import fuse_shared as _fuse_shared  # noqa: F401
+from ember.inductor.targets.cuda.inplace import LOWERINGS as INPLACE_LOWERINGS
 from ember.inductor.targets.cuda.matmul_lowp import matmul_lowp as _matmul_lowp  # noqa: F401
 from ember.ir.passes import register_pipeline
 
 # torch's fused CUDA attention stays one op (an extern of the same kernel: attention.py)
 FRONT = "decompose{keep_cuda_attention=true},cse,dce"
 INDUCTOR_CUDA = register_pipeline(
-    "inductor-cuda", "cuda-attention,matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
+    "inductor-cuda", "cuda-attention,matmul-lowp,cache-inplace,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
     "prims -> loop kernels, fused, scheduled (cuda_* attributes), as Triton kernel blocks with "
     "planned buffers (CUDA)").text
 INDUCTOR_CUDA_INTERPRET = register_pipeline(
     "inductor-cuda-interpret",
-    "cuda-attention,matmul-lowp,dce,lower-loops,fuse,fuse-shared,schedule-cuda,"
+    "cuda-attention,matmul-lowp,cache-inplace,dce,lower-loops,fuse,fuse-shared,schedule-cuda,"
     "codegen-triton{interpret=true},plan-buffers",
     "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
     "(TRITON_INTERPRET=1; testing without a GPU)").text
@@ -52,7 +54,7 @@ def register_cuda_target() -> Target:
     if have is not None:
         return have
     return register_target("cuda", "inductor-cuda", LANG, front=FRONT,
-                           lowerings=ATTENTION_LOWERINGS,
+                           lowerings={**ATTENTION_LOWERINGS, **INPLACE_LOWERINGS},
                            description="Triton kernels (externs: torch's CUDA kernels)")
 
 

@@ -1,0 +1,233 @@
+"""`cache-inplace` (CUDA, before lower-loops): a static KV cache's new slots written in place.
+
+A decode step with a static cache (transformers' `StaticCache.update`) writes each layer's new
+key and value rows with `keys.index_copy_(2, cache_position, k)`. Capture makes that pure: the
+graph computes `index_copy(keys, ...)` as a new tensor, the attention reads it, it is returned,
+and the runtime copies it into `keys` after the call (`input_updates`). Decomposed, it is
+
+    %x = prims.permute(%keys, dims=P)                      # the written dim first
+    %i = prims.broadcast_in_dim(%pos, shape=[n, ...], broadcast_dims=[0])
+    %s = prims.scatter(%x, %i, %src, dim=0)                # a copy of the whole cache + n rows
+    %new = prims.permute(%s, dims=P^-1)                    # read by attention, returned
+
+which on the GPU is, per cache and layer, a copy of the whole cache (the scatter's clone), the
+scatter, a copy of its permuted result into a graph output, and the write-back's copy into
+`keys`: four launches and three passes over the cache for n new rows.
+
+Where the runtime says the result replaces the input (`backend_module`'s `replaced_inputs`
+attribute: [[param, result], ...], no autograd record) and nothing else in the graph reads the
+input's old value, this pass writes the rows into the input itself:
+
+    %new = loop.index_copy_inplace(%keys, %pos, prims.permute(%src, dims=P^-1), dim=P[0])
+
+an extern (`x.index_copy_(dim, index, src)`, one small kernel) whose result is the input
+tensor itself: the attention reads the cache in place, the graph returns `keys`, and the
+write-back (`write_back`: `new is old`) and the CUDA graph's in-graph copy have nothing to do.
+`cache-inplace{explain=true}` prints what each update got and why (stderr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ember.inductor.targets.cuda.matmul_lowp import fresh, graph_names
+from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir.graph import Arg
+from ember.ir.passes import register_pass
+from ember.ir.registry import OpTypeError, default_registry, register_op
+from ember.ir.types import Type
+
+OP = "loop.index_copy_inplace"
+REPLACED_INPUTS = "replaced_inputs"  # ember.runtime.writeback.REPLACED_INPUTS (no import: layers)
+PERMUTE, SCATTER, BROADCAST = "prims.permute", "prims.scatter", "prims.broadcast_in_dim"
+
+
+def _infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    if len(args) != 3 or not all(isinstance(a, Value) and isinstance(a.type, TensorType)
+                                 for a in args):
+        raise OpTypeError(f"{OP}: takes (x, index, src) tensors")
+    x, idx, src = (a.type for a in args)  # type: ignore[union-attr]
+    assert isinstance(x, TensorType) and isinstance(idx, TensorType)
+    assert isinstance(src, TensorType)
+    dim = kw.get("dim")
+    if not isinstance(dim, int) or not 0 <= dim < x.rank:
+        raise OpTypeError(f"{OP}: dim= must be a dim of x (rank {x.rank}), got {dim!r}")
+    if idx.rank != 1 or not idx.dtype.is_integer:
+        raise OpTypeError(f"{OP}: index must be a 1-d integer tensor, got {idx}")
+    want = (*x.shape[:dim], idx.shape[0], *x.shape[dim + 1:])
+    if src.dtype != x.dtype or tuple(src.shape) != want:
+        raise OpTypeError(f"{OP}: src must be {x.dtype.name}{list(want)}, got {src}")
+    return [x]
+
+
+def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+    x, idx, src = args
+    return x.index_copy_(int(kw["dim"]), idx, src)  # x itself: the rows written in place
+
+
+def _register() -> None:
+    if default_registry().lookup(OP) is None:
+        register_op(OP, "x with x.select(dim, index[i]) = src.select(dim, i), written into x "
+                    "in place (x itself is the result: a static KV cache's update; an "
+                    "extern's op, emitted by cache-inplace)", _infer, _run,
+                    has_side_effects=True, aliasing="alias")
+
+
+_register()
+
+
+def _users(g: Graph) -> dict[Value, list[Node]]:
+    out: dict[Value, list[Node]] = {}
+    for n in g.nodes:
+        for v in n.operands():
+            out.setdefault(v, []).append(n)
+    return out
+
+
+def _perm_of(v: Value) -> tuple[Value, list[int]]:
+    """(source, dims) where v = permute(source, dims); (v, identity) otherwise."""
+    n = v.node
+    if n is not None and n.op == PERMUTE and isinstance(n.args[0], Value):
+        return n.args[0], [int(d) for d in n.kwargs["dims"]]  # type: ignore[union-attr]
+    t = v.type
+    return v, list(range(t.rank if isinstance(t, TensorType) else 0))
+
+
+def _match(g: Graph, p: int, r: int, users: dict[Value, list[Node]]
+           ) -> tuple[Node, Value, Value, list[int]] | str:
+    """(scatter, index, src, perm) where output r is param p with rows index_copied in, the
+    scatter's input param p (permuted by perm) read by nothing else; else why not."""
+    if not 0 <= p < len(g.params) or not 0 <= r < len(g.outputs):
+        return "the update's indices are out of range"
+    x, out = g.params[p], g.outputs[r]
+    s_val, back = _perm_of(out)
+    s = s_val.node
+    if s is None or s.op != SCATTER or int(s.kwargs.get("dim", -1)) != 0:  # type: ignore
+        return "the result is not a scatter along the first dim (or a permute of one)"
+    first, idx_b, src = s.args[:3]
+    if not (isinstance(first, Value) and isinstance(idx_b, Value) and isinstance(src, Value)):
+        return "the scatter's operands are not tensors"
+    base, perm = _perm_of(first)
+    if base is not x:
+        return "the scatter does not write the updated input (or a permute of it)"
+    if [perm[b] for b in back] != list(range(len(perm))):
+        return f"the result's permute {back} does not undo the input's {perm}"
+    b = idx_b.node
+    if b is None or b.op != BROADCAST or list(b.kwargs.get("broadcast_dims", [])) != [0] \
+            or not isinstance(b.args[0], Value):  # type: ignore[arg-type]
+        return "the scatter's index is not one index per row (broadcast along the first dim)"
+    idx = b.args[0]
+    it, st = idx.type, src.type
+    if not isinstance(it, TensorType) or it.rank != 1 or not isinstance(st, TensorType) \
+            or list(idx_b.type.shape) != list(st.shape):  # type: ignore[union-attr]
+        return "the scatter's index and src shapes are not an index_copy's"
+    readers = [n for n in users.get(x, [])]
+    if first is not x:
+        if readers != [first.node] or users.get(first, []) != [s]:
+            return "the input's old value is read by other nodes"
+    elif readers != [s]:
+        return "the input's old value is read by other nodes"
+    if any(o is x for o in g.outputs):
+        return "the input itself is a graph output"
+    return s, idx, src, perm
+
+
+def _rewrite(g: Graph, explain: bool) -> int:
+    raw = g.attrs.get(REPLACED_INPUTS)
+    if not isinstance(raw, list):
+        return 0
+    done = 0
+    for pair in raw:
+        if not isinstance(pair, list) or len(pair) != 2:
+            continue
+        p, r = int(pair[0]), int(pair[1])  # type: ignore[arg-type]
+        users = _users(g)
+        got = _match(g, p, r, users)
+        if isinstance(got, str):
+            if explain:
+                print(f"cache-inplace: @{g.name} input {p} <- result {r}: kept ({got})",
+                      file=sys.stderr)
+            continue
+        s, idx, src, perm = got
+        x = g.params[p]
+        xt = x.type
+        assert isinstance(xt, TensorType)
+        inv = [perm.index(k) for k in range(len(perm))]
+        taken = graph_names(g)
+        new: list[Node] = []
+        if inv != list(range(len(inv))):
+            st = src.type
+            assert isinstance(st, TensorType)
+            sv = Value(fresh(taken, f"{src.name}.rows"),
+                       dataclasses.replace(st, shape=tuple(st.shape[k] for k in inv),
+                                           strides=None))
+            sn = Node(PERMUTE, [src], {"dims": inv}, [sv], s.loc)  # type: ignore[dict-item]
+            sv.node = sn
+            new.append(sn)
+            src = sv
+        w = Value(fresh(taken, f"{x.name}.inplace"), xt)
+        wn = Node(OP, [x, idx, src], {"dim": perm[0]}, [w], s.loc)
+        w.node = wn
+        new.append(wn)
+        out = g.outputs[r]
+        # the scatter's other readers read it as before: a permute of the written input
+        rest = [u for u in users.get(s.results[0], []) if u is not out.node]
+        if rest:
+            pv = Value(fresh(taken, f"{w.name}.perm"), s.results[0].type)
+            pn = Node(PERMUTE, [w], {"dims": perm}, [pv], s.loc)  # type: ignore[dict-item]
+            pv.node = pn
+            new.append(pn)
+            _replace(g, s.results[0], pv)
+        _replace(g, out, w)
+        at = g.nodes.index(s)
+        g.nodes[at + 1:at + 1] = new
+        done += 1
+        if explain:
+            print(f"cache-inplace: @{g.name} input {p} <- result {r}: rows written in place "
+                  f"(index_copy_ along dim {perm[0]})", file=sys.stderr)
+    return done
+
+
+def _replace(g: Graph, old: Value, new: Value) -> None:
+    """Every reader of `old` (and the graph's outputs) reads `new` instead."""
+    from ember.ir.graph import map_args
+    for n in g.nodes:
+        if new.node is n:
+            continue
+        n.args = [map_args(a, lambda v: new if v is old else v) for a in n.args]
+        n.kwargs = {k: map_args(a, lambda v: new if v is old else v)
+                    for k, a in n.kwargs.items()}
+    g.outputs = [new if o is old else o for o in g.outputs]
+
+
+@register_pass("cache-inplace", "CUDA: an input the runtime replaces with an index_copy of it "
+               "(a static KV cache's update) gets its new rows written in place by one extern "
+               "(no copy of the cache, no write-back); explain=true says why each was or was "
+               "not; dce after it drops the scatter")
+def cache_inplace(module: Module, *, explain: bool = False) -> Module:
+    out = module.clone()
+    for g in out.graphs.values():
+        _rewrite(g, explain)
+    return out
+
+
+def lower_inplace(lw: Any, n: Node) -> None:
+    """The op as an extern on the input itself and the index; its rows (src) a buffer of their
+    own, written by a copy kernel where they are a view (a slice of the qkv projection), which
+    `fuse` merges with the kernel computing the other heads' rows (rotary): no launch of its
+    own, and the projection's bias add is not written for a strided read."""
+    x, idx, src = n.args
+    assert isinstance(x, Value) and isinstance(idx, Value) and isinstance(src, Value)
+    rows = lw.materialize(src)
+    outs = lw.b.emit("loop.extern", [lw.extern_operand(x), lw.extern_operand(idx), rows],
+                     {"op": n.op, **n.kwargs}, types=[r.type for r in n.results],
+                     names=[r.name for r in n.results], loc=n.loc)
+    lw.env.update(zip(n.results, outs, strict=True))
+
+
+LOWERINGS = {OP: lower_inplace}
+
+__all__ = ["LOWERINGS", "OP", "REPLACED_INPUTS", "cache_inplace", "lower_inplace"]

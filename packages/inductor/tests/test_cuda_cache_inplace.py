@@ -1,0 +1,202 @@
+"""`cache-inplace` (CUDA target): a static KV cache's new rows written into the cache in place.
+
+Without a GPU: graphs are captured on the CPU and run through `inductor-cuda-interpret` (Triton's
+interpreter), with the CUDA target's lowering rule for the in-place op on the CPU target. The
+runtime's `backend_module` says which results replace which inputs (`replaced_inputs`); the pass
+then writes an index_copy's rows into the input itself (one extern, no scatter copy of the whole
+cache, no write-back), where nothing else reads the input's old value. Checked against eager:
+the values, the cache tensors after the call, and that the graph returns the cache itself.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import dataclasses  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.inductor  # noqa: E402,F401
+import ember.runtime as er  # noqa: E402
+from ember.capture import capture  # noqa: E402
+from ember.inductor.backend import compiled_runner  # noqa: E402
+from ember.inductor.targets import Target, targets  # noqa: E402
+from ember.inductor.targets.cuda import FRONT, inplace  # noqa: E402
+from ember.ir import Module  # noqa: E402
+from ember.ir.passes import run_pipeline  # noqa: E402
+from ember.ir.registry import OpTypeError, default_registry  # noqa: E402
+from ember.runtime.writeback import REPLACED_INPUTS, backend_module  # noqa: E402
+
+B, H, S, E = 2, 3, 6, 4
+
+
+@pytest.fixture
+def cpu_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA target's lowering rule for the in-place op, on CPU graphs (this test only)."""
+    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.OP,  # type: ignore[index]
+                        inplace.lower_inplace)
+
+
+@pytest.fixture
+def spy() -> Iterator[list[bool]]:
+    """Per run of the in-place op: whether its result was its input tensor itself."""
+    reg = default_registry()
+    real = reg.lookup(inplace.OP)
+    assert real is not None
+    seen: list[bool] = []
+
+    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+        out = real.reference(interp, args, kw)
+        seen.append(out is args[0])
+        return out
+    reg.unregister(inplace.OP)
+    reg.register(dataclasses.replace(real, reference=run))
+    try:
+        yield seen
+    finally:
+        reg.unregister(inplace.OP)
+        reg.register(real)
+
+
+def step(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A static cache's update (transformers' StaticCache: index_copy_ along the length dim),
+    then attention-like reads of the updated cache."""
+    cache.index_copy_(2, pos, k)
+    return torch.softmax(cache.sum(-1) * 0.5, -1)
+
+
+def step_reading_old(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    old = cache.sum(-1)  # the old value is read: the rows cannot be written in place
+    cache.index_copy_(2, pos, k)
+    return cache.sum(-1) - old
+
+
+def inputs(at: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(at)
+    return (torch.randn(B, H, S, E, generator=g), torch.randn(B, H, 1, E, generator=g),
+            torch.tensor([at]))
+
+
+def compiled(fn: Any, args: tuple[torch.Tensor, ...]) -> Module:
+    with torch.no_grad():
+        c = capture(fn, args, {})
+    assert getattr(c, "module", None) is not None and c.updates, c
+    m = backend_module(c)
+    assert m.graph().attrs[REPLACED_INPUTS] == [[0, 1]]
+    return run_pipeline(m, f"{FRONT},inductor-cuda-interpret")
+
+
+def externs(m: Module) -> list[str]:
+    return [str(n.kwargs.get("op")) for g in m.graphs.values() for n in g.nodes
+            if n.op == "kernels.extern"]
+
+
+def test_rows_written_in_place_and_the_cache_returned(cpu_rules: None,
+                                                      spy: list[bool]) -> None:
+    args = inputs()
+    m = compiled(step, args)
+    ops = externs(m)
+    assert ops.count(inplace.OP) == 1 and "prims.scatter" not in ops, ops
+    want_cache = args[0].clone()
+    want = step(want_cache, args[1], args[2])
+    cache = args[0].clone()
+    got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
+    assert got[1] is cache  # the graph returns the input itself: no write-back to do
+    assert spy == [True]
+    torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], want)
+
+
+def test_kept_where_the_old_value_is_read(cpu_rules: None,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    args = inputs()
+    with torch.no_grad():
+        c = capture(step_reading_old, args, {})
+    m = run_pipeline(backend_module(c), f"{FRONT},cache-inplace{{explain=true}}")
+    assert "the input's old value is read by other nodes" in capsys.readouterr().err
+    assert not any(n.op == inplace.OP for n in m.graph().nodes)
+    m = run_pipeline(backend_module(c), f"{FRONT},inductor-cuda-interpret")
+    assert inplace.OP not in externs(m)
+    want_cache = args[0].clone()
+    want = step_reading_old(want_cache, args[1], args[2])
+    cache = args[0].clone()
+    got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
+    torch.testing.assert_close(cache, args[0], rtol=0, atol=0)  # pure: the runtime writes back
+    torch.testing.assert_close(got[1], want_cache, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], want)
+
+
+def test_a_graph_without_replaced_inputs_stays_pure(cpu_rules: None) -> None:
+    args = inputs()
+    with torch.no_grad():
+        c = capture(step, args, {})
+    assert c.module is not None
+    m = run_pipeline(c.module.clone(), f"{FRONT},cache-inplace")  # input_updates: no promise
+    assert not any(n.op == inplace.OP for n in m.graph().nodes)
+
+
+@pytest.fixture
+def triton_cpu(triton_on_cpu: Target, monkeypatch: pytest.MonkeyPatch) -> Target:
+    monkeypatch.setitem(triton_on_cpu.lowerings, inplace.OP,  # type: ignore[index]
+                        inplace.lower_inplace)
+    return triton_on_cpu
+
+
+def test_compile_updates_the_callers_cache_each_call(triton_cpu: Target,
+                                                     spy: list[bool]) -> None:
+    """Through compile(): each call writes its row into the caller's tensor (which the runtime's
+    write-back then leaves alone), as eager does, call after call."""
+    cf = er.compile(step)
+    cache, want_cache = inputs()[0], inputs()[0].clone()
+    for at in range(S):
+        _, k, pos = inputs(at)
+        with torch.no_grad():
+            got = cf(cache, k, pos)
+        want = step(want_cache, k, pos)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    assert spy and all(spy), spy
+    assert er.explain(cf).fallbacks == []
+
+
+def test_static_cache_generate_matches_eager(triton_cpu: Target, spy: list[bool]) -> None:
+    """A tiny GPT-NeoX's greedy generate() with a static cache: eager's tokens, each decode
+    step writing its 2 layers x (keys, values) rows in place."""
+    pytest.importorskip("transformers")
+    from ember.runtime.testing import tiny_hf_model
+    model, _ = tiny_hf_model("neox")
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        want = model.generate(ids, **kw)
+        cf = er.compile(model.forward)
+        model.forward = cf
+        try:
+            got = model.generate(ids, **kw)
+        finally:
+            del model.forward
+    assert torch.equal(got, want)
+    assert spy and len(spy) % 4 == 0 and all(spy), spy
+    assert er.explain(cf).fallbacks == []
+
+
+def test_bad_operands_are_a_type_error() -> None:
+    from ember.ir import VerificationError, parse, verify
+    text = """ember.ir 1.0
+
+graph @f(%x: f32[2, 6, 4], %i: i64[1], %s: f32[2, 2, 4]) -> (f32[2, 6, 4]) {
+  %y = loop.index_copy_inplace(%x, %i, %s, dim=1) : f32[2, 6, 4]
+  return (%y)
+}
+"""
+    with pytest.raises(VerificationError, match=r"src must be f32\[2, 1, 4\]"):
+        verify(parse(text))
+    with pytest.raises(OpTypeError, match="dim= must be a dim of x"):
+        inplace._infer(None, parse(text).graph().nodes[0].args, {"dim": 3})
