@@ -152,6 +152,12 @@ def what_ran(cf: Any) -> dict[str, Any]:
         "fallbacks": [f"{f.kind}: {f.reason}" for f in hist.fallbacks] if hist else [],
         "notes": list(hist.notes)[:6] if hist else [], "hooked": body is not None,
         "history": repr(hist)[:300]}
+    if hist is not None:  # an eager path must show: graph breaks, graphs no backend compiled
+        out["graphs"] = len(hist.graphs)
+        out["graph_breaks"] = [b.reason[:160] for b in hist.breaks]
+        by_inductor = sum(1 for n in hist.notes if "the inductor backend compiled it" in n)
+        out["compiled"] = (bool(hist.graphs) and by_inductor >= len(hist.graphs)
+                           and not hist.fallbacks and not hist.breaks)
     if m is None:
         out["compiled"] = False
         return out
@@ -701,7 +707,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                   "| model | ember rel err vs eager | tc rel err vs eager | eager ms | tc ms | "
                   "ember ms | tc speedup | ember speedup | tc compile s | ember compile s | "
                   "ember kernel compile s (wall) | Triton kernels | past the JIT | "
-                  "on reference | fallbacks |",
+                  "on reference | fallbacks + graph breaks |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         jit_rows: list[str] = []
         for r in ms_:
@@ -726,7 +732,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 f"{r.get('launch', {}).get('compile_wall_s', '')} | "
                 f"{r.get('triton_kernels', '')} | {r.get('launch', {}).get('fast', '')} | "
                 f"{len(r.get('on_reference', {}))} | "
-                f"{len(r.get('fallbacks', []))}{' ' + r['ember_error'][:80] if 'ember_error' in r else ''}"
+                f"{len(r.get('fallbacks', [])) + len(r.get('graph_breaks', []))}"
+                f"{' NOT COMPILED' if r.get('compiled') is False else ''}"
+                f"{' ' + r['ember_error'][:80] if 'ember_error' in r else ''}"
                 f"{' ' + r['error'][:80] if 'error' in r else ''} |")
         if jit_rows:
             lines += ["", "ember with its kernels launched through Triton's JIT "

@@ -544,6 +544,20 @@ builtin(torch.compiler.is_compiling, torch.compiler.is_dynamo_compiling)(
 builtin(torch.cuda.is_current_stream_capturing)(
     lambda tx, fn, args, kwargs: ConstVar(bool(torch.cuda.is_current_stream_capturing())))
 builtin(torch._C._get_tracing_state)(lambda tx, fn, args, kwargs: ConstVar(None))
+
+
+@builtin(torch.cuda.get_device_capability)
+def _device_capability(tx: Tracer, fn: Any, args: list[Var], kwargs: dict[str, Var]) -> Var:
+    """The GPU's compute capability, read once at capture (a fact of the machine, like the
+    CUDA-graph query above): transformers' MoE layers ask it before choosing grouped matmul
+    on CUDA, and tracing into it (C queries of the driver) broke the graph."""
+    pos = [a.value for a in args if isinstance(a, ConstVar)]
+    kw = {k: v.value for k, v in kwargs.items() if isinstance(v, ConstVar)}
+    if len(pos) != len(args) or len(kw) != len(kwargs):
+        raise unhandled("torch.cuda.get_device_capability of a non-constant device")
+    return ConstVar(fn(*pos, **kw))
+
+
 # Like TorchDynamo: nn.MultiheadAttention then skips its fused inference fast path
 # (torch._native_multi_head_attention) for the composite ops the compiler decomposes.
 builtin(torch.nn.modules.activation._is_make_fx_tracing)(

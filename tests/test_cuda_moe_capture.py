@@ -1,0 +1,106 @@
+"""The MoE decoders on CUDA (issue 16): on the H200, hf/mixtral and hf/qwen2-moe ran entirely
+eagerly under ember while the CUDA suite reported no fallback. transformers' grouped-matmul
+experts ask `torch.cuda.get_device_capability(weight.device)` on CUDA before choosing
+`grouped_mm`; capture traced into it (C queries of the driver), broke the graph there, and the
+model ran eagerly: explain() listed the break, but the suite's columns (fallbacks only) did not.
+
+Without a GPU: `torch.cuda.get_device_properties` is replaced by an H200's answer (sm_90), so the
+real `torch.cuda.get_device_capability` runs on this machine as it does there. Capture reads the
+capability once (a fact of the machine) and the graph stays whole; and a function that did run
+eagerly through a graph break shows as not compiled in benchmarks/gpu_cuda_suite.py's report
+and benchmarks/cuda_checks.py's census.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+import ember.runtime as er
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"ember_bench_{name}",
+                                                  ROOT / f"benchmarks/{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _h200_properties(device: Any = None) -> Any:
+    torch._C._get_cpu_capability()  # a C query, as the real one's (capture does not trace it)
+    return types.SimpleNamespace(major=9, minor=0)
+
+
+@pytest.fixture
+def sm90(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_properties", _h200_properties)
+
+
+def _experts(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """transformers' `_can_use_grouped_mm` on CUDA, then the chosen path."""
+    if torch.cuda.get_device_capability(w.device) >= (8, 0):
+        return torch.relu(x @ w) + 1
+    return x - 1
+
+
+def test_device_capability_is_read_at_capture_and_the_graph_stays_whole(sm90: None) -> None:
+    cf = er.compile(_experts, backend="inductor")
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    torch.testing.assert_close(cf(x, w), _experts(x, w))
+    hist = cf.history
+    assert len(hist.graphs) == 1 and not hist.breaks and not hist.fallbacks, er.explain(cf)
+    assert any("the inductor backend compiled it" in n for n in hist.notes)
+
+
+def _inner(y: torch.Tensor) -> torch.Tensor:
+    if torch._C._get_cpu_capability() == "never":  # a C query capture does not trace
+        return y
+    return y * 2
+
+
+def _untraceable(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A graph break in a nested call."""
+    return _inner(torch.relu(x @ w)) + 1
+
+
+def _compiled_with_a_break() -> Any:
+    cf = er.compile(_untraceable, backend="inductor")
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    torch.testing.assert_close(cf(x, w), _untraceable(x, w))
+    assert cf.history.breaks
+    return cf
+
+
+def test_suite_reports_a_graph_break_as_not_compiled() -> None:
+    suite = _load("gpu_cuda_suite")
+    got = suite.what_ran(_compiled_with_a_break())
+    assert got["graph_breaks"] and "_get_cpu_capability" in got["graph_breaks"][0]
+    assert got["compiled"] is False
+    # and the models table's last column says so
+    row = {"section": "models", "model": "m", "eager_ms": 1.0, **got}
+    text = suite.markdown([row], {}, 1.0)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| m |"))
+    assert line.rstrip(" |").endswith(" NOT COMPILED"), line
+
+
+def test_checks_census_says_compiled_only_for_whole_graphs(sm90: None) -> None:
+    checks = _load("cuda_checks")
+    broken = checks.census(_compiled_with_a_break())
+    assert broken["compiled"] is False and broken["graph_breaks"] >= 1
+    cf = er.compile(_experts, backend="inductor")
+    cf(torch.randn(4, 8), torch.randn(8, 8))
+    whole = checks.census(cf)
+    assert whole["compiled"] is True and whole["kernels"] >= 1
+    assert whole["externs"].get("prims.matmul") == 1
