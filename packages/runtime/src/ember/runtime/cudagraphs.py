@@ -15,11 +15,16 @@ exceeds the GPU time. Under these modes each graph the inductor compiled is wrap
   (default 8); a binding past that runs without a graph, counted.
 * **Static inputs**: a parameter, an input the graph updates, or a large input at the same
   address (data_ptr, strides) at the warm-up and the recording, is read in place by the
-  recording (never copied; the recording holds it, so its memory is not reused under it);
-  every call checks those addresses; where one moved, the binding is recorded again (an input
-  that moves twice within a few replays of its recording, a new tensor each call, is copied
-  from then on; one that moves after a run of replays, another generate()'s cache, is simply
-  recorded again). Other inputs are copied into buffers the recording owns.
+  recording (never copied); every call checks those addresses, and a recording replays only
+  where each is where it was recorded (the guards hold its shape, strides and dtype), so the
+  recording need not keep the caller's tensor alive: it does not, and a tensor the caller
+  frees (the last generate()'s static cache) lets the next one of its size land at the same
+  address and replay the same recording. Where one moved, the binding is recorded again (an
+  input that moves twice within a few replays of its recording, a new tensor each call, is
+  copied from then on; one that moves after a run of replays, another generate()'s cache, is
+  recorded again in place, and the earlier recording is kept as an alternate, up to
+  `MAX_ALTERNATES` per binding, replayed again when the inputs come back to its addresses).
+  Other inputs are copied into buffers the recording owns.
 * **One memory pool** per compiled function: its recordings' intermediates and outputs.
 * **Outputs are cloned out of the pool** after each replay, so the caller never holds memory
   that the next replay overwrites (the "CUDAGraphs output overwritten" failure of keeping a
@@ -55,6 +60,7 @@ SEEN_LIMIT = 256  # bindings remembered from their warm-up (a growing cache meet
 SCALARS = (int, float, bool, type(None))
 SMALL_INPUT = 64 * 1024  # bytes: an input at most this large is copied unless updated
 STABLE_REPLAYS = 4  # a static input that stayed put this many replays, then moved, is no churn
+MAX_ALTERNATES = 3  # recordings kept per binding, each for other addresses of its static inputs
 
 IRRunner = Callable[[str | None, Sequence[Any]], RunResult]
 _DATA_PTR = torch.Tensor.data_ptr
@@ -230,8 +236,12 @@ class CUDARecorder:
 class _Recording:
     def __init__(self, key: tuple[Any, ...], graph: Any, ins: list[Any], outs: list[Any],
                  static: list[int], copied: list[int], plan: list[tuple[str, int]]):
-        self.key, self.graph, self.ins, self.outs = key, graph, ins, outs
+        self.key, self.graph, self.outs = key, graph, outs
         self.static = [(i, ins[i].data_ptr()) for i in static]
+        # the buffers of the copied inputs only: the caller's static tensors are not kept
+        # alive (each replay checks their addresses first: module docstring)
+        held = set(copied)
+        self.ins = [x if i in held else None for i, x in enumerate(ins)]
         self.ptrs = [p for _, p in self.static]
         # (the per-call check of ~400 parameters' addresses, at C speed where it can be)
         self.take: Callable[[Sequence[Any]], Any] = \
@@ -268,7 +278,8 @@ class _GraphRunner:
     def __init__(self, owner: CudaGraphs, runner: IRRunner, rec: CudaGraphRecord,
                  info: GraphInfo, binder: Binder):
         self.owner, self.runner, self.rec, self.info = owner, runner, rec, info
-        self.recordings: dict[tuple[Any, ...], _Recording] = {}
+        # per binding, its recordings (the one replayed last first; others: alternates)
+        self.recordings: dict[tuple[Any, ...], list[_Recording]] = {}
         self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
         self.moves: dict[int, int] = {}  # static inputs that moved: how often
         self.fresh = 0  # calls in a row whose binding was new
@@ -281,22 +292,31 @@ class _GraphRunner:
             rec.plain += 1  # (autograd records the call: no recording takes it)
             return self.runner(graph, inputs)
         key = self.binder(inputs)
-        r = self.recordings.get(key)
+        rs = self.recordings.get(key)
+        r = rs[0] if rs else None
         again: set[int] = set()  # a re-recording: the inputs static in the last recording
-        if r is not None and not self._still_static(r, inputs):
-            # a move after a run of replays is a new long-lived tensor (another generate()'s
-            # cache): recorded again in place, not counted toward copying the input
-            if r.replays < STABLE_REPLAYS:
-                for i, a in r.static:
-                    if inputs[i].data_ptr() != a:
-                        self.moves[i] = self.moves.get(i, 0) + 1
-            again = {i for i, _ in r.static}
-            del self.recordings[key]
-            rec.rerecorded += 1
-            r = None
+        if r is not None and rs is not None and not self._still_static(r, inputs):
+            alt = next((x for x in rs[1:] if self._still_static(x, inputs)), None)
+            if alt is not None:  # back at an earlier recording's addresses: replayed again
+                rs.remove(alt)
+                rs.insert(0, alt)
+                rec.reused += 1
+                r = alt
+            else:
+                # a move after a run of replays is a new long-lived tensor (another
+                # generate()'s cache): recorded again in place, the old recording kept as an
+                # alternate; a move soon after recording is churn, counted toward copying it
+                if r.replays < STABLE_REPLAYS:
+                    for i, a in r.static:
+                        if inputs[i].data_ptr() != a:
+                            self.moves[i] = self.moves.get(i, 0) + 1
+                    rs.pop(0)
+                again = {i for i, _ in r.static}
+                rec.rerecorded += 1
+                r = None
         if r is None:
-            if len(self.recordings) >= self.owner.max_recordings:  # (nothing more to remember)
-                rec.over_limit += 1
+            if rs is None and len(self.recordings) >= self.owner.max_recordings:
+                rec.over_limit += 1  # (nothing more to remember)
                 rec.plain += 1
                 return self.runner(graph, inputs)
             addrs = [_address(x) for x in inputs]
@@ -331,14 +351,15 @@ class _GraphRunner:
             if got is None:
                 return self.runner(graph, inputs)
             r = got
-            self.recordings[key] = r
+            rs = self.recordings.setdefault(key, [])
+            rs.insert(0, r)
+            del rs[MAX_ALTERNATES:]
             rec.recordings += 1
-            rec.bindings.append(self.binder.text(key))
-            for i in r.copied:  # the recording did not run the graph: the first replay does
-                r.ins[i].copy_(inputs[i])
-        else:
-            for i in r.copied:
-                r.ins[i].copy_(inputs[i])
+            text = self.binder.text(key)
+            if text not in rec.bindings:
+                rec.bindings.append(text)
+        for i in r.copied:  # (after a recording too: it did not run the graph, this replay does)
+            r.ins[i].copy_(inputs[i])
         self.owner.recorder.replay(r.graph)
         r.replays += 1
         rec.replays += 1

@@ -84,7 +84,8 @@ class CudaGraphRecord:
     warmups: int = 0  # the first call of each binding: run as compiled, not recorded
     plain: int = 0  # calls run without a graph (skipped, over the limit, recording gradients)
     over_limit: int = 0  # calls of a binding past the recording limit
-    rerecorded: int = 0  # recordings dropped because a static input moved
+    rerecorded: int = 0  # recordings made again because a static input moved
+    reused: int = 0  # calls whose static inputs came back to an earlier recording's addresses
     bindings: list[str] = field(default_factory=list)  # each recorded binding's shapes
     skipped: str | None = None
 
@@ -97,6 +98,8 @@ class CudaGraphRecord:
             counts += f" ({self.over_limit} past the recording limit)"
         if self.rerecorded:
             counts += f", {self.rerecorded} re-recording(s) (a static input moved)"
+        if self.reused:
+            counts += f", {self.reused} return(s) to an earlier recording's addresses"
         if self.skipped is not None:
             return head + f"not recorded: {self.skipped}; " + counts
         return head + counts + ("; bindings " + ", ".join(self.bindings)
