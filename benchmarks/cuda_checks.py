@@ -207,12 +207,12 @@ def run_train(device: str, names: list[str]) -> None:
 # ---- attention --------------------------------------------------------------------------------
 
 class DecodeAttention(nn.Module):
-    """One decode step of a GQA layer with a KV cache: the new token's k/v written at position
-    `pos` of the [B, Hkv, S, E] caches (index_copy), sdpa of the one query over the first pos+1
-    cached positions (enable_gqa: 8 query heads share 2 kv heads), the head merge and the
-    output projection."""
+    """One decode step of an attention layer with a KV cache: the new token's k/v written at
+    position `pos` of the [B, Hkv, S, E] caches (index_copy), sdpa of the one query over the
+    first pos+1 cached positions (a boolean mask; with kv_heads < heads, enable_gqa), the head
+    merge and the output projection."""
 
-    def __init__(self, d: int = 256, heads: int = 8, kv_heads: int = 2, cache: int = 64):
+    def __init__(self, d: int = 256, heads: int = 8, kv_heads: int = 8, cache: int = 64):
         super().__init__()
         self.h, self.hkv, self.e = heads, kv_heads, d // heads
         self.q = nn.Linear(d, d, bias=False)
@@ -227,8 +227,9 @@ class DecodeAttention(nn.Module):
         k, v = self.kv(x).view(B, 1, 2, self.hkv, self.e).permute(2, 0, 3, 1, 4)
         kc = kc.index_copy(2, pos, k)
         vc = vc.index_copy(2, pos, v)
-        mask = torch.arange(self.cache, device=x.device) <= pos
-        y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+        mask = (torch.arange(self.cache, device=x.device) <= pos).view(1, 1, 1, -1)
+        y = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask,
+                                           enable_gqa=self.hkv != self.h)
         return self.o(y.transpose(1, 2).reshape(B, 1, -1))
 
 
@@ -257,11 +258,12 @@ def attention_models() -> dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]]:
         n: (lambda n=n: zoo[n].build(zoo_models.FULL))  # type: ignore[misc]
         for n in ("hf/vit", "hf/bert", "hf/gpt2", "hf/llama")}
 
-    def decode() -> tuple[Any, tuple[Any, ...]]:
-        m = DecodeAttention().eval()
-        return m, (torch.randn(2, 1, 256), torch.randn(2, 2, 64, 32), torch.randn(2, 2, 64, 32),
-                   torch.tensor([37]))
-    out["decode-kv-cache-gqa"] = decode
+    def decode(kv_heads: int) -> tuple[Any, tuple[Any, ...]]:
+        m = DecodeAttention(kv_heads=kv_heads).eval()
+        return m, (torch.randn(2, 1, 256), torch.randn(2, kv_heads, 64, 32),
+                   torch.randn(2, kv_heads, 64, 32), torch.tensor([37]))
+    out["decode-kv-cache"] = lambda: decode(8)
+    out["decode-kv-cache-gqa"] = lambda: decode(2)
     out["gqa-causal"] = lambda: (GQALayer().eval(), (torch.randn(2, 128, 256),))
     return out
 
@@ -322,8 +324,8 @@ def run_moe(device: str, names: list[str]) -> None:
 
 
 SECTIONS = {"train": (run_train, "conv+BN train,GPT-NeoX train"),
-            "attention": (run_attention, "hf/vit,hf/bert,hf/gpt2,hf/llama,decode-kv-cache-gqa,"
-                                         "gqa-causal"),
+            "attention": (run_attention, "hf/vit,hf/bert,hf/gpt2,hf/llama,decode-kv-cache,"
+                                         "decode-kv-cache-gqa,gqa-causal"),
             "moe": (run_moe, "hf/mixtral,hf/qwen2-moe")}
 
 
