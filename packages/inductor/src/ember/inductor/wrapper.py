@@ -7,7 +7,12 @@ checks their dtypes and shapes, allocates each kernel's output with a constant s
 device (launch.out_buffer where it reuses a dead buffer), and calls the kernel's launcher
 (launch.py; argument types set once) on the buffers' addresses or the tensors, as its ABI says. Nodes
 other than `kernels.call` (`kernels.extern`, ops the C++ tables left to the reference) call their
-op's reference directly, their tensor results checked like the interpreter checks them.
+op's reference directly, their tensor results checked like the interpreter checks them; an
+extern whose op is a prim, a plain aten op or loop.index_select calls the torch function itself
+(`direct`: constants converted once, no argument lists built per call). Where the checks of
+`out_buffer` and `strided_view` hold by construction (a buffer reused at a static size, an
+input's view with numeric coefficients) they are written into the source instead of called:
+on a tiny transformer these per-call helpers were a fifth of the wrapper's time.
 
 A graph with symbolic sizes binds its symbols once per call from the inputs' shapes (a few
 attribute reads, `bind_sizes`), checks them against their declared ranges, and evaluates its
@@ -22,6 +27,8 @@ constant is passed in the function's namespace, never printed into the source.
 
 from __future__ import annotations
 
+import keyword
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,10 +40,23 @@ import torch
 from ember.inductor.buffers import last_uses
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
-from ember.ir import Graph, Interpreter, Kernel, Module, Node, Ref, RunResult, TensorType, Value
+from ember.ir import (
+    Graph,
+    Interpreter,
+    Kernel,
+    Module,
+    Node,
+    OpDef,
+    Ref,
+    RunResult,
+    TensorType,
+    Value,
+)
 from ember.ir.expr import PYTHON, as_sympy, is_loop_var, print_expr, simplify_dim
 from ember.ir.graph import BIND_SYMBOL, is_unbacked, map_args
 from ember.ir.interpreter import bind_symbols, check_unbacked
+from ember.ir.torch_ops import _as_declared, convert_args
+from ember.prims import PRIMS_BY_OP
 from ember.prims.decomp.random import philox_params
 
 
@@ -267,7 +287,8 @@ class _Gen:
             old = reuse[j] if j < len(reuse) else None
             if isinstance(old, Value) and isinstance(old.type, TensorType):
                 # a dead buffer's storage, as the interpreter's kernels.call takes it
-                new = f"_out({shape}, {dt}, {device}, {self.name(old)})"
+                new = self.reused(old, r.type, dev, shape) or \
+                    f"_out({shape}, {dt}, {device}, {self.name(old)})"
             else:
                 new = f"_empty({shape}, dtype={dt}, device={device})"
             self.lines.append(f"    {name} = {new}")
@@ -286,6 +307,20 @@ class _Gen:
             self.lines.append(f"    del {', '.join(copies)}")
         if k.take_errors is not None:
             self.lines.append(f"    {self.const(k.check)}()")
+
+    def reused(self, old: Value, t: TensorType, dev: Any, shape: str) -> str | None:
+        """`out_buffer`'s reuse decided now, where its checks hold by construction: `old` is
+        a buffer (contiguous: a kernel or made-contiguous extern output, its dtype checked),
+        of the same dtype, device and static element count. A view of it then, no call."""
+        ot = old.type
+        if old not in self.buffers or not isinstance(ot, TensorType) or ot.dtype != t.dtype \
+                or ot.device != (dev if isinstance(dev, str) else "cpu") \
+                or not all(isinstance(d, int) for d in (*ot.shape, *t.shape)) \
+                or math.prod(ot.shape) != math.prod(t.shape):
+            return None
+        if list(ot.shape) == list(t.shape):
+            return self.name(old)
+        return f"{self.name(old)}.view({', '.join(str(int(d)) for d in t.shape) or '()'})"
 
     def strided_view(self, i: int, node: Node) -> None:
         """A strided view of a buffer (any strides: an input's real ones are used); the index
@@ -318,12 +353,21 @@ class _Gen:
             self.lines.append(f"    {name} = {self.name(x)}.as_strided({_shape(shape)}, "
                               f"{_shape(strides)}, {self.name(x)}.storage_offset() + "
                               f"{pyexpr(off)})")
-        else:  # an input: its real strides
-            sym = not all(isinstance(v, int) for v in [*offsets, *(c for row in coefs
-                                                                  for c in row)])
-            offs = _shape(offsets) if sym else self.const(offsets)
-            cfs = "[" + ", ".join(_shape(row) for row in coefs) + "]" if sym \
-                else self.const(coefs)
+        elif all(isinstance(v, int) for v in [*offsets, *(c for row in coefs for c in row)]):
+            # an input, numeric coefficients: launch.strided_view's sums written out over its
+            # real strides (one stride() call, no Python helper)
+            st_ = [f"_s[{j}]" for j in range(len(offsets))]
+            strides = [_lin([(row[k], s) for row, s in zip(coefs, st_, strict=True)])
+                       for k in range(len(shape))]
+            off = _lin([(o, s) for o, s in zip(offsets, st_, strict=True)])
+            xs = self.name(x)
+            self.lines.append(f"    _s = {xs}.stride()")
+            self.lines.append(f"    {name} = {xs}.as_strided({_shape(shape)}, "
+                              f"({', '.join(strides)}{',' if len(strides) == 1 else ''}), "
+                              f"{xs}.storage_offset(){' + ' + off if off != '0' else ''})")
+        else:  # an input, symbolic coefficients: its real strides
+            offs = _shape(offsets)
+            cfs = "[" + ", ".join(_shape(row) for row in coefs) + "]"
             self.lines.append(f"    {name} = _strided({self.name(x)}, {_shape(shape)}, "
                               f"{offs}, {cfs})")
         self.ns["_strided"] = strided_view
@@ -358,21 +402,72 @@ class _Gen:
         op = self.interp.registry.lookup(name) if isinstance(name, str) else None
         if op is None:
             raise WrapperUnsupported(f"unknown op {name}")
-        args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
-        kwargs = "{" + ", ".join(f"{py_str(k)}: {self.arg(v)}" for k, v in kw.items()) + "}"
-        ref = self.const(op.reference)
         names = [f"v{i}_{j}" for j in range(len(node.results))]
-        call = f"{ref}(_interp, {args}, {kwargs})"
-        if node.op == "kernels.extern":  # extern results are buffers (as kernels._extern_run)
-            call = f"_contiguous({call})"
-        self.lines.append(f"    {', '.join(names)}, = _unpack({call}, {len(names)})" if names
-                          else f"    {call}")
+        direct = self.direct(op, node, kw) if node.op == "kernels.extern" else None
+        tensors = all(isinstance(r.type, TensorType) for r in node.results)
+        if direct is not None and len(names) == 1 and tensors:
+            self.lines.append(f"    {names[0]} = {direct}.contiguous()")
+        elif direct is not None and len(names) > 1 and tensors \
+                and isinstance(op.torch_op, torch._ops.OpOverload):
+            # a tuple of tensors; an undefined one (None: cuDNN attention's logsumexp) or a
+            # count other than declared is the reference's to settle (torch_ops._as_declared)
+            args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
+            kwargs = "{" + ", ".join(f"{py_str(k)}: {self.arg(v)}" for k, v in kw.items()) + "}"
+            bad = " or ".join(f"_r[{j}] is None" for j in range(len(names)))
+            self.ns["_declared"] = _as_declared
+            self.lines += [f"    _r = {direct}",
+                           f"    if len(_r) != {len(names)} or {bad}: _r = _unpack(_declared("
+                           f"{self.const(op.torch_op)}, {args}, {kwargs}, _r), {len(names)})",
+                           f"    {', '.join(names)} = "
+                           f"{', '.join(f'_r[{j}].contiguous()' for j in range(len(names)))}",
+                           "    del _r"]
+        else:
+            args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
+            kwargs = "{" + ", ".join(f"{py_str(k)}: {self.arg(v)}" for k, v in kw.items()) + "}"
+            call = direct or f"{self.const(op.reference)}(_interp, {args}, {kwargs})"
+            if node.op == "kernels.extern":  # extern results are buffers (kernels._extern_run)
+                call = f"_contiguous({call})"
+            self.lines.append(f"    {', '.join(names)}, = _unpack({call}, {len(names)})"
+                              if names else f"    {call}")
         for r, n in zip(node.results, names, strict=True):
             self.names[r] = n
             if isinstance(r.type, TensorType):
                 self.check(n, r.type, f"result of {node.op}")
                 if node.op == "kernels.extern":  # made contiguous above
                     self.buffers.add(r)
+
+
+    def direct(self, op: OpDef, node: Node, kw: dict[str, Any]) -> str | None:
+        """An extern's call of its op's own callable, as its reference would call it: a
+        prim's torch function (prims.matmul: torch.matmul; loop.index_select:
+        torch.index_select), or an aten op's C++ entry with
+        Tensor results, its constant arguments converted to torch's types now rather than
+        on every call. None where the reference must run (other ops; aten ops with optional
+        or list results)."""
+        if not all(k.isidentifier() and not keyword.iskeyword(k) for k in kw):
+            return None
+        prim = PRIMS_BY_OP.get(op.name)
+        t = op.torch_op
+        if prim is not None and op.infer == prim.infer:  # registered by Prim.opdef
+            fn: Any = prim.ref
+            args, kwargs = list(node.args), kw
+        elif isinstance(t, torch._ops.OpOverload) and op.effect is None and \
+                [str(r.real_type) for r in t._schema.returns] == ["Tensor"] * len(node.results):
+            fn = t._op  # what OpOverload.__call__ calls
+            args, kwargs = convert_args(t, node.args, kw)
+        elif op.name == "loop.index_select" and isinstance(kw.get("dim"), int) \
+                and len(node.args) == 2:  # (loopir: torch.index_select(x, dim, ids))
+            fn, args, kwargs = torch.index_select, [node.args[0], kw["dim"], node.args[1]], {}
+        else:
+            return None
+        parts = [self.arg(a) for a in args] + [f"{k}={self.arg(v)}" for k, v in kwargs.items()]
+        return f"{self.const(fn)}({', '.join(parts)})"
+
+
+def _lin(terms: list[tuple[int, str]]) -> str:
+    """sum(c * name) as Python source over integer coefficients ("0" when empty)."""
+    out = [n if c == 1 else f"{n} * {int(c)}" for c, n in terms if c != 0]
+    return " + ".join(out) or "0"
 
 
 def _read_or_made(node: Node) -> list[Value]:
