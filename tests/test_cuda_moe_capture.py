@@ -104,3 +104,24 @@ def test_checks_census_says_compiled_only_for_whole_graphs(sm90: None) -> None:
     whole = checks.census(cf)
     assert whole["compiled"] is True and whole["kernels"] >= 1
     assert whole["externs"].get("prims.matmul") == 1
+
+
+def _only_a_break(x: torch.Tensor) -> torch.Tensor:
+    torch._C._get_cpu_capability()
+    return x
+
+
+def test_explain_says_when_breaks_left_nothing_compiled() -> None:
+    """As the MoE decoders did on the H200: graph breaks and no graph at all. explain() said
+    "0 fallback(s)"; it now says that every call ran eagerly."""
+    cf = er.compile(_only_a_break, backend="inductor")
+    cf(torch.randn(3))
+    text = str(er.explain(cf))
+    assert "nothing compiled: every call ran eagerly" in text.splitlines()[1], text
+    whole = er.compile(_experts_cpu, backend="inductor")
+    whole(torch.randn(4, 8), torch.randn(8, 8))
+    assert "nothing compiled" not in str(er.explain(whole))
+
+
+def _experts_cpu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x @ w) + 1

@@ -88,6 +88,9 @@ class ExplainReport:
                f"{len(self.breaks)} graph break(s), {self.calls} call(s)"]
         if self.fallbacks:
             out.append(self.fallback_summary)
+        if self.calls and not self.graphs and self.breaks:  # breaks left nothing to compile
+            out.append(f"nothing compiled: every call ran eagerly ({len(self.breaks)} graph "
+                       f"break(s) left no graph; see the graph breaks below)")
         if self.cuda_graphs:
             skipped = sum(r.skipped is not None for r in self.cuda_graphs)
             out.append(f"CUDA graphs: {self.recordings} recording(s), {self.replays} "
