@@ -49,12 +49,22 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="calls to profile (CUDA only)")
+    ap.add_argument("--pipeline", default="", help="compile(options={'pipeline': ...}); "
+                    "'decode-attention': the CUDA target's with cache-inplace{attention=true}")
     a = ap.parse_args()
     import ember.runtime as er
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(a.layers, device)
     ids = torch.randint(2, 50000, (1, 32), generator=torch.Generator().manual_seed(1)).to(device)
-    cf = er.compile(model.forward, mode=None if a.mode == "default" else a.mode)
+    opts: dict[str, Any] = {}
+    if a.pipeline == "decode-attention":
+        from ember.inductor.targets.cuda import FRONT, INDUCTOR_CUDA
+        opts["pipeline"] = f"{FRONT},{INDUCTOR_CUDA}".replace(
+            "cache-inplace", "cache-inplace{attention=true}")
+    elif a.pipeline:
+        opts["pipeline"] = a.pipeline
+    cf = er.compile(model.forward, mode=None if a.mode == "default" else a.mode,
+                    options=opts or None)
     steps: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def spy(*args: Any, **kwargs: Any) -> Any:
@@ -104,7 +114,7 @@ def main() -> int:
 
     with torch.no_grad():
         row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-               "layers": a.layers, "mode": a.mode,
+               "layers": a.layers, "mode": a.mode, "pipeline": a.pipeline or "default",
                "generate_ms_per_token": round(per_token * 1e3, 3),
                "forward_ms": timed(lambda: cf(*args, **kwargs)),
                "guard_ms": timed(lambda: entry.code.guard(S, args, kwargs)),

@@ -200,3 +200,88 @@ graph @f(%x: f32[2, 6, 4], %i: i64[1], %s: f32[2, 2, 4]) -> (f32[2, 6, 4]) {
         verify(parse(text))
     with pytest.raises(OpTypeError, match="dim= must be a dim of x"):
         inplace._infer(None, parse(text).graph().nodes[0].args, {"dim": 3})
+
+
+DECODE = ("cuda-attention,matmul-lowp,cache-inplace{attention=true},dce,lower-loops,fuse,"
+          "fuse-shared,schedule-cuda,codegen-triton{interpret=true},plan-buffers")
+
+
+def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """cache-inplace{attention=true} on a tiny GPT-NeoX's decode step (static cache, its CPU
+    attention in the CUDA form): per layer one decode-attention extern (no index_copy_, no
+    torch attention); logits and the caches after the step are eager's."""
+    pytest.importorskip("transformers")
+    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
+    from ember.runtime.testing import tiny_hf_model
+    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.ATTENTION_OP,  # type: ignore[index]
+                        inplace.lower_decode_attention)
+    model, _ = tiny_hf_model("neox")
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    steps: list[tuple[Any, dict[str, Any]]] = []
+    real = model.forward
+
+    def spy(*a: Any, **k: Any) -> Any:
+        steps.append((a, dict(k)))
+        return real(*a, **k)
+    model.forward = spy
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    del model.forward
+    args, kwargs = steps[-1]
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
+    for layer in cache.layers:  # the last step again: its slot, not one past the end
+        layer.cumulative_length.sub_(1)
+    with torch.no_grad():
+        c = capture(model.forward, args, kwargs)
+    assert getattr(c, "module", None) is not None and c.updates
+    m = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)), f"{FRONT},{DECODE}")
+    ops = externs(m)
+    assert ops.count(inplace.ATTENTION_OP) == 2, ops  # one per layer
+    assert inplace.OP not in ops and not any("attention" in o and o != inplace.ATTENTION_OP
+                                             for o in ops), ops
+    ins = list(c.input_examples)
+    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    with torch.no_grad():
+        want = real(*args, **kwargs).logits[:, -1]
+    after = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    with torch.no_grad():
+        for x, s in zip(ins, snap, strict=True):
+            if isinstance(x, torch.Tensor):
+                x.copy_(s)
+        got = compiled_runner(m)(None, ins).outputs
+    torch.testing.assert_close(got[0].reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    in_place = 0
+    for p, r in m.graph().attrs[REPLACED_INPUTS]:  # type: ignore[union-attr]
+        # the caches are written in place (the graph returns them); the lengths are new values
+        in_place += got[r] is ins[p]
+        torch.testing.assert_close(got[r], after[p], rtol=1e-5, atol=1e-5)
+    assert in_place == 4  # 2 layers x (keys, values)
+
+
+@pytest.mark.parametrize(("dtype", "S", "bias"), [
+    (torch.float32, 10, "mask"), (torch.bfloat16, 37, None), (torch.bfloat16, 70, "per-head")])
+def test_decode_attention_kernel_matches_torch(dtype: torch.dtype, S: int,
+                                               bias: str | None) -> None:
+    """The Triton kernel (interpreted) against index_copy_ + eager sdpa: the caches bit for
+    bit, the output within the dtype's rounding (keys in several blocks of 16..64)."""
+    from ember.inductor.targets.cuda.decode_attention import decode_attention_
+    g = torch.Generator().manual_seed(S)
+    kc, vc = (torch.randn(2, 3, S, 20, generator=g).to(dtype) for _ in range(2))
+    q, kn, vn = (torch.randn(2, 3, 1, 20, generator=g).to(dtype) for _ in range(3))
+    pos = torch.tensor([S // 2])
+    b = None
+    if bias == "mask":  # a padding mask as transformers passes it: [B, 1, 1, S], 0 or -inf
+        b = torch.where(torch.arange(S) <= S // 2, 0.0, float("-inf")).to(dtype)
+        b = b.expand(2, 1, 1, S)
+    elif bias == "per-head":
+        b = torch.randn(2, 3, 1, S, generator=g).to(dtype)
+    k1, v1, k2, v2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    want = decode_attention_(q, k1, v1, pos, kn, vn, b, triton=False)
+    got = decode_attention_(q, k2, v2, pos, kn, vn, b, triton=True)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="one position"):
+        decode_attention_(q, k2, v2, torch.tensor([1, 2]), kn, vn, b)

@@ -41,6 +41,14 @@ from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
 
 OP = "loop.index_copy_inplace"
+ATTENTION_OP = "loop.decode_attention_inplace"
+# torch's fused CUDA attention ops: (is_causal's position, the bias's position or None)
+_ATTENTION_ARGS = {"aten._scaled_dot_product_flash_attention.default": (4, None),
+                   "aten._scaled_dot_product_efficient_attention.default": (6, 3),
+                   "aten._scaled_dot_product_cudnn_attention.default": (6, 3)}
+_DROPOUT_AT = {"aten._scaled_dot_product_flash_attention.default": 3,
+               "aten._scaled_dot_product_efficient_attention.default": 5,
+               "aten._scaled_dot_product_cudnn_attention.default": 5}
 REPLACED_INPUTS = "replaced_inputs"  # ember.runtime.writeback.REPLACED_INPUTS (no import: layers)
 PERMUTE, SCATTER, BROADCAST = "prims.permute", "prims.scatter", "prims.broadcast_in_dim"
 
@@ -68,11 +76,57 @@ def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
     return x.index_copy_(int(kw["dim"]), idx, src)  # x itself: the rows written in place
 
 
+def _attention_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    if len(args) not in (6, 7) or not all(isinstance(a, Value) and isinstance(a.type, TensorType)
+                                          for a in args):
+        raise OpTypeError(f"{ATTENTION_OP}: takes (q, k_cache, v_cache, pos, k_new, v_new"
+                          f"[, bias]) tensors")
+    q, kc, vc, pos, kn, vn = (a.type for a in args[:6])  # type: ignore[union-attr]
+    assert isinstance(q, TensorType) and isinstance(kc, TensorType)
+    assert isinstance(vc, TensorType) and isinstance(pos, TensorType)
+    assert isinstance(kn, TensorType) and isinstance(vn, TensorType)
+    if kc.rank != 4 or vc.shape != kc.shape:
+        raise OpTypeError(f"{ATTENTION_OP}: the caches must be [B, H, S, E] alike, got {kc}, "
+                          f"{vc}")
+    B, H, _, E = kc.shape
+    one = (B, H, 1, E)
+    if tuple(q.shape) != one or tuple(kn.shape) != one or tuple(vn.shape) != one:
+        raise OpTypeError(f"{ATTENTION_OP}: q, k_new and v_new must be {list(one)}, got "
+                          f"{q}, {kn}, {vn}")
+    if pos.rank != 1 or pos.shape[0] != 1 or not pos.dtype.is_integer:
+        raise OpTypeError(f"{ATTENTION_OP}: pos must be one integer position, got {pos}")
+    if len({q.dtype, kc.dtype, vc.dtype, kn.dtype, vn.dtype}) != 1:
+        raise OpTypeError(f"{ATTENTION_OP}: q, the caches and the new rows must share a dtype")
+    bias = args[6].type if len(args) > 6 else None  # type: ignore[union-attr]
+    if isinstance(bias, TensorType) and (bias.rank != 4 or any(
+            d not in (1, w) for d, w in zip(bias.shape, (B, H, 1, kc.shape[2]), strict=True))):
+        raise OpTypeError(f"{ATTENTION_OP}: the bias must broadcast to "
+                          f"{[B, H, 1, kc.shape[2]]}, got {bias}")
+    out = TensorType(q.dtype, one, None, q.device)
+    return [out, kc, vc]
+
+
+def _attention_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+    from ember.inductor.targets.cuda.decode_attention import decode_attention_
+    q, kc, vc, pos, kn, vn = args[:6]
+    bias = args[6] if len(args) > 6 else None
+    out = decode_attention_(q, kc, vc, pos, kn, vn, bias, kw.get("scale"))
+    return out, kc, vc
+
+
 def _register() -> None:
-    if default_registry().lookup(OP) is None:
+    reg = default_registry()
+    if reg.lookup(OP) is None:
         register_op(OP, "x with x.select(dim, index[i]) = src.select(dim, i), written into x "
                     "in place (x itself is the result: a static KV cache's update; an "
                     "extern's op, emitted by cache-inplace)", _infer, _run,
+                    has_side_effects=True, aliasing="alias")
+    if reg.lookup(ATTENTION_OP) is None:
+        register_op(ATTENTION_OP, "a decode step's attention of one query row per head over a "
+                    "static KV cache, the step's new key and value rows written into the caches "
+                    "at pos first (in place): results (out [B, H, 1, E], the key cache, the "
+                    "value cache); one Triton kernel (decode_attention.py), emitted by "
+                    "cache-inplace{attention=true}", _attention_infer, _attention_run,
                     has_side_effects=True, aliasing="alias")
 
 
@@ -203,14 +257,85 @@ def _replace(g: Graph, old: Value, new: Value) -> None:
     g.outputs = [new if o is old else o for o in g.outputs]
 
 
+def _arg(n: Node, at: int, name: str, default: Arg) -> Arg:
+    return n.args[at] if len(n.args) > at else n.kwargs.get(name, default)
+
+
+def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]]) -> Node | str:
+    """The one-kernel decode attention replacing attention node `a` and the two in-place row
+    writes it reads (a decode step: one query row, one new row per cache), or why not."""
+    causal_at, bias_at = _ATTENTION_ARGS[a.op]
+    if _arg(a, _DROPOUT_AT[a.op], "dropout_p", 0.0) not in (0, 0.0):
+        return "dropout"
+    if _arg(a, causal_at, "is_causal", False):
+        return "is_causal (a top-left causal mask: not a decode step's)"
+    q, k, v = a.args[:3]
+    if not (isinstance(q, Value) and isinstance(k, Value) and isinstance(v, Value)):
+        return "q, k, v are not tensors"
+    wk, wv = k.node, v.node
+    if wk is None or wv is None or wk.op != OP or wv.op != OP:
+        return "k and v are not the caches written in place (cache-inplace)"
+    if wk.kwargs.get("dim") != 2 or wv.kwargs.get("dim") != 2 or wk.args[1] is not wv.args[1]:
+        return "the rows are not written along the length dim at one position"
+    if any(r in users for r in a.results[1:]):
+        return "the attention's other results are read"
+    if [u for u in users.get(k, []) if u is not a] or [u for u in users.get(v, []) if u is not a]:
+        return "the written caches have other readers"
+    bias = _arg(a, bias_at, "attn_bias", None) if bias_at is not None else None
+    args: list[Arg] = [q, wk.args[0], wv.args[0], wk.args[1], wk.args[2], wv.args[2]]
+    if isinstance(bias, Value):
+        args.append(bias)
+    try:
+        types = _attention_infer(None, args, {})
+    except OpTypeError as e:
+        return str(e)
+    scale = a.kwargs.get("scale")
+    taken = graph_names(g)
+    outs = [Value(fresh(taken, f"{a.results[0].name}.decode"), types[0]),
+            Value(fresh(taken, f"{k.name}.decode"), types[1]),
+            Value(fresh(taken, f"{v.name}.decode"), types[2])]
+    f = Node(ATTENTION_OP, args, {} if scale is None else {"scale": scale}, outs, a.loc)
+    for o in outs:
+        o.node = f
+    return f
+
+
+def _fuse_attentions(g: Graph, explain: bool) -> int:
+    done = 0
+    for a in [n for n in g.nodes if n.op in _ATTENTION_ARGS]:
+        users = _users(g)
+        got = _fuse_attention(g, a, users)
+        name = a.results[0].name
+        if isinstance(got, str):
+            if explain:
+                print(f"cache-inplace: @{g.name} %{name}: attention kept ({got})", file=sys.stderr)
+            continue
+        k, v = a.args[1], a.args[2]
+        assert isinstance(k, Value) and isinstance(v, Value)
+        drop = {id(a), id(k.node), id(v.node)}
+        at = g.nodes.index(a)
+        g.nodes[at:at + 1] = [got]
+        g.nodes = [n for n in g.nodes if id(n) not in drop]
+        _replace(g, a.results[0], got.results[0])
+        _replace(g, k, got.results[1])
+        _replace(g, v, got.results[2])
+        done += 1
+        if explain:
+            print(f"cache-inplace: @{g.name} %{name}: one decode-attention kernel (rows written, "
+                  f"attention over the caches)", file=sys.stderr)
+    return done
+
+
 @register_pass("cache-inplace", "CUDA: an input the runtime replaces with an index_copy of it "
                "(a static KV cache's update) gets its new rows written in place by one extern "
-               "(no copy of the cache, no write-back); explain=true says why each was or was "
-               "not; dce after it drops the scatter")
-def cache_inplace(module: Module, *, explain: bool = False) -> Module:
+               "(no copy of the cache, no write-back); attention=true also makes a decode "
+               "step's attention over two such caches one Triton kernel with the row writes; "
+               "explain=true says why each was or was not; dce after it drops the scatter")
+def cache_inplace(module: Module, *, explain: bool = False, attention: bool = False) -> Module:
     out = module.clone()
     for g in out.graphs.values():
-        _rewrite(g, explain)
+        if _rewrite(g, explain) and attention:
+            _fuse_attentions(g, explain)
     return out
 
 
@@ -228,6 +353,18 @@ def lower_inplace(lw: Any, n: Node) -> None:
     lw.env.update(zip(n.results, outs, strict=True))
 
 
-LOWERINGS = {OP: lower_inplace}
+def lower_decode_attention(lw: Any, n: Node) -> None:
+    """An extern on q, the caches, the position and the bias as they are (strided views), the
+    new rows as buffers of their own (the rotary kernel writes them, as for lower_inplace)."""
+    args = [lw.materialize(a) if i in (4, 5) else lw.extern_operand(a)
+            for i, a in enumerate(n.args) if isinstance(a, Value)]
+    outs = lw.b.emit("loop.extern", args, {"op": n.op, **n.kwargs},
+                     types=[r.type for r in n.results], names=[r.name for r in n.results],
+                     loc=n.loc)
+    lw.env.update(zip(n.results, outs, strict=True))
 
-__all__ = ["LOWERINGS", "OP", "REPLACED_INPUTS", "cache_inplace", "lower_inplace"]
+
+LOWERINGS = {OP: lower_inplace, ATTENTION_OP: lower_decode_attention}
+
+__all__ = ["ATTENTION_OP", "LOWERINGS", "OP", "REPLACED_INPUTS", "cache_inplace",
+           "lower_decode_attention", "lower_inplace"]

@@ -1,0 +1,134 @@
+"""One kernel for a decode step's attention against a static KV cache (the CUDA target).
+
+After `cache-inplace` a decode step's attention layer is three launches: the new key row and
+the new value row written into the caches (`index_copy_`, one each) and torch's fused attention
+(cuDNN or the memory-efficient kernel) of the one query row against the caches. The work is
+tiny (batch x heads programs, each a [S, E] slab of each cache) and launch latency dominates.
+`decode_attention_` does all three in one Triton kernel, one program per (batch, head): it
+stores the head's new key and value rows at the step's position, then runs an online softmax
+over the cache in blocks of keys, the new rows taken from registers at their position (no
+store-then-load within the program), scores in f32 with the additive bias, and writes the
+[B, H, 1, E] output.
+
+Numerics: scores, softmax and the weighted sum in f32 as torch's fused kernels do; the output
+rounded once to the cache dtype. A row whose every key is masked gives NaN (0/0), as eager's
+math attention does.
+
+`decode_attention_` runs the Triton kernel on CUDA tensors (and on CPU tensors in Triton's
+interpreter, TRITON_INTERPRET=1, or with `triton=True`); otherwise the same computation in torch
+(index_copy_ and scaled_dot_product_attention), the reference the tests compare with.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any
+
+import torch
+
+
+@functools.cache
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def decode_attention_kernel(
+            q_ptr, kc_ptr, vc_ptr, kn_ptr, vn_ptr, pos_ptr, bias_ptr, out_ptr,
+            H, E, scale,
+            sq_b, sq_h, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
+            skn_b, skn_h, skn_e, svn_b, svn_h, svn_e, sb_b, sb_h, sb_s, so_b, so_h, so_e,
+            S: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr,
+            BLOCK_E: tl.constexpr):
+        pid = tl.program_id(0)
+        b = pid // H
+        h = pid % H
+        pos = tl.load(pos_ptr)
+        e = tl.arange(0, BLOCK_E)
+        em = e < E
+        kn = tl.load(kn_ptr + b * skn_b + h * skn_h + e * skn_e, mask=em, other=0.0)
+        vn = tl.load(vn_ptr + b * svn_b + h * svn_h + e * svn_e, mask=em, other=0.0)
+        # the new rows into the caches (this head's slot at pos)
+        tl.store(kc_ptr + b * sk_b + h * sk_h + pos * sk_s + e * sk_e, kn, mask=em)
+        tl.store(vc_ptr + b * sv_b + h * sv_h + pos * sv_s + e * sv_e, vn, mask=em)
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + e * sq_e, mask=em, other=0.0).to(tl.float32)
+        knf = kn.to(tl.float32)
+        vnf = vn.to(tl.float32)
+        m_i = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+        l_i = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+        acc = tl.zeros([BLOCK_E], tl.float32)
+        for s0 in range(0, S, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            sm = s < S
+            mask2 = sm[:, None] & em[None, :]
+            at = (s == pos)[:, None]
+            k = tl.load(kc_ptr + b * sk_b + h * sk_h + s[:, None] * sk_s + e[None, :] * sk_e,
+                        mask=mask2, other=0.0).to(tl.float32)
+            k = tl.where(at, knf[None, :], k)
+            scores = tl.sum(k * q[None, :], 1) * scale
+            if HAS_BIAS:
+                scores += tl.load(bias_ptr + b * sb_b + h * sb_h + s * sb_s, mask=sm,
+                                  other=0.0).to(tl.float32)
+            scores = tl.where(sm, scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 0))
+            # a block (or a prefix) all -inf: keep the zero weights, not exp(nan)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(scores - m_safe)
+            alpha = tl.exp(m_i - m_safe)
+            v = tl.load(vc_ptr + b * sv_b + h * sv_h + s[:, None] * sv_s + e[None, :] * sv_e,
+                        mask=mask2, other=0.0).to(tl.float32)
+            v = tl.where(at, vnf[None, :], v)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+            m_i = m_new
+        out = acc / l_i
+        tl.store(out_ptr + b * so_b + h * so_h + e * so_e,
+                 out.to(out_ptr.dtype.element_ty), mask=em)
+
+    return decode_attention_kernel
+
+
+def _use_triton(x: torch.Tensor, triton: bool | None) -> bool:
+    if triton is not None:
+        return triton
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def decode_attention_(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: torch.Tensor,
+                      k_new: torch.Tensor, v_new: torch.Tensor, bias: torch.Tensor | None,
+                      scale: float | None = None, *, triton: bool | None = None
+                      ) -> torch.Tensor:
+    """kc[:, :, pos] = k_new; vc[:, :, pos] = v_new (in place); then the attention of q
+    [B, H, 1, E] over kc, vc [B, H, S, E] with the additive bias (broadcastable to
+    [B, H, 1, S]); returns the [B, H, 1, E] output. `pos`: one position (a 1-element tensor)."""
+    B, H, S, E = kc.shape
+    if q.shape != (B, H, 1, E) or k_new.shape != (B, H, 1, E) or v_new.shape != (B, H, 1, E) \
+            or vc.shape != kc.shape or pos.numel() != 1:
+        raise ValueError(f"decode_attention_: q, k_new, v_new [B, H, 1, E] = {[B, H, 1, E]} "
+                         f"and one position, got q {list(q.shape)}, k_new "
+                         f"{list(k_new.shape)}, v_new {list(v_new.shape)}, cache "
+                         f"{list(kc.shape)}/{list(vc.shape)}, {pos.numel()} positions")
+    sc = 1.0 / math.sqrt(E) if scale is None else float(scale)
+    if not _use_triton(kc, triton):
+        kc.index_copy_(2, pos.reshape(1), k_new)
+        vc.index_copy_(2, pos.reshape(1), v_new)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, kc, vc, attn_mask=bias, scale=sc)
+    out = torch.empty((B, H, 1, E), dtype=q.dtype, device=q.device)
+    bb = bias.expand(B, H, 1, S) if bias is not None else None
+    bstr = (bb.stride(0), bb.stride(1), bb.stride(3)) if bb is not None else (0, 0, 0)
+    block_e = max(16, 1 << (E - 1).bit_length())
+    block_s = max(16, min(64, 1 << (S - 1).bit_length()))
+    _kernel()[(B * H,)](
+        q, kc, vc, k_new, v_new, pos, bb if bb is not None else q, out, H, E, sc,
+        q.stride(0), q.stride(1), q.stride(3), *kc.stride(), *vc.stride(),
+        k_new.stride(0), k_new.stride(1), k_new.stride(3),
+        v_new.stride(0), v_new.stride(1), v_new.stride(3), *bstr,
+        out.stride(0), out.stride(1), out.stride(3),
+        S=S, HAS_BIAS=bb is not None, BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4)
+    return out
+
+
+__all__ = ["decode_attention_"]
