@@ -90,6 +90,10 @@ class _Lowering:
         lazy = self.env.get(v, v)
         if isinstance(lazy, Value):
             return lazy
+        st = lazy.src.type
+        if isinstance(st, TensorType) and list(st.shape) == list(lazy.type.shape) \
+                and list(lazy.index) == [ivar(k) for k in range(st.rank)]:
+            return lazy.src  # the buffer itself (a permute of a permuted view): no copy
         out = self.materialize_view(lazy, f"{v.name}.copy")
         self.env[v] = out
         return out

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from ember.autograd.joint import joint_graph, partition_joint, requires_grad_values
+from ember.autograd.layout import channels_last_saved
 from ember.autograd.partition import POLICIES, PartitionReport
 from ember.autograd.stop import strip_stop_gradients, training_table
 from ember.inductor.wrapper import BoxedInputs
@@ -90,6 +91,7 @@ def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results
     fwd, bwd, report = partition_joint(prims, joint, partitioner)
     strip_stop_gradients(fwd)
     strip_stop_gradients(bwd)
+    channels_last_saved(fwd, bwd)  # CPU convolution outputs saved NHWC (autograd/layout.py)
     return TrainingPlan(_only(prims, fwd), _only(prims, bwd), len(g.outputs), tangents, wrt,
                         len(fwd.outputs) - len(g.outputs), report, prims=prims)
 

@@ -20,6 +20,7 @@ from ember.inductor.launch import register_loader
 from ember.inductor.targets import FusionHooks, Rule, register_target
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
+from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
 from ember.ir import Node
@@ -57,7 +58,9 @@ def _extern(lw: Any, n: Node) -> None:
 # torch.nonzero: its row count is an unbacked symbol the graph binds from the data (capture)
 NONZERO = "aten.nonzero.default"
 
-LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: _extern, NONZERO: _extern,
+# convolution gradients channels-last (conv_backward.py)
+LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_backward,
+                              NONZERO: _extern,
                               **{op: _attention for op in FUSED_ATTENTION}}
 
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
