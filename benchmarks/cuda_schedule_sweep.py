@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.gpu_c
 START = time.perf_counter()
 OUT = Path(os.environ.get("OUT", "/tmp/cuda_schedule_sweep"))
 DRY = "--dry-run" in sys.argv
+NO_PER_OP = "--no-per-op" in sys.argv
 if DRY:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs
 SHAPE = (8, 256) if DRY else (16384, 4096)
@@ -79,14 +80,27 @@ def layernorm_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> to
 EXTRA_CASES = {"layernorm": layernorm, "layernorm_gelu_tanh": layernorm_gelu_tanh}
 
 
+# math variants of the default kernel, by source text: libdevice's erff in place of the
+# prelude's _erf (what ember rendered before); div.approx for the sigmoid's reciprocal; exp
+# without the denormal fix-ups (ex2.approx.ftz)
+MATH_VARIANTS = [("libdevice_erf", "_erf(", "tl.erf("),
+                 ("fast_recip", "(1.0 / ", "libdevice.fast_dividef(1.0, "),
+                 ("fast_exp", "tl.exp(", "libdevice.fast_expf(")]
+
+
 def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:
     """Pointwise: XBLOCK x warps with 4..64 elements per thread; rows: rows per program x warps,
     persistent, and looped over RBLOCK chunks (`few`: a handful of each)."""
-    if few:
+    if few:  # the defaults' neighbours, eviction hints on/off, TorchInductor's looped shape
         if not rows:
-            return [{"cuda_xblock": 1024, "cuda_warps": 4}, {"cuda_xblock": 4096, "cuda_warps": 8}]
-        return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1} for w in (4, 8)] + [
-            {"cuda_xblock": 1, "cuda_warps": 4, "cuda_persistent": 1, "cuda_evict": 1}]
+            return [{"cuda_xblock": xb, "cuda_warps": w} for xb, w in (
+                (1024, 4), (2048, 4), (2048, 8), (4096, 8))]
+        return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1, "cuda_evict": e}
+                for w in (4, 8) for e in (0, 1)] + [
+            {"cuda_xblock": 2, "cuda_warps": 8, "cuda_persistent": 1},
+            {"cuda_xblock": 1, "cuda_warps": 16, "cuda_persistent": 0, "cuda_rblock": 2048},
+            {"cuda_xblock": 1, "cuda_warps": 16, "cuda_persistent": 0, "cuda_rblock": 2048,
+             "cuda_evict": 1}]
     out: list[dict[str, int]] = []
     if not rows:
         for xb in (512, 1024, 2048, 4096, 8192):
@@ -137,7 +151,7 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
         want = fn(*args)
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     interp = "{interpret=true}" if DRY else ""
-    for lowp in ("f32", "per-op"):  # the default kernel in both modes against eager
+    for lowp in ("f32",) if NO_PER_OP else ("f32", "per-op"):  # the default kernel vs eager
         c = capture(fn, args, {})
         m = run_pipeline(c.module, "decompose,cse,dce,lower-loops,fuse,"  # type: ignore[arg-type]
                          f"schedule-cuda{{lowp={lowp}}},codegen-triton{interp},plan-buffers")
@@ -183,6 +197,10 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
             n.kwargs.pop(k, None)
         n.kwargs.update(cand)
         sources.append(render(ref.name, n, body, m.items, DRY).source)
+    for label, old, new in MATH_VARIANTS:  # the default schedule with other math
+        if old in sources[0] and not DRY:
+            cands.append({**default, "math": label})  # type: ignore[dict-item]
+            sources.append(sources[0].replace(old, new))
     ins = [args[g.params.index(a)] for a in n.args[1:] if isinstance(a, Value)]
     out = torch.empty_like(want)
     nbytes = sum(a.numel() * a.element_size() for a in ins) + out.numel() * out.element_size()
@@ -237,6 +255,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=120.0, help="seconds; no new work after")
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, 8x256")
     ap.add_argument("--few", action="store_true", help="a handful of candidates per case")
+    ap.add_argument("--no-per-op", action="store_true", help="check cuda_lowp=f32 only")
     a = ap.parse_args()
     if not DRY and not torch.cuda.is_available():
         print("cuda_schedule_sweep: no CUDA device", file=sys.stderr)
@@ -260,7 +279,8 @@ def main() -> int:
         r = json.loads(line)
         if r.get("section") == "sweep" and "ms" in r:
             sched = ", ".join(f"{k}={v}" for k, v in r.items() if k in (
-                "xblock", "warps", "persistent", "rblock", "evict")) + (" (default)" if r["default"] else "")
+                "xblock", "warps", "persistent", "rblock", "evict", "math")) + (
+                " (default)" if r["default"] else "")
             lines.append(f"| {r['case']} | {r['dtype']} | {sched} | {r['ok']} | {r['ms']} | "
                          f"{r['pct_copy']} |")
     (OUT / "sweep.md").write_text("\n".join(lines) + "\n")

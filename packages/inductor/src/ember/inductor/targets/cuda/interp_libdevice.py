@@ -91,3 +91,5 @@ nearbyint = _unary(np.rint)  # half to even, as libdevice's nearbyint in the def
 fmod = _binary(np.fmod)
 pow = _binary(np.power)  # noqa: A001  (libdevice's name)
 atan2 = _binary(np.arctan2)
+fast_dividef = _binary(np.divide)  # div.approx on the GPU (2 ulp where |b| < 2**126)
+copysign = _binary(np.copysign)

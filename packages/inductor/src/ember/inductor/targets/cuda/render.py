@@ -61,7 +61,7 @@ OPS: dict[str, dict[str, str]] = {
     "prims.log": {_F: "tl.log({0})"}, "prims.log2": {_F: "tl.log2({0})"},
     "prims.sqrt": {_F: "tl.sqrt_rn({0})"}, "prims.rsqrt": {_F: "(1.0 / tl.sqrt_rn({0}))"},
     "prims.sin": {_F: "tl.sin({0})"}, "prims.cos": {_F: "tl.cos({0})"},
-    "prims.erf": {_F: "tl.erf({0})"},
+    "prims.erf": {_F: "_erf({0})"},  # f32: prelude's rational erf (f64: OPS_F64)
     **{f"prims.{fn}": {_F: f"libdevice.{fn}({{0}})"} for fn in (
         "expm1", "log1p", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
         "asinh", "acosh", "atanh", "erfc", "lgamma", "erfinv")},
@@ -93,7 +93,7 @@ OPS: dict[str, dict[str, str]] = {
 }
 
 # f64 forms where the f32 template's function takes f32 only
-OPS_F64: dict[str, str] = {"prims.sqrt": "libdevice.sqrt({0})",
+OPS_F64: dict[str, str] = {"prims.erf": "tl.erf({0})", "prims.sqrt": "libdevice.sqrt({0})",
                            "prims.rsqrt": "(1.0 / libdevice.sqrt({0}))"}
 
 # schedule-cuda's attributes of a loop node (they dump, can be edited, and replay)

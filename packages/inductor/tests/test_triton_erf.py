@@ -1,0 +1,105 @@
+"""The CUDA target's erf (prelude.py `_erf`, a rational minimax fit in place of libdevice's
+erff): its error against erf in f64 over the whole f32 range, run by Triton's interpreter."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+from ember.inductor.targets.cuda.prelude import prelude  # noqa: E402
+
+MAX_ULP = 10.0  # measured 9.0 (f32 arithmetic of the fit, exact division); libdevice erff: 2
+
+KERNEL = '''
+
+@triton.jit
+def erf_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, _erf(tl.load(x_ptr + offs, mask=m, other=0.0)), mask=m)
+'''
+
+
+@pytest.fixture(scope="module")
+def erf_module(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The prelude (interpreter form) with a kernel applying _erf elementwise."""
+    path = Path(tmp_path_factory.mktemp("erf")) / "erf_kernels.py"
+    path.write_text(prelude(True) + KERNEL)
+    spec = importlib.util.spec_from_file_location("ember_test_erf_kernels", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # triton.jit reads the function's module source
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def erf32(mod: Any, x: torch.Tensor) -> torch.Tensor:
+    x = x.to(torch.float32).contiguous()
+    out = torch.empty_like(x)
+    block = 1024
+    mod.erf_kernel[(max(1, math.ceil(x.numel() / block)),)](x, out, x.numel(), BLOCK=block)
+    return out
+
+
+def ulp_error(got: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """|got - erf(x)| in units of the last place of erf(x) rounded to f32."""
+    want = torch.special.erf(x.double())
+    ulp = torch.from_numpy(np.spacing(np.abs(want.float().numpy()))).double()
+    return (got.double() - want).abs() / ulp
+
+
+def test_erf_within_10_ulp_on_a_dense_grid(erf_module: Any) -> None:
+    """Every 2**-12 step of [-4.5, 4.5] (past the clamp at 3.92) and powers of two down to
+    the smallest normal: within MAX_ULP of erf in f64, relative near 0, |erf| <= 1."""
+    dense = torch.arange(-4.5, 4.5, 2.0 ** -12, dtype=torch.float64).float()
+    tiny = torch.tensor([2.0 ** -k for k in range(1, 126)], dtype=torch.float32)
+    x = torch.cat([dense, tiny, -tiny])
+    got = erf32(erf_module, x)
+    err = ulp_error(got, x)
+    assert err.max().item() <= MAX_ULP, (err.max().item(), x[err.argmax()].item())
+    assert got.abs().max().item() <= 1.0
+    assert torch.equal(got.sign(), x.sign())  # odd, and 0 only at 0
+
+
+def test_erf_special_values(erf_module: Any) -> None:
+    x = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 4.5, 1e30,
+                      -1e30, 3.4e38])
+    got = erf32(erf_module, x)
+    assert math.isnan(got[0].item())
+    assert got[1:].tolist() == [1.0, -1.0, 0.0, -0.0, 1.0, 1.0, -1.0, 1.0]
+    assert math.copysign(1.0, got[4].item()) == -1.0  # erf(-0) is -0, as eager
+
+
+@given(st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), min_size=1,
+                max_size=64))
+def test_erf_matches_torch_everywhere(erf_module: Any, values: list[float]) -> None:
+    """Any f32 (hypothesis draws subnormals and extremes too): within MAX_ULP of erf in f64,
+    subnormals within the f32 tolerance eager's own comparisons use."""
+    x = torch.tensor(values, dtype=torch.float32)
+    got = erf32(erf_module, x)
+    normal = x.abs() >= torch.finfo(torch.float32).tiny
+    assert (ulp_error(got, x)[normal] <= MAX_ULP).all()
+    torch.testing.assert_close(got, torch.erf(x), rtol=1e-6, atol=1e-6)
+
+
+def test_the_kernels_call_it() -> None:
+    """prims.erf of f32 (and of bf16, computed in f32) renders as the prelude's _erf; f64
+    keeps libdevice's erf (tl.erf)."""
+    from ember.inductor.targets.cuda.render import OPS, OPS_F64
+    assert OPS["prims.erf"]["f"] == "_erf({0})"
+    assert OPS_F64["prims.erf"] == "tl.erf({0})"
