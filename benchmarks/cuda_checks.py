@@ -323,6 +323,36 @@ def run_moe(device: str, names: list[str]) -> None:
                   "trace": traceback.format_exc(limit=5)})
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows of a run as markdown tables, one per section."""
+    def f(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}"
+        if isinstance(v, (list, tuple)):
+            return "; ".join(str(x)[:120] for x in v) or "0"
+        if isinstance(v, dict):
+            return ", ".join(f"{k} {c}" for k, c in v.items())
+        return "" if v is None else str(v)
+    cols = {"train": ("case", "ok", "compiled", "graphs", "graph_breaks", "fallbacks",
+                      "compile_s", "eager_ms", "ember_ms", "error"),
+            "attention": ("case", "ok", "compiled", "rel_err", "captured_attention",
+                          "attention_externs", "kernels", "graph_breaks", "fallbacks",
+                          "compile_s", "eager_ms", "ember_ms", "error"),
+            "moe": ("case", "ok", "compiled", "rel_err", "graphs", "graph_breaks", "fallbacks",
+                    "captured_moe_ops", "kernels", "compile_s", "eager_ms", "ember_ms",
+                    "error")}
+    out: list[str] = []
+    for sec, names in cols.items():
+        sel = [r for r in rows if r.get("section") == sec]
+        if not sel:
+            continue
+        out += [f"### {sec}", "", "| " + " | ".join(names) + " |",
+                "|" + "---|" * len(names)]
+        out += ["| " + " | ".join(f(r.get(n)) for n in names) + " |" for r in sel]
+        out.append("")
+    return "\n".join(out)
+
+
 SECTIONS = {"train": (run_train, "conv+BN train,GPT-NeoX train"),
             "attention": (run_attention, "hf/vit,hf/bert,hf/gpt2,hf/llama,decode-kv-cache,"
                                          "decode-kv-cache-gqa,gqa-causal"),
@@ -334,9 +364,15 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sections", default=",".join(SECTIONS))
+    ap.add_argument("--report", default="", help="print a run's cuda_checks.jsonl as markdown "
+                    "tables (no run)")
     for s, (_, default) in SECTIONS.items():
         ap.add_argument(f"--{s}", default=default, help=f"the {s} section's cases")
     a = ap.parse_args()
+    if a.report:
+        print(markdown([json.loads(ln) for ln in Path(a.report).read_text().splitlines()
+                        if ln.strip()]))
+        return 0
     import ember.inductor  # noqa: F401  (registers the targets)
     for s in a.sections.split(","):
         run, _ = SECTIONS[s]
