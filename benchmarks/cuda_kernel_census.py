@@ -11,6 +11,13 @@ comparison.
 
     python3 benchmarks/cuda_kernel_census.py --models hf/gpt2,timm/deit_tiny_patch16_224 --kernels
 
+`--decode N` takes instead the decode step of the dolly-v2-3b-shaped GPT-NeoX of
+generate_gpu.py with N layers (bf16, static cache; issue 20): a greedy generate() of 3 tokens
+runs eagerly, its last decode step is captured, and the runtime's backend module of it (its
+`replaced_inputs`: the caches the CUDA target writes in place) goes through the pipeline. With
+--kernels every kernel and extern is listed in launch order with the bytes its operands and
+results span (an upper bound of what it moves: a gather reads a row, not its table).
+
 Capture on the CPU records the CPU's form of a few ops (scaled dot-product attention's CPU
 kernel); the device records its CUDA form. The retyping rewrites the CPU attention node into the
 form sdpa dispatches to on the GPU (targets/cuda/attention.py, cuda_form_of_cpu_attention):
@@ -96,6 +103,53 @@ def kernel_line(m: Any, n: Any) -> str:
             f"[{sched}] reads {reads}: {text}")
 
 
+def nbytes(v: Any) -> int:
+    from ember.ir import TensorType
+    t = getattr(v, "type", None)
+    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+        return 0
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n * t.dtype.itemsize
+
+
+def moved(n: Any) -> str:
+    """The bytes a kernel or extern node's tensor operands and results span."""
+    r = sum(nbytes(a) for a in n.args if hasattr(a, "type"))
+    w = sum(nbytes(x) for x in n.results)
+    return f"reads {r / 1e3:10.1f} kB, writes {w / 1e3:8.1f} kB"
+
+
+def extern_line(n: Any) -> str:
+    outs = ",".join(f"%{r.name}" for r in n.results)
+    shapes = " ".join(str(list(a.type.shape)) for a in n.args if hasattr(a, "type")
+                      and hasattr(a.type, "shape"))
+    return f"  {outs} = extern {n.kwargs.get('op')} on {shapes}"
+
+
+def decode_step(layers: int, on_device: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """(forward, args, kwargs) of a decode step of the dolly-shaped model (generate_gpu.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from generate_gpu import build_model, generate
+    model = build_model(layers, "cuda" if on_device else "cpu")
+    ids = torch.randint(2, 50000, (1, 8), generator=torch.Generator().manual_seed(1))
+    steps: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    real = model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        steps.append((args, dict(kwargs)))
+        return real(*args, **kwargs)
+    model.forward = spy
+    generate(model, ids.to(next(model.parameters()).device), 3, "static")
+    del model.forward
+    args, kwargs = steps[-1]
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
+    for layer in cache.layers:  # the last step again: its slot, not one past the end
+        layer.cumulative_length.sub_(1)
+    return model.forward, args, kwargs
+
+
 def census(module: Any, pipeline: str) -> tuple[Any, list[Any], list[Any]]:
     from ember.inductor.targets import top_graphs
     from ember.ir.passes import run_pipeline
@@ -116,6 +170,8 @@ def main() -> int:
     ap.add_argument("--on-device", action="store_true", help="capture on cuda:0 (a GPU machine): "
                     "the graph holds the CUDA attention form sdpa really dispatched to; each "
                     "model's line also names its attention ops as captured")
+    ap.add_argument("--decode", type=int, default=0, help="N: the decode step of the "
+                    "dolly-shaped GPT-NeoX with N layers (static cache) instead of --models")
     ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
     ap.add_argument("--passes", default="", help="the CUDA passes after the front end, in place "
                     "of inductor-cuda's up to schedule-cuda (e.g. the pipeline before "
@@ -123,27 +179,35 @@ def main() -> int:
     a = ap.parse_args()
     import ember.inductor  # noqa: F401
     from ember.capture import capture
+    from ember.inductor.targets import top_graphs
     from ember.inductor.targets.cpu import FRONT as CPU_FRONT
     from ember.inductor.targets.cpu import INDUCTOR_CPU
     from ember.inductor.targets.cuda import FRONT, register_cuda_target
     register_cuda_target()
     cuda_pl = f"{FRONT},{a.passes or cuda_pipeline_upto_schedule()}"
-    for name in a.models.split(","):
-        try:
-            model, args = build(name)
-        except ImportError as e:  # timm is not installed everywhere (this CPU machine)
-            print(f"{name}: skipped ({e})")
-            continue
+    for name in [f"dolly-decode-{a.decode}-layers"] if a.decode else a.models.split(","):
         t0 = time.perf_counter()
-        if a.on_device:
-            model = model.to("cuda:0")
-            args = tuple(x.to("cuda:0") for x in args)
+        kwargs: dict[str, Any] = {}
+        if a.decode:
+            model, args, kwargs = decode_step(a.decode, a.on_device)
+        else:
+            try:
+                model, args = build(name)
+            except ImportError as e:  # timm is not installed everywhere (this CPU machine)
+                print(f"{name}: skipped ({e})")
+                continue
+            if a.on_device:
+                model = model.to("cuda:0")
+                args = tuple(x.to("cuda:0") for x in args)
         with torch.no_grad():
-            c = capture(model, args, {})
+            c = capture(model, args, kwargs)
         module = getattr(c, "module", None)
         if module is None:
             print(f"{name}: not captured whole ({type(c).__name__})")
             continue
+        if a.decode:
+            from ember.runtime.writeback import backend_module
+            module = backend_module(c)  # as compile() hands it to the backend
         cpu_module = module.clone()
         captured = sorted({n.op for g in module.graphs.values() for n in g.nodes
                            if "attention" in n.op})
@@ -163,8 +227,12 @@ def main() -> int:
             line += f"; cpu {len(ck)} C++ kernels, {len(cx)} externs"
         print(f"{line}  [{time.perf_counter() - t0:.1f} s]", flush=True)
         if a.kernels:
-            for n in kernels:
-                print(kernel_line(out, n))
+            listed = {id(n) for n in [*kernels, *externs]}
+            for g in top_graphs(out):
+                for n in g.nodes:
+                    if id(n) in listed:
+                        line = kernel_line(out, n) if n.op in KERNELS else extern_line(n)
+                        print(f"{line[:150]:150s} {moved(n)}" if a.decode else line)
         if a.dump:
             Path(a.dump).mkdir(parents=True, exist_ok=True)
             (Path(a.dump) / f"{name.replace('/', '_')}.ir").write_text(str(out))
