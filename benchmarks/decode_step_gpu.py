@@ -50,17 +50,19 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="calls to profile (CUDA only)")
     ap.add_argument("--pipeline", default="", help="compile(options={'pipeline': ...}); "
-                    "'decode-attention': the CUDA target's with cache-inplace{attention=true}")
+                    "'decode-attention', 'decode-gemv' or 'decode-attention+decode-gemv': the "
+                    "CUDA target's with cache-inplace{attention=true} and/or decode-gemv")
     a = ap.parse_args()
     import ember.runtime as er
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_model(a.layers, device)
     ids = torch.randint(2, 50000, (1, 32), generator=torch.Generator().manual_seed(1)).to(device)
     opts: dict[str, Any] = {}
-    if a.pipeline == "decode-attention":
+    if set(a.pipeline.split("+")) <= {"decode-attention", "decode-gemv"}:
         from ember.inductor.targets.cuda import FRONT, INDUCTOR_CUDA
-        opts["pipeline"] = f"{FRONT},{INDUCTOR_CUDA}".replace(
-            "cache-inplace", "cache-inplace{attention=true}")
+        passes = ["cache-inplace{attention=true}" if "decode-attention" in a.pipeline
+                  else "cache-inplace"] + (["decode-gemv"] if "decode-gemv" in a.pipeline else [])
+        opts["pipeline"] = f"{FRONT},{INDUCTOR_CUDA}".replace("cache-inplace", ",".join(passes))
     elif a.pipeline:
         opts["pipeline"] = a.pipeline
     cf = er.compile(model.forward, mode=None if a.mode == "default" else a.mode,

@@ -285,3 +285,31 @@ def test_decode_attention_kernel_matches_torch(dtype: torch.dtype, S: int,
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="one position"):
         decode_attention_(q, k2, v2, torch.tensor([1, 2]), kn, vn, b)
+
+
+GEMV_IR = """ember.ir 1.0
+
+graph @f(%x: bf16[1, 300], %w: bf16[33, 300]) -> (bf16[1, 33]) {
+  %t = prims.permute(%w, dims=[1, 0]) : bf16[300, 33]
+  %y = prims.matmul(%x, %t) : bf16[1, 33]
+  return (%y)
+}
+"""
+
+
+def test_decode_gemv_matches_cublas_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode-gemv: a one-row product against a transposed weight becomes the Triton GEMV
+    extern (interpreted here; K not a multiple of the block, N not either), torch.mm's
+    values within bf16 rounding."""
+    from ember.inductor.targets.cuda import gemv
+    from ember.ir import parse
+    monkeypatch.setitem(targets()["cpu"].lowerings, gemv.OP,  # type: ignore[index]
+                        gemv.lower_gemv)
+    m = run_pipeline(parse(GEMV_IR), "decode-gemv,dce,lower-loops,fuse,schedule-cuda,"
+                     "codegen-triton{interpret=true},plan-buffers")
+    assert externs(m) == [gemv.OP]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 300, generator=g).to(torch.bfloat16)
+    w = torch.randn(33, 300, generator=g).to(torch.bfloat16)
+    got = compiled_runner(m)(None, [x, w]).outputs[0]
+    torch.testing.assert_close(got, torch.mm(x, w.t()), rtol=2e-2, atol=5e-2)

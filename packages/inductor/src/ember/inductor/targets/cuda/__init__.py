@@ -28,6 +28,7 @@ from ember.inductor.targets.cuda.attention import cuda_attention as _cuda_attent
 from ember.inductor.targets.cuda.autotune import autotune_cuda, with_autotune
 from ember.inductor.targets.cuda.codegen import LANG, codegen_triton, load_triton
 from ember.inductor.targets.cuda.fuse_shared import fuse_shared as _fuse_shared  # noqa: F401
+from ember.inductor.targets.cuda.gemv import LOWERINGS as GEMV_LOWERINGS
 from ember.inductor.targets.cuda.inplace import LOWERINGS as INPLACE_LOWERINGS
 from ember.inductor.targets.cuda.matmul_lowp import matmul_lowp as _matmul_lowp  # noqa: F401
 from ember.ir.passes import register_pipeline
@@ -54,7 +55,8 @@ def register_cuda_target() -> Target:
     if have is not None:
         return have
     return register_target("cuda", "inductor-cuda", LANG, front=FRONT,
-                           lowerings={**ATTENTION_LOWERINGS, **INPLACE_LOWERINGS},
+                           lowerings={**ATTENTION_LOWERINGS, **INPLACE_LOWERINGS,
+                                      **GEMV_LOWERINGS},
                            description="Triton kernels (externs: torch's CUDA kernels)")
 
 

@@ -1,0 +1,140 @@
+"""`decode-gemv` (CUDA, before lower-loops): a one-row product against a weight as a Triton GEMV.
+
+A batch-1 decode step's linears are [1, K] x [K, N] products against a weight stored [N, K]
+(`permute(W, [1, 0])`): matrix-vector products that stream the weight once. torch's matmul runs
+them through cuBLAS. This pass rewrites such a `prims.matmul` (one row, the second operand a
+transposed [N, K] tensor, f16/bf16) into `loop.gemv(x, W)`, an extern running `gemv`: a Triton
+kernel of one program per BLOCK_N rows of W, each reading its rows in BLOCK_K chunks along K
+(contiguous, coalesced) and the vector once per chunk, accumulating in f32 and rounding once
+(as cuBLAS does). Not in `inductor-cuda` by default: where it beats cuBLAS is measured on the
+device (benchmarks/results), per shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ember.ir import DType, Graph, Module, Node, TensorType, Value
+from ember.ir.graph import Arg
+from ember.ir.passes import register_pass
+from ember.ir.registry import OpTypeError, default_registry, register_op
+from ember.ir.types import Type
+
+OP = "loop.gemv"
+LOWP = (DType.bf16, DType.f16)
+BLOCK_N, BLOCK_K, WARPS = 16, 256, 4
+
+
+@functools.cache
+def _kernel() -> Any:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_kernel(x_ptr, w_ptr, y_ptr, N, sx, sw, K: tl.constexpr, BN: tl.constexpr,
+                    BK: tl.constexpr):
+        n = tl.program_id(0) * BN + tl.arange(0, BN)
+        nm = n < N
+        acc = tl.zeros([BN], tl.float32)
+        for k0 in range(0, K, BK):
+            k = k0 + tl.arange(0, BK)
+            km = k < K
+            w = tl.load(w_ptr + n[:, None] * sw + k[None, :], mask=nm[:, None] & km[None, :],
+                        other=0.0)
+            x = tl.load(x_ptr + k * sx, mask=km, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+        tl.store(y_ptr + n, acc.to(y_ptr.dtype.element_ty), mask=nm)
+
+    return gemv_kernel
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
+    """x [1, K] @ w.T for w [N, K] (rows contiguous): [1, N] in x's dtype."""
+    N, K = w.shape
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != K:
+        raise ValueError(f"gemv: x must be [1, {K}] for a [{N}, {K}] weight, got "
+                         f"{list(x.shape)}")
+    use = triton if triton is not None else (x.is_cuda or
+                                             os.environ.get("TRITON_INTERPRET") == "1")
+    if not use or w.stride(1) != 1:
+        return torch.mm(x, w.t())
+    y = torch.empty((1, N), dtype=x.dtype, device=x.device)
+    _kernel()[(-(-N // BLOCK_N),)](x, w, y, N, x.stride(1), w.stride(0), K=K, BN=BLOCK_N,
+                                   BK=BLOCK_K, num_warps=WARPS)
+    return y
+
+
+def _infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    if len(args) != 2 or not all(isinstance(a, Value) and isinstance(a.type, TensorType)
+                                 for a in args):
+        raise OpTypeError(f"{OP}: takes (x [1, K], w [N, K]) tensors")
+    x, w = (a.type for a in args)  # type: ignore[union-attr]
+    assert isinstance(x, TensorType) and isinstance(w, TensorType)
+    if x.rank != 2 or w.rank != 2 or x.shape[0] != 1 or x.shape[1] != w.shape[1] \
+            or x.dtype != w.dtype:
+        raise OpTypeError(f"{OP}: x must be [1, K] and w [N, K] of one dtype, got {x}, {w}")
+    return [TensorType(x.dtype, (1, w.shape[0]), None, x.device)]
+
+
+def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+    return gemv(args[0], args[1])
+
+
+if default_registry().lookup(OP) is None:
+    register_op(OP, "x [1, K] @ w.T for a weight w [N, K]: a Triton GEMV (gemv.py; emitted "
+                "by decode-gemv)", _infer, _run, aliasing="fresh")
+
+
+def _rewrite(g: Graph, explain: bool) -> int:
+    done = 0
+    for i, n in enumerate(g.nodes):
+        if n.op != "prims.matmul" or len(n.args) != 2:
+            continue
+        x, b = n.args
+        if not isinstance(x, Value) or not isinstance(b, Value) or b.node is None:
+            continue
+        xt, bt = x.type, b.type
+        if not isinstance(xt, TensorType) or not isinstance(bt, TensorType) \
+                or xt.rank != 2 or xt.shape[0] != 1 or xt.dtype not in LOWP:
+            continue
+        p = b.node
+        if p.op != "prims.permute" or list(p.kwargs.get("dims", [])) != [1, 0] \
+                or not isinstance(p.args[0], Value):  # type: ignore[arg-type]
+            if explain:
+                print(f"decode-gemv: @{g.name} %{n.results[0].name}: kept (the weight is not "
+                      f"a transposed [N, K] tensor)", file=sys.stderr)
+            continue
+        w = p.args[0]
+        g.nodes[i] = Node(OP, [x, w], {}, list(n.results), n.loc)
+        for r in n.results:
+            r.node = g.nodes[i]
+        done += 1
+        if explain:
+            print(f"decode-gemv: @{g.name} %{n.results[0].name}: Triton GEMV "
+                  f"{list(xt.shape)} x {list(bt.shape)}", file=sys.stderr)
+    return done
+
+
+@register_pass("decode-gemv", "CUDA: a one-row f16/bf16 product against a transposed [N, K] "
+               "weight becomes a Triton GEMV extern (loop.gemv); explain=true says which")
+def decode_gemv(module: Module, *, explain: bool = False) -> Module:
+    out = module.clone()
+    for g in out.graphs.values():
+        _rewrite(g, explain)
+    return out
+
+
+def lower_gemv(lw: Any, n: Node) -> None:
+    """An extern on strided views of x and the weight (no copies)."""
+    lw.passthrough(n, n.op)
+
+
+LOWERINGS = {OP: lower_gemv}
+
+__all__ = ["LOWERINGS", "OP", "decode_gemv", "gemv", "lower_gemv"]
