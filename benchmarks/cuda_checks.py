@@ -94,6 +94,7 @@ def census(cf: Any) -> dict[str, Any]:
         "breaks": [f"{b.reason}"[:240] for b in hist.breaks][:4],
         "notes": [n[:240] for n in hist.notes][:6],
         "captured_attention": sorted(op for op in ops if "attention" in op),
+        "captured_norms": sorted(op for op in ops if "norm" in op),
         "captured_moe_ops": {op: c for op, c in ops.items()
                              if any(k in op for k in ("grouped_mm", "histc", "topk", "bincount",
                                                       "nonzero", "one_hot"))}}
@@ -265,6 +266,10 @@ def attention_models() -> dict[str, Callable[[], tuple[Any, tuple[Any, ...]]]]:
     out["decode-kv-cache"] = lambda: decode(8)
     out["decode-kv-cache-gqa"] = lambda: decode(2)
     out["gqa-causal"] = lambda: (GQALayer().eval(), (torch.randn(2, 128, 256),))
+    # not attention: nn.RMSNorm, whose F.rms_norm a GPU capture may record as
+    # aten._fused_rms_norm (on the CPU it is composite)
+    out["rmsnorm"] = lambda: (nn.Sequential(nn.Linear(256, 256), nn.RMSNorm(256)).eval(),
+                              (torch.randn(2, 128, 256),))
     return out
 
 
@@ -336,6 +341,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     cols = {"train": ("case", "ok", "compiled", "graphs", "graph_breaks", "fallbacks",
                       "compile_s", "eager_ms", "ember_ms", "error"),
             "attention": ("case", "ok", "compiled", "rel_err", "captured_attention",
+                          "captured_norms",
                           "attention_externs", "kernels", "graph_breaks", "fallbacks",
                           "compile_s", "eager_ms", "ember_ms", "error"),
             "moe": ("case", "ok", "compiled", "rel_err", "graphs", "graph_breaks", "fallbacks",
@@ -355,7 +361,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 SECTIONS = {"train": (run_train, "conv+BN train,GPT-NeoX train"),
             "attention": (run_attention, "hf/vit,hf/bert,hf/gpt2,hf/llama,decode-kv-cache,"
-                                         "decode-kv-cache-gqa,gqa-causal"),
+                                         "decode-kv-cache-gqa,gqa-causal,rmsnorm"),
             "moe": (run_moe, "hf/mixtral,hf/qwen2-moe")}
 
 

@@ -171,6 +171,24 @@ def _layer_norm(draw: st.DrawFn) -> Sample:
 entry("aten.native_layer_norm.default", lambda: _layer_norm(), "normalization", tol=_NORM_TOL,
       tol_reason=_NORM_REASON, compare=_norm_compare("aten.native_layer_norm.default"))
 
+
+
+@st.composite
+def _rms_norm(draw: st.DrawFn) -> Sample:
+    """(input, normalized_shape, weight or None, eps or None: the opmath type's epsilon)."""
+    dt = draw(S.dtypes(FLOATS))
+    shape = draw(S.shapes(min_rank=1))
+    k = draw(st.integers(1, len(shape)))
+    normalized = list(shape[len(shape) - k:])
+    x = draw(S.tensors(shape, dt))
+    w = _maybe(draw, tuple(normalized), _param_dtype(draw, dt))
+    return Sample((x, normalized, w, draw(st.one_of(st.none(), _EPS))))
+
+
+# what F.rms_norm runs on a GPU (on the CPU it is composite: pow, mean, rsqrt, mul)
+entry("aten._fused_rms_norm.default", lambda: _rms_norm(), "normalization", tol=_NORM_TOL,
+      tol_reason=_NORM_REASON, compare=_norm_compare("aten._fused_rms_norm.default"))
+
 # ---- weight norm ----------------------------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
+import torch
 
 from ember.ir import DType, TensorType, Value
 from ember.ir.expr import FloorDiv, as_sympy, simplify_dim
@@ -133,6 +134,35 @@ def native_layer_norm(ctx: DecompContext, input: Value, normalized_shape: list[A
     return (ctx.convert(y, ctx.out_dtype(0)),
             ctx.convert(ctx.keepdim(mean, dims, rank), ctx.out_dtype(1)),
             ctx.convert(ctx.keepdim(rstd, dims, rank), ctx.out_dtype(2)))
+
+
+@register_decomposition("aten._fused_rms_norm.default")
+def _fused_rms_norm(ctx: DecompContext, input: Value, normalized_shape: list[Any],
+                    weight: Value | None, eps: float | None = None) -> tuple[Value, Value]:
+    """RMS norm over the last len(normalized_shape) dims (what F.rms_norm runs on a GPU):
+    x * rsqrt(mean(x^2) + eps) in opmath, rounded to the input's dtype, then times the weight
+    (as eager's composite rms_norm); eps None is the opmath type's epsilon. Returns (output,
+    rstd kept as size-1 dims)."""
+    rank = ctx.rank(input)
+    axis = rank - len(normalized_shape)
+    if not normalized_shape or axis < 0:
+        raise DecompositionError(f"{ctx.node.op}: normalized_shape {normalized_shape} does not "
+                                 f"fit {ctx.ttype(input)}")
+    dims = list(range(axis, rank))
+    comp = opmath(ctx.dtype(input))
+    if eps is None:
+        eps = float(torch.finfo(comp.torch).eps)
+    x = ctx.convert(input, comp)
+    ms = divide(ctx, reduce(ctx, "sum", ctx.prim("mul", x, x), dims), reduced_count(ctx, x, dims))
+    rstd = ctx.prim("rsqrt", ctx.prim("add", ms, eps))
+    y = ctx.convert(ctx.prim("mul", x, expand_back(ctx, rstd, ctx.shape(x), dims)),
+                    ctx.dtype(input))
+    out = ctx.out_dtype(0)
+    if weight is not None:
+        y = ctx.prim("mul", ctx.convert(y, out), ctx.broadcast_to(ctx.convert(weight, out),
+                                                                  ctx.shape(input)))
+    return (ctx.convert(y, out),
+            ctx.convert(ctx.keepdim(rstd, dims, rank), ctx.out_dtype(1)))
 
 
 @register_decomposition("aten._weight_norm_interface.default")
