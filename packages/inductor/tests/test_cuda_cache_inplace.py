@@ -25,7 +25,7 @@ pytest.importorskip("triton", reason="the Triton target's tests need the triton 
 
 import ember.inductor  # noqa: E402,F401
 import ember.runtime as er  # noqa: E402
-from ember.capture import capture  # noqa: E402
+from ember.capture import Captured, capture  # noqa: E402
 from ember.inductor.backend import compiled_runner  # noqa: E402
 from ember.inductor.targets import Target, targets  # noqa: E402
 from ember.inductor.targets.cuda import FRONT, inplace  # noqa: E402
@@ -40,7 +40,7 @@ B, H, S, E = 2, 3, 6, 4
 @pytest.fixture
 def cpu_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA target's lowering rule for the in-place op, on CPU graphs (this test only)."""
-    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.OP,  # type: ignore[index]
+    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.OP,
                         inplace.lower_inplace)
 
 
@@ -84,11 +84,15 @@ def inputs(at: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             torch.tensor([at]))
 
 
-def compiled(fn: Any, args: tuple[torch.Tensor, ...]) -> Module:
+def captured(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Captured:
     with torch.no_grad():
-        c = capture(fn, args, {})
-    assert getattr(c, "module", None) is not None and c.updates, c
-    m = backend_module(c)
+        c = capture(fn, args, kwargs or {})
+    assert isinstance(c, Captured) and c.updates, c
+    return c
+
+
+def compiled(fn: Any, args: tuple[torch.Tensor, ...]) -> Module:
+    m = backend_module(captured(fn, args))
     assert m.graph().attrs[REPLACED_INPUTS] == [[0, 1]]
     return run_pipeline(m, f"{FRONT},inductor-cuda-interpret")
 
@@ -117,8 +121,7 @@ def test_rows_written_in_place_and_the_cache_returned(cpu_rules: None,
 def test_kept_where_the_old_value_is_read(cpu_rules: None,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     args = inputs()
-    with torch.no_grad():
-        c = capture(step_reading_old, args, {})
+    c = captured(step_reading_old, args)
     m = run_pipeline(backend_module(c), f"{FRONT},cache-inplace{{explain=true}}")
     assert "the input's old value is read by other nodes" in capsys.readouterr().err
     assert not any(n.op == inplace.OP for n in m.graph().nodes)
@@ -134,17 +137,14 @@ def test_kept_where_the_old_value_is_read(cpu_rules: None,
 
 
 def test_a_graph_without_replaced_inputs_stays_pure(cpu_rules: None) -> None:
-    args = inputs()
-    with torch.no_grad():
-        c = capture(step, args, {})
-    assert c.module is not None
+    c = captured(step, inputs())
     m = run_pipeline(c.module.clone(), f"{FRONT},cache-inplace")  # input_updates: no promise
     assert not any(n.op == inplace.OP for n in m.graph().nodes)
 
 
 @pytest.fixture
 def triton_cpu(triton_on_cpu: Target, monkeypatch: pytest.MonkeyPatch) -> Target:
-    monkeypatch.setitem(triton_on_cpu.lowerings, inplace.OP,  # type: ignore[index]
+    monkeypatch.setitem(triton_on_cpu.lowerings, inplace.OP,
                         inplace.lower_inplace)
     return triton_on_cpu
 
@@ -171,7 +171,7 @@ def test_static_cache_generate_matches_eager(triton_cpu: Target, spy: list[bool]
     step writing its 2 layers x (keys, values) rows in place."""
     pytest.importorskip("transformers")
     from ember.runtime.testing import tiny_hf_model
-    model, _ = tiny_hf_model("neox")
+    model: Any = tiny_hf_model("neox")[0]
     ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
     kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
     with torch.no_grad():
@@ -214,9 +214,9 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
     pytest.importorskip("transformers")
     from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
     from ember.runtime.testing import tiny_hf_model
-    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.ATTENTION_OP,  # type: ignore[index]
+    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.ATTENTION_OP,
                         inplace.lower_decode_attention)
-    model, _ = tiny_hf_model("neox")
+    model: Any = tiny_hf_model("neox")[0]
     ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
     steps: list[tuple[Any, dict[str, Any]]] = []
     real = model.forward
@@ -230,12 +230,10 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
                        cache_implementation="static")
     del model.forward
     args, kwargs = steps[-1]
-    cache = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
+    cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
     for layer in cache.layers:  # the last step again: its slot, not one past the end
         layer.cumulative_length.sub_(1)
-    with torch.no_grad():
-        c = capture(model.forward, args, kwargs)
-    assert getattr(c, "module", None) is not None and c.updates
+    c = captured(model.forward, args, kwargs)
     m = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)), f"{FRONT},{DECODE}")
     ops = externs(m)
     assert ops.count(inplace.ATTENTION_OP) == 2, ops  # one per layer
@@ -253,7 +251,7 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
         got = compiled_runner(m)(None, ins).outputs
     torch.testing.assert_close(got[0].reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     in_place = 0
-    for p, r in m.graph().attrs[REPLACED_INPUTS]:  # type: ignore[union-attr]
+    for p, r in ((u.param, u.result) for u in c.updates):
         # the caches are written in place (the graph returns them); the lengths are new values
         in_place += got[r] is ins[p]
         torch.testing.assert_close(got[r], after[p], rtol=1e-5, atol=1e-5)
@@ -303,7 +301,7 @@ def test_decode_gemv_matches_cublas_form(monkeypatch: pytest.MonkeyPatch) -> Non
     values within bf16 rounding."""
     from ember.inductor.targets.cuda import gemv
     from ember.ir import parse
-    monkeypatch.setitem(targets()["cpu"].lowerings, gemv.OP,  # type: ignore[index]
+    monkeypatch.setitem(targets()["cpu"].lowerings, gemv.OP,
                         gemv.lower_gemv)
     m = run_pipeline(parse(GEMV_IR), "decode-gemv,dce,lower-loops,fuse,schedule-cuda,"
                      "codegen-triton{interpret=true},plan-buffers")

@@ -47,7 +47,7 @@ def backend_module(cap: Captured) -> Module:
     # cache's slot written in place), returning the input itself; write_back skips it then
     plain = [[u.param, u.result] for u in cap.updates if not u.grad]
     if plain:
-        m.graph().attrs[REPLACED_INPUTS] = plain  # type: ignore[assignment]
+        m.graph().attrs[REPLACED_INPUTS] = plain
     return m
 
 

@@ -35,7 +35,7 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def decode_attention_kernel(
+    def decode_attention_kernel(  # type: ignore[no-untyped-def]
             q_ptr, kc_ptr, vc_ptr, kn_ptr, vn_ptr, pos_ptr, bias_ptr, out_ptr,
             H, E, scale,
             sq_b, sq_h, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,

@@ -37,8 +37,8 @@ def _kernel() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def gemv_kernel(x_ptr, w_ptr, y_ptr, N, sx, sw, K: tl.constexpr, BN: tl.constexpr,
-                    BK: tl.constexpr):
+    def gemv_kernel(x_ptr, w_ptr, y_ptr, N, sx, sw, K: tl.constexpr,  # type: ignore[no-untyped-def]
+                    BN: tl.constexpr, BK: tl.constexpr):
         n = tl.program_id(0) * BN + tl.arange(0, BN)
         nm = n < N
         acc = tl.zeros([BN], tl.float32)
@@ -104,8 +104,8 @@ def _rewrite(g: Graph, explain: bool) -> int:
                 or xt.rank != 2 or xt.shape[0] != 1 or xt.dtype not in LOWP:
             continue
         p = b.node
-        if p.op != "prims.permute" or list(p.kwargs.get("dims", [])) != [1, 0] \
-                or not isinstance(p.args[0], Value):  # type: ignore[arg-type]
+        if p.op != "prims.permute" or p.kwargs.get("dims") != [1, 0] \
+                or not isinstance(p.args[0], Value):
             if explain:
                 print(f"decode-gemv: @{g.name} %{n.results[0].name}: kept (the weight is not "
                       f"a transposed [N, K] tensor)", file=sys.stderr)

@@ -145,7 +145,9 @@ def _perm_of(v: Value) -> tuple[Value, list[int]]:
     """(source, dims) where v = permute(source, dims); (v, identity) otherwise."""
     n = v.node
     if n is not None and n.op == PERMUTE and isinstance(n.args[0], Value):
-        return n.args[0], [int(d) for d in n.kwargs["dims"]]  # type: ignore[union-attr]
+        dims = n.kwargs["dims"]
+        assert isinstance(dims, list)
+        return n.args[0], [int(d) for d in dims]
     t = v.type
     return v, list(range(t.rank if isinstance(t, TensorType) else 0))
 
@@ -170,8 +172,8 @@ def _match(g: Graph, p: int, r: int, users: dict[Value, list[Node]]
     if [perm[b] for b in back] != list(range(len(perm))):
         return f"the result's permute {back} does not undo the input's {perm}"
     b = idx_b.node
-    if b is None or b.op != BROADCAST or list(b.kwargs.get("broadcast_dims", [])) != [0] \
-            or not isinstance(b.args[0], Value):  # type: ignore[arg-type]
+    if b is None or b.op != BROADCAST or b.kwargs.get("broadcast_dims") != [0] \
+            or not isinstance(b.args[0], Value):
         return "the scatter's index is not one index per row (broadcast along the first dim)"
     idx = b.args[0]
     it, st = idx.type, src.type
@@ -197,7 +199,9 @@ def _rewrite(g: Graph, explain: bool) -> int:
     for pair in raw:
         if not isinstance(pair, list) or len(pair) != 2:
             continue
-        p, r = int(pair[0]), int(pair[1])  # type: ignore[arg-type]
+        p, r = pair
+        if not isinstance(p, int) or not isinstance(r, int):
+            continue
         users = _users(g)
         got = _match(g, p, r, users)
         if isinstance(got, str):
@@ -218,7 +222,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
             sv = Value(fresh(taken, f"{src.name}.rows"),
                        dataclasses.replace(st, shape=tuple(st.shape[k] for k in inv),
                                            strides=None))
-            sn = Node(PERMUTE, [src], {"dims": inv}, [sv], s.loc)  # type: ignore[dict-item]
+            sn = Node(PERMUTE, [src], {"dims": list(inv)}, [sv], s.loc)
             sv.node = sn
             new.append(sn)
             src = sv
@@ -231,7 +235,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
         rest = [u for u in users.get(s.results[0], []) if u is not out.node]
         if rest:
             pv = Value(fresh(taken, f"{w.name}.perm"), s.results[0].type)
-            pn = Node(PERMUTE, [w], {"dims": perm}, [pv], s.loc)  # type: ignore[dict-item]
+            pn = Node(PERMUTE, [w], {"dims": list(perm)}, [pv], s.loc)
             pv.node = pn
             new.append(pn)
             _replace(g, s.results[0], pv)
