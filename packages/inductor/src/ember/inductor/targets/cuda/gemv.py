@@ -28,7 +28,11 @@ from ember.ir.types import Type
 
 OP = "loop.gemv"
 LOWP = (DType.bf16, DType.f16)
-BLOCK_N, BLOCK_K, WARPS = 16, 256, 4
+
+
+def config(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) for an [N, K] weight."""
+    return 16, 256, 4
 
 
 @functools.cache
@@ -65,8 +69,9 @@ def gemv(x: torch.Tensor, w: torch.Tensor, *, triton: bool | None = None) -> tor
     if not use or w.stride(1) != 1:
         return torch.mm(x, w.t())
     y = torch.empty((1, N), dtype=x.dtype, device=x.device)
-    _kernel()[(-(-N // BLOCK_N),)](x, w, y, N, x.stride(1), w.stride(0), K=K, BN=BLOCK_N,
-                                   BK=BLOCK_K, num_warps=WARPS)
+    bn, bk, warps = config(N, K)
+    _kernel()[(-(-N // bn),)](x, w, y, N, x.stride(1), w.stride(0), K=K, BN=bn, BK=bk,
+                              num_warps=warps)
     return y
 
 
