@@ -80,12 +80,15 @@ def layernorm_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> to
 EXTRA_CASES = {"layernorm": layernorm, "layernorm_gelu_tanh": layernorm_gelu_tanh}
 
 
-# math variants of the default kernel, by source text: libdevice's erff in place of the
-# prelude's _erf (what ember rendered before); div.approx for the sigmoid's reciprocal; exp
-# without the denormal fix-ups (ex2.approx.ftz)
-MATH_VARIANTS = [("libdevice_erf", "_erf(", "tl.erf("),
-                 ("fast_recip", "(1.0 / ", "libdevice.fast_dividef(1.0, "),
-                 ("fast_exp", "tl.exp(", "libdevice.fast_expf(")]
+# math variants of the default kernel, by source text at its call sites (`v = f(...)`): the
+# functions ember rendered before (libdevice's erff for the prelude's _erf, tl.exp for
+# ex2.approx.ftz, div.full for 1 / x), one at a time and all three ("before")
+_ERF = ("= _erf(", "= tl.erf(")
+_EXP = ("= libdevice.fast_expf(", "= tl.exp(")
+_RECIP = ("= libdevice.fast_dividef(1.0, ", "= (1.0 / ")
+MATH_VARIANTS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("libdevice_erf", [_ERF]), ("tl_exp", [_EXP]), ("div_full", [_RECIP]),
+    ("before", [_ERF, _EXP, _RECIP])]
 
 
 def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:
@@ -98,6 +101,9 @@ def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, in
         return [{"cuda_xblock": 1, "cuda_warps": w, "cuda_persistent": 1, "cuda_evict": e}
                 for w in (4, 8) for e in (0, 1)] + [
             {"cuda_xblock": 2, "cuda_warps": 8, "cuda_persistent": 1},
+            *({"cuda_xblock": 1, "cuda_warps": 4, "cuda_persistent": 1, "cuda_programs": p,
+               "cuda_evict": e} for p, e in ((8 if DRY else 1056, 0), (4 if DRY else 2112, 0),
+                                             (4 if DRY else 2112, 1))),
             {"cuda_xblock": 1, "cuda_warps": 16, "cuda_persistent": 0, "cuda_rblock": 2048},
             {"cuda_xblock": 1, "cuda_warps": 16, "cuda_persistent": 0, "cuda_rblock": 2048,
              "cuda_evict": 1}]
@@ -197,10 +203,13 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
             n.kwargs.pop(k, None)
         n.kwargs.update(cand)
         sources.append(render(ref.name, n, body, m.items, DRY).source)
-    for label, old, new in MATH_VARIANTS:  # the default schedule with other math
-        if old in sources[0] and not DRY:
+    for label, swaps in MATH_VARIANTS:  # the default schedule with other math
+        if any(old in sources[0] for old, _ in swaps) and not DRY:
+            src = sources[0]
+            for old, new in swaps:
+                src = src.replace(old, new)
             cands.append({**default, "math": label})  # type: ignore[dict-item]
-            sources.append(sources[0].replace(old, new))
+            sources.append(src)
     ins = [args[g.params.index(a)] for a in n.args[1:] if isinstance(a, Value)]
     out = torch.empty_like(want)
     nbytes = sum(a.numel() * a.element_size() for a in ins) + out.numel() * out.element_size()
@@ -279,7 +288,7 @@ def main() -> int:
         r = json.loads(line)
         if r.get("section") == "sweep" and "ms" in r:
             sched = ", ".join(f"{k}={v}" for k, v in r.items() if k in (
-                "xblock", "warps", "persistent", "rblock", "evict", "math")) + (
+                "xblock", "warps", "persistent", "rblock", "evict", "programs", "math")) + (
                 " (default)" if r["default"] else "")
             lines.append(f"| {r['case']} | {r['dtype']} | {sched} | {r['ok']} | {r['ms']} | "
                          f"{r['pct_copy']} |")

@@ -93,3 +93,4 @@ pow = _binary(np.power)  # noqa: A001  (libdevice's name)
 atan2 = _binary(np.arctan2)
 fast_dividef = _binary(np.divide)  # div.approx on the GPU (2 ulp where |b| < 2**126)
 copysign = _binary(np.copysign)
+fast_expf = _unary(np.exp)  # ex2.approx.ftz on the GPU

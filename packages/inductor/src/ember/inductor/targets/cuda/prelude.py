@@ -82,14 +82,14 @@ def _shr(a, b, BITS: tl.constexpr):  # past the width or negative: the sign, as 
     return tl.where(out, tl.where(a < 0, -1, 0), a >> tl.where(out, tl.full([], 0, b.dtype), b))
 
 
-# erf in f32 (prims.erf): a rational minimax fit of erf(x)/x in x*x on [0, 3.92] (beyond,
+# erf in f32 (prims.erf): a rational minimax fit of erf(x)/x in x*x on [0, 3.92] (beyond it
 # erf rounds to 1 in f32; the fit crosses 1 near 4.02 and is 1 + 1.2e-5 at 4.5, so |x| clamped
-# at 4.5 and the result at 1 give exactly 1 there), 15 fma/mul, one reciprocal, no branch: ~18
-# instructions against
-# libdevice erff's ~30 (two polynomials, both taken under divergence, their coefficients
-# selected per element). Within 10 ulp of erf over every f32 (libdevice: 2), relative near 0,
-# never above 1 in magnitude, NaN in NaN out (tests: test_triton_erf.py). On the H200 the bf16
-# layernorm+gelu kernel is bound by these instructions, not by memory (benchmarks/results).
+# at 4.5 and the result at 1 give exactly 1 there): 10 fma, one reciprocal, no branch, ~18
+# instructions against libdevice erff's ~30 (two polynomials, both taken under divergence,
+# their coefficients selected per element). Within 10 ulp of erf over every f32 (libdevice:
+# 2), relative near 0, never above 1 in magnitude, NaN in NaN out (test_triton_erf.py). On the
+# H200 the bf16 layernorm+gelu kernel is bound by these instructions, not by memory
+# (benchmarks/results/2026-12-02-h200-memory-bound-math.md).
 @triton.jit
 def _erf(x):
     a = tl.minimum(tl.abs(x), 4.5, propagate_nan=tl.PropagateNan.ALL)

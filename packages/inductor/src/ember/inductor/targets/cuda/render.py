@@ -57,7 +57,9 @@ TL_DTYPES: dict[DType, str] = {
 _F, _I, _B = "f", "i", "b"
 # body op -> per dtype class, a template over operands {0}, {1}, {2}
 OPS: dict[str, dict[str, str]] = {
-    "prims.exp": {_F: "tl.exp({0})"}, "prims.exp2": {_F: "tl.exp2({0})"},
+    # f32 exp as ex2.approx.ftz(x * log2 e): tl.exp's error (2 ulp + the product's rounding)
+    # less its fix-ups for results below 2**-126, which flush to 0 (3 of 5 instructions)
+    "prims.exp": {_F: "libdevice.fast_expf({0})"}, "prims.exp2": {_F: "tl.exp2({0})"},
     "prims.log": {_F: "tl.log({0})"}, "prims.log2": {_F: "tl.log2({0})"},
     "prims.sqrt": {_F: "tl.sqrt_rn({0})"}, "prims.rsqrt": {_F: "(1.0 / tl.sqrt_rn({0}))"},
     "prims.sin": {_F: "tl.sin({0})"}, "prims.cos": {_F: "tl.cos({0})"},
@@ -93,11 +95,20 @@ OPS: dict[str, dict[str, str]] = {
 }
 
 # f64 forms where the f32 template's function takes f32 only
-OPS_F64: dict[str, str] = {"prims.erf": "tl.erf({0})", "prims.sqrt": "libdevice.sqrt({0})",
+OPS_F64: dict[str, str] = {"prims.erf": "tl.erf({0})", "prims.exp": "tl.exp({0})",
+                           "prims.sqrt": "libdevice.sqrt({0})",
                            "prims.rsqrt": "(1.0 / libdevice.sqrt({0}))"}
 
+# 1 / x in f32 (a sigmoid's): div.approx (a reciprocal and a multiply, 2 ulp) in place of
+# div.full's range fix-ups; |x| > 2**126 gives 0 where the quotient is below 2**-126. Only for
+# a numerator of 1 (c / x with another c would flush quotients that are normal numbers).
+RECIP = "libdevice.fast_dividef({0}, {1})"
+
 # schedule-cuda's attributes of a loop node (they dump, can be edited, and replay)
-SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock", "cuda_evict")
+# cuda_programs (rows kernels; 0 or absent: a program per XBLOCK rows): that many programs,
+# each looping over every cuda_programs-th block of rows (a grid-stride loop)
+SCHED_KEYS = ("cuda_xblock", "cuda_warps", "cuda_persistent", "cuda_rblock", "cuda_evict",
+              "cuda_programs")
 def read_schedule(node: Node) -> dict[str, int]:
     """The node's cuda_* schedule attributes, checked (ScheduleError names a bad one)."""
     from ember.inductor.schedule import ScheduleError
@@ -108,11 +119,13 @@ def read_schedule(node: Node) -> dict[str, int]:
             continue
         ok = isinstance(v, int) and not isinstance(v, bool) and (
             v in (0, 1) if k in ("cuda_persistent", "cuda_evict") else v in (1, 2, 4, 8, 16, 32)
-            if k == "cuda_warps" else v >= 1 and v & (v - 1) == 0 and v <= 1 << 16)
+            if k == "cuda_warps" else 0 <= v <= 1 << 20 if k == "cuda_programs"
+            else v >= 1 and v & (v - 1) == 0 and v <= 1 << 16)
         if not ok:
             raise ScheduleError(f"{node.op}: {k}={v!r} is not valid (cuda_xblock, cuda_rblock: "
                                 f"powers of two; cuda_warps: 1..32, a power of two; "
-                                f"cuda_persistent, cuda_evict: 0 or 1)")
+                                f"cuda_persistent, cuda_evict: 0 or 1; cuda_programs: "
+                                f"0..2**20)")
         out[k] = int(v)  # type: ignore[arg-type]
     return out
 
@@ -340,6 +353,8 @@ class _Writer:
         if tmpl is None:
             raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
         ops = [env[a] if isinstance(a, Value) else self.number(a, odt) for a in n.args]
+        if n.op == "prims.div" and dclass(odt) == _F and odt != DType.f64 and ops[0] == "1.0":
+            tmpl = RECIP
         if dclass(odt) == _I:  # typed as the tensor operands: an int literal is i32 to Triton
             ops = [o if isinstance(a, Value) else f"tl.full([], {o}, {tl_dtype(odt)})"
                    for o, a in zip(ops, n.args, strict=True)]
@@ -655,8 +670,20 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         if user.get("cuda_evict") == 1 and sched["one_pass"]:
             w.evict = frozenset(f"i{k}" for k in range(len(outer)))
             sched["evict"] = 1
-        w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        _xmask(w, xn, xn_t, "[XBLOCK, 1]")
+        progs = user.get("cuda_programs", 0)
+        stride = static and 0 < progs < sched["grid"]
+        first, blocks = len(w.lines), sched["grid"]
+        if stride:  # a grid-stride loop: the kernel's rows below at one more indent
+            sched["grid"] = sched["programs"] = progs
+            w.emit(1, f"for it in range({-(-blocks // progs)}):  # blocks of rows")
+            first = len(w.lines)
+            w.emit(1, f"xflat = ({pid} + it * {progs}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        else:
+            w.emit(1, f"xflat = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        if stride and blocks % progs:  # the last pass of some programs: past the rows
+            w.emit(1, f"xmask = xflat < {xn_t}")
+        else:
+            _xmask(w, xn, xn_t, "[XBLOCK, 1]")
         _decompose(w, 1, "xflat", outer, "i", 0)
         for red in order:
             _row_reduce(w, 1, red, "xmask", "[XBLOCK, 1]")
@@ -687,6 +714,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
             for o, v, r in zip(outs, vals, node.results, strict=True):
                 w.emit(d, f"tl.store({o} + xflat * ({ni_t}) + iflat, "
                           f"{v}.to({tl_dtype(_tensor(r).dtype)}), mask=imask)")
+        if stride:
+            w.lines[first:] = ["    " + line for line in w.lines[first:]]
     args = ", ".join([*ins, *outs, *w.sizes])
     launch = ["", "", f"SCHEDULE = {sched!r}", "", "", f"def launch({args}):"]
     grid = str(sched["grid"])
