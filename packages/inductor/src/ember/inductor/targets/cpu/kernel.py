@@ -32,6 +32,7 @@ from ember.inductor.targets.cpu.cppkernel import (
     _Writer,
 )
 from ember.inductor.targets.cpu.schedule import _apply, _decide
+from ember.inductor.targets.cpu.splitloops import Piece, split_kernel
 from ember.ir import Graph, Node, Symbol, Value
 from ember.ir.expr import Dim, simplify_dim
 
@@ -58,7 +59,14 @@ def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
         default = _decide(w, node, body, args, ranges)
     with size_symbols() as used:
         s = read_schedule(node.kwargs, default)
-        lines = _kernel_lines(name, node, body, provenance, w, args, ranges, s)
+        split = split_kernel(body, ranges, s) if node.op == "loop.pointwise" \
+            and not w.reduces else None
+        if split is not None:  # loops without divisions, nests without selects (splitloops)
+            pieces, ranges, s = split
+            body = pieces[0].inner[0][2]
+            args = {p: f"in{k}" for k, p in enumerate(body.params)}
+        lines = _kernel_lines(name, node, body, provenance, w, args, ranges, s,
+                              pieces if split is not None else None)
     sizes = symbol_order(used)
     if sizes:  # the symbols' values, bound from the inputs' shapes by the caller
         head = lines[1 + len(node.results)]
@@ -68,7 +76,8 @@ def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
 
 
 def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer,
-                  args: dict[Value, str], ranges: list[Dim], s: Schedule) -> list[str]:
+                  args: dict[Value, str], ranges: list[Dim], s: Schedule,
+                  pieces: list[Piece] | None = None) -> list[str]:
     plan = _apply(w, node, body, args, ranges, s)
     ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
            for k, p in enumerate(body.params)]
@@ -108,6 +117,23 @@ def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Write
         inner = [f"out0[{off}] = {value};"]
     cond = _par_if(_work(w, ranges), s.threshold)
     vec = bool(s.vector)
+    if pieces is not None:  # a split pointwise kernel: its loop nests, in order
+        last = len(ranges) - 1
+        for pc in pieces:
+            inner = []
+            for a, n, pbody in pc.inner:  # the innermost loop's consecutive pieces
+                at = [ivar(k) + b for k, b in enumerate(pc.start[:last])] + [ivar(last) + a]
+                poff = cexpr(flat_offset(at, ranges))
+                pargs = {p: f"in{k}" for k, p in enumerate(pbody.params)}
+                inner += [*(["#pragma omp simd"] if vec else []),
+                          f"for (int64_t i{last} = 0; i{last} < {n}; ++i{last}) {{",
+                          *("  " + x for x in body_statements(pbody, pargs)),
+                          *(f"  out{j}[{poff}] = {_store(_tensor(o).dtype, _cname(o))};"
+                            for j, o in enumerate(pbody.outputs)), "}"]
+            lines += ["  " + x for x in _nest(w, pc.ranges[:last], inner, len(s.parallel),
+                                                s.order[:last], False, cond)]
+        lines.append("}")
+        return lines
     nest = _nest_col(w, ranges, inner, len(s.parallel), s.order, vec, cond) \
         if w.col is not None else \
         _nest(w, ranges, inner, len(s.parallel), s.order, vec, cond)
