@@ -239,6 +239,9 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
     assert ops.count(inplace.ATTENTION_OP) == 2, ops  # one per layer
     assert inplace.OP not in ops and not any("attention" in o and o != inplace.ATTENTION_OP
                                              for o in ops), ops
+    short = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)),
+                         f"{FRONT},cache-inplace{{attention=true,attention_max_len=4}}")
+    assert not any(n.op == inplace.ATTENTION_OP for n in short.graph().nodes)  # 8 rows > 4
     ins = list(c.input_examples)
     snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
     with torch.no_grad():

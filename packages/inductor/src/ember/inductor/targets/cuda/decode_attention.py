@@ -120,14 +120,17 @@ def decode_attention_(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
     bb = bias.expand(B, H, 1, S) if bias is not None else None
     bstr = (bb.stride(0), bb.stride(1), bb.stride(3)) if bb is not None else (0, 0, 0)
     block_e = max(16, 1 << (E - 1).bit_length())
-    block_s = max(16, min(64, 1 << (S - 1).bit_length()))
+    # one program per head walks the cache serially: long caches take bigger blocks and more
+    # warps (the loads of a block are what is in flight)
+    block_s = max(16, min(256, 1 << (S - 1).bit_length()))
+    warps = 8 if block_s * block_e >= 128 * 128 else 4
     _kernel()[(B * H,)](
         q, kc, vc, k_new, v_new, pos, bb if bb is not None else q, out, H, E, sc,
         q.stride(0), q.stride(1), q.stride(3), *kc.stride(), *vc.stride(),
         k_new.stride(0), k_new.stride(1), k_new.stride(3),
         v_new.stride(0), v_new.stride(1), v_new.stride(3), *bstr,
         out.stride(0), out.stride(1), out.stride(3),
-        S=S, HAS_BIAS=bb is not None, BLOCK_S=block_s, BLOCK_E=block_e, num_warps=4)
+        S=S, HAS_BIAS=bb is not None, BLOCK_S=block_s, BLOCK_E=block_e, num_warps=warps)
     return out
 
 

@@ -265,7 +265,8 @@ def _arg(n: Node, at: int, name: str, default: Arg) -> Arg:
     return n.args[at] if len(n.args) > at else n.kwargs.get(name, default)
 
 
-def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]]) -> Node | str:
+def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]],
+                    max_len: int) -> Node | str:
     """The one-kernel decode attention replacing attention node `a` and the two in-place row
     writes it reads (a decode step: one query row, one new row per cache), or why not."""
     causal_at, bias_at = _ATTENTION_ARGS[a.op]
@@ -293,6 +294,10 @@ def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]]) -> Node |
         types = _attention_infer(None, args, {})
     except OpTypeError as e:
         return str(e)
+    S = types[1].shape[2] if isinstance(types[1], TensorType) else None
+    if not isinstance(S, int) or S > max_len:
+        return f"a cache of {S} rows: one program per head is slower than torch's kernels " \
+               f"past {max_len} (attention_max_len=)"
     scale = a.kwargs.get("scale")
     taken = graph_names(g)
     outs = [Value(fresh(taken, f"{a.results[0].name}.decode"), types[0]),
@@ -304,11 +309,11 @@ def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]]) -> Node |
     return f
 
 
-def _fuse_attentions(g: Graph, explain: bool) -> int:
+def _fuse_attentions(g: Graph, explain: bool, max_len: int) -> int:
     done = 0
     for a in [n for n in g.nodes if n.op in _ATTENTION_ARGS]:
         users = _users(g)
-        got = _fuse_attention(g, a, users)
+        got = _fuse_attention(g, a, users, max_len)
         name = a.results[0].name
         if isinstance(got, str):
             if explain:
@@ -333,13 +338,15 @@ def _fuse_attentions(g: Graph, explain: bool) -> int:
 @register_pass("cache-inplace", "CUDA: an input the runtime replaces with an index_copy of it "
                "(a static KV cache's update) gets its new rows written in place by one extern "
                "(no copy of the cache, no write-back); attention=true also makes a decode "
-               "step's attention over two such caches one Triton kernel with the row writes; "
+               "step's attention over two such caches (of at most attention_max_len rows) one "
+               "Triton kernel with the row writes; "
                "explain=true says why each was or was not; dce after it drops the scatter")
-def cache_inplace(module: Module, *, explain: bool = False, attention: bool = False) -> Module:
+def cache_inplace(module: Module, *, explain: bool = False, attention: bool = False,
+                  attention_max_len: int = 512) -> Module:
     out = module.clone()
     for g in out.graphs.values():
         if _rewrite(g, explain) and attention:
-            _fuse_attentions(g, explain)
+            _fuse_attentions(g, explain, attention_max_len)
     return out
 
 
