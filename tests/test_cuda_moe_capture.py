@@ -125,3 +125,37 @@ def test_explain_says_when_breaks_left_nothing_compiled() -> None:
 
 def _experts_cpu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.relu(x @ w) + 1
+
+
+class _Inner(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return _inner(self.lin(input_ids)) + 1
+
+
+class _Keywords(torch.nn.Module):
+    """benchmarks/zoo_models.py's Keywords: the HF model called as model(**inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = _Inner()
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.model(**dict(zip(("input_ids",), args)))  # type: ignore[no-any-return]
+
+
+def test_a_break_under_a_kwargs_call_still_compiles_the_callee() -> None:
+    """The MoE decoders' break sat under Keywords' `self.model(**inputs)` (CALL_FUNCTION_EX),
+    whose callee the break did not pass through ember's compile: the whole model ran eagerly
+    with no graph. The callee is compiled on its own now, as under a plain call."""
+    m = _Keywords().eval()
+    cf = er.compile(m, backend="inductor")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cf(x), m(x))
+    hist = cf.compiled.history
+    assert hist.breaks and len(hist.graphs) >= 1, er.explain(cf)
+    assert "nothing compiled" not in str(er.explain(cf))

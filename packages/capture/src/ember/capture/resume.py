@@ -69,7 +69,9 @@ _SIMPLE: dict[str, tuple[int, int]] = {
     "STORE_SUBSCR": (3, 0), "STORE_ATTR": (2, 0), "GET_ITER": (1, 1), "BINARY_SLICE": (3, 1),
     "TO_BOOL": (1, 1),  # 3.13, where no jump follows (`not t`)
 }
-_CALLS = ("CALL", "CALL_KW")  # CALL_KW: 3.13's call with keywords (names on the stack)
+# CALL_KW: 3.13's call with keywords (names on the stack); CALL_FUNCTION_EX: f(*a, **kw) (a
+# break under `model(**inputs)` ran the whole model eagerly, uncaptured, when it was not here)
+_CALLS = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
 _GRAD_CTX = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)
 
 
