@@ -4,7 +4,8 @@ Registers the `triton` loader (codegen.py: each block a Python module of Triton 
 from the private kernel cache; it runs on cuda, and on cpu tensors in Triton's interpreter),
 the passes `matmul-lowp`, `schedule-cuda` and `codegen-triton` and the pipelines `inductor-cuda`
 (prims -> kernels.*: `matmul-lowp` (matmul_lowp.py: a linear's GEMM in bf16/f16, not f32),
-`cache-inplace` (inplace.py: a static KV cache's new rows written into the cache in place),
+`cache-inplace` (inplace.py: a static KV cache's new rows written into the cache in place, and
+with them a decode step's attention over the cache as one Triton kernel),
 `lower-loops`, `fuse`, `fuse-shared` (fuse_shared.py: a residual add computed by the next
 layernorm's kernel), `schedule-cuda`, `codegen-triton`, `plan-buffers`) and `inductor-cuda-interpret` (the same for CPU
 graphs, run by TRITON_INTERPRET=1: how the target is tested without a GPU). Externs (matmul,
@@ -36,12 +37,12 @@ from ember.ir.passes import register_pipeline
 # torch's fused CUDA attention stays one op (an extern of the same kernel: attention.py)
 FRONT = "decompose{keep_cuda_attention=true},cse,dce"
 INDUCTOR_CUDA = register_pipeline(
-    "inductor-cuda", "cuda-attention,matmul-lowp,cache-inplace,dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
+    "inductor-cuda", "cuda-attention,matmul-lowp,cache-inplace{attention=true},dce,lower-loops,fuse,fuse-shared,schedule-cuda,codegen-triton,plan-buffers",
     "prims -> loop kernels, fused, scheduled (cuda_* attributes), as Triton kernel blocks with "
     "planned buffers (CUDA)").text
 INDUCTOR_CUDA_INTERPRET = register_pipeline(
     "inductor-cuda-interpret",
-    "cuda-attention,matmul-lowp,cache-inplace,dce,lower-loops,fuse,fuse-shared,schedule-cuda,"
+    "cuda-attention,matmul-lowp,cache-inplace{attention=true},dce,lower-loops,fuse,fuse-shared,schedule-cuda,"
     "codegen-triton{interpret=true},plan-buffers",
     "inductor-cuda for CPU graphs: Triton kernels run by Triton's interpreter "
     "(TRITON_INTERPRET=1; testing without a GPU)").text
