@@ -1,0 +1,152 @@
+"""The CUDA target's cheaper math and row scheduling for memory-bound kernels (render.py):
+f32 exp as ex2.approx.ftz, 1 / x as div.approx (a numerator of 1 only), erf as the prelude's
+rational fit, and `cuda_programs` (a rows kernel as a grid-stride loop over blocks of rows).
+Rendering checked as text, results in Triton's interpreter against eager."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import re  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.inductor  # noqa: E402,F401
+from ember.capture import capture  # noqa: E402
+from ember.inductor.backend import compiled_runner  # noqa: E402
+from ember.inductor.launch import load_module  # noqa: E402
+from ember.inductor.schedule import ScheduleError  # noqa: E402
+from ember.ir import parse  # noqa: E402
+from ember.ir.passes import run_pipeline  # noqa: E402
+
+Fn = Callable[..., torch.Tensor]
+
+
+def scheduled(fn: Fn, *args: torch.Tensor) -> str:
+    return str(run_pipeline(capture(fn, args, {}).module,  # type: ignore[arg-type]
+                            "decompose,cse,dce,lower-loops,fuse,schedule-cuda"))
+
+
+def run(text: str, fn: Fn, *args: torch.Tensor, tol: float = 1e-5) -> str:
+    """Render the (edited) dump for the interpreter, run it, compare with eager; the source."""
+    m = run_pipeline(parse(text), "codegen-triton{interpret=true},plan-buffers")
+    load_module(m)
+    got = compiled_runner(m)(None, list(args)).outputs[0]
+    torch.testing.assert_close(got, fn(*args), atol=tol, rtol=tol)
+    return "\n".join(k.source for k in m.kernels.values())
+
+
+def chain(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.sigmoid(x * 2.0 + y).sin() * x - y.abs()
+
+
+def test_exp_and_reciprocal_forms() -> None:
+    """sigmoid's exp and 1 / x render as fast_expf and fast_dividef(1.0, .); a tensor divided
+    by a tensor stays `/` (div.approx would flush normal quotients); f64 keeps tl.exp."""
+    x, y = torch.randn(8, 32), torch.randn(8, 32)
+    src = run(scheduled(chain, x, y), chain, x, y)
+    assert "= libdevice.fast_expf(" in src and "= libdevice.fast_dividef(1.0, " in src
+    assert "tl.exp(" not in src and "(1.0 / " not in src
+
+    def ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a / (b.abs() + 1.0)
+    src = run(scheduled(ratio, x, y), ratio, x, y)
+    body = src.split("@triton.jit")[-1]  # the kernel (the prelude's _erf has its own)
+    assert "fast_dividef" not in body and " / " in body
+    xd, yd = x.double(), y.double()
+    src = run(scheduled(chain, xd, yd), chain, xd, yd, tol=1e-12)
+    body = src.split("@triton.jit")[-1]
+    assert "tl.exp(" in body and "fast_" not in body
+
+
+EXP_FNS: dict[str, Fn] = {"exp": lambda a: torch.exp(a), "sigmoid": lambda a: torch.sigmoid(a)}
+_COMPILED: dict[str, object] = {}
+
+
+def compiled(name: str) -> object:
+    """The interpreted kernel of EXP_FNS[name] over 4x16 f32 (compiled once per name)."""
+    if name not in _COMPILED:
+        x = torch.zeros(4, 16)
+        m = run_pipeline(parse(scheduled(EXP_FNS[name], x)),
+                         "codegen-triton{interpret=true},plan-buffers")
+        load_module(m)
+        _COMPILED[name] = compiled_runner(m)
+    return _COMPILED[name]
+
+
+@given(st.floats(-110.0, 100.0, width=32))
+def test_sigmoid_and_exp_over_their_range(v: float) -> None:
+    """exp and sigmoid (exp and 1 / x) of values around v, in f32 (down to where
+    exp's results are below 2**-126: within an absolute 2e-38 of eager's)."""
+    x = torch.linspace(-3.0, 3.0, 64).reshape(4, 16) + v
+    for name, fn in EXP_FNS.items():
+        got = compiled(name)(None, [x]).outputs[0]  # type: ignore[operator]
+        torch.testing.assert_close(got, fn(x), atol=2e-38, rtol=2e-6)
+
+
+def test_gelu_uses_the_prelude_erf() -> None:
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return F.gelu(a)
+    x = torch.randn(4, 64) * 3
+    src = run(scheduled(f, x), f, x)
+    assert "= _erf(" in src
+
+
+def row_sum(a: torch.Tensor) -> torch.Tensor:
+    return a.sum(-1)
+
+
+def softmax(a: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(a, -1)
+
+
+def ln_gelu(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(F.layer_norm(a, (a.shape[-1],), w, b))
+
+
+@pytest.mark.parametrize("programs", [1, 3, 4, 5])
+@pytest.mark.parametrize("case", ["row_sum", "softmax", "ln_gelu", "looped"])
+def test_grid_stride_rows(case: str, programs: int) -> None:
+    """cuda_programs=P: P programs each loop over every P-th block of rows (P dividing the
+    blocks or not: the last pass masked), the results as with a program per block."""
+    rows = 12
+    x = torch.randn(rows, 64)
+    fn: Fn
+    args: tuple[torch.Tensor, ...]
+    if case == "ln_gelu":
+        fn, args = ln_gelu, (x, torch.randn(64), torch.randn(64))
+    elif case == "looped":  # a row longer than one block: looped chunks inside the loop
+        fn, args = softmax, (torch.randn(rows, 5000),)
+    else:
+        fn, args = (row_sum if case == "row_sum" else softmax), (x,)
+    text = re.sub(r"cuda_xblock=\d+", f"cuda_programs={programs}, cuda_xblock=2",  # 6 blocks
+                  scheduled(fn, *args), count=1)
+    src = run(text, fn, *args)
+    assert f"'programs': {programs}" in src and "for it in range(" in src
+    # 12 rows, XBLOCK 2: 6 blocks; P programs take ceil(6 / P) passes, masked when P does
+    # not divide 6
+    assert f"range({-(-6 // programs)})" in src
+    assert ("if 12 % XBLOCK == 0" in src) == (6 % programs == 0)
+
+
+def test_programs_past_the_blocks_is_a_program_per_block() -> None:
+    x = torch.randn(4, 64)
+    text = scheduled(row_sum, x).replace("cuda_xblock=", "cuda_programs=64, cuda_xblock=", 1)
+    src = run(text, row_sum, x)
+    assert "for it in range(" not in src and "'programs'" not in src
+
+
+def test_a_bad_programs_value_is_named() -> None:
+    x = torch.randn(4, 64)
+    text = scheduled(row_sum, x).replace("cuda_xblock=", "cuda_programs=-2, cuda_xblock=", 1)
+    with pytest.raises(ScheduleError, match="cuda_programs"):
+        run_pipeline(parse(text), "codegen-triton{interpret=true}")
