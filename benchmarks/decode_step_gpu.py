@@ -121,6 +121,8 @@ def main() -> int:
 
     with torch.no_grad():
         row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+               "torch": torch.__version__, "triton": _version("triton"),
+               "commit": os.environ.get("EMBER_COMMIT", ""),
                "layers": a.layers, "mode": a.mode, "pipeline": a.pipeline or "default",
                "generate_ms_per_token": round(per_token * 1e3, 3),
                "forward_ms": timed(lambda: cf(*args, **kwargs)),
@@ -156,6 +158,14 @@ def main() -> int:
         if out:
             (Path(out) / "decode_profile.txt").write_text(text)
     return 0
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def profile(fn: Any, reset: Any, calls: int, label: str) -> str:
