@@ -33,6 +33,9 @@ START = time.perf_counter()
 OUT = Path(os.environ.get("OUT", "/tmp/cuda_schedule_sweep"))
 DRY = "--dry-run" in sys.argv
 NO_PER_OP = "--no-per-op" in sys.argv
+# --cands FILE: candidates per case name (or "rows" / "pointwise") in place of candidates()
+CANDS: dict[str, list[dict[str, int]]] = json.loads(Path(
+    sys.argv[sys.argv.index("--cands") + 1]).read_text()) if "--cands" in sys.argv else {}
 if DRY:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs
 SHAPE = (8, 256) if DRY else (16384, 4096)
@@ -196,7 +199,9 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
     assert isinstance(body, Graph)
     default = {k: n.kwargs[k] for k in SCHED_KEYS if k in n.kwargs}
     rows = "cuda_persistent" in default
-    cands = [default] + [c for c in candidates(rows, args[0].shape[-1], few) if c != default]
+    listed = CANDS.get(case, CANDS.get("rows" if rows else "pointwise")) if CANDS else None
+    cands = [default] + [c for c in (listed if listed is not None else
+                                     candidates(rows, args[0].shape[-1], few)) if c != default]
     sources = []
     for cand in cands:
         for k in SCHED_KEYS:
@@ -265,6 +270,7 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, 8x256")
     ap.add_argument("--few", action="store_true", help="a handful of candidates per case")
     ap.add_argument("--no-per-op", action="store_true", help="check cuda_lowp=f32 only")
+    ap.add_argument("--cands", help="JSON file: {case or 'rows'/'pointwise': [schedule, ...]}")
     a = ap.parse_args()
     if not DRY and not torch.cuda.is_available():
         print("cuda_schedule_sweep: no CUDA device", file=sys.stderr)
