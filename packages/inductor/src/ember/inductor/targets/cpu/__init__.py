@@ -18,6 +18,7 @@ from typing import Any
 from ember.inductor.fusion import RECOMPUTE_NODES
 from ember.inductor.launch import register_loader
 from ember.inductor.targets import FusionHooks, Rule, register_target
+from ember.inductor.targets.cpu.broadcast import broadcast_veto
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
@@ -66,8 +67,9 @@ LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_b
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
 # recompute: a cheap multi-reader pointwise value (a training backward's x - mean, xhat, the
 # masked cotangent) is inlined into its readers rather than written and read back (fusion.py)
+# veto: a costly broadcast value (a squeeze-excitation gate) is written once (broadcast.py)
 CPU = register_target("cpu", "inductor-cpu", "cpp", lowerings=LOWERINGS, front=FRONT,
-                      fusion=FusionHooks(recompute=RECOMPUTE_NODES),
+                      fusion=FusionHooks(recompute=RECOMPUTE_NODES, veto=broadcast_veto),
                       description="C++/OpenMP kernels built by g++")
 
 __all__ = ["CPU", "DEFAULT_PIPELINE", "FRONT", "INDUCTOR_CPU", "LOWERINGS"]

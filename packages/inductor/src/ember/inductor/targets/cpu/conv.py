@@ -323,7 +323,8 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     raw weight, with the steps' scale A and shift B as [C] kernels; oneDNN's packed, scaled
     weight is cached across calls. ReLU runs in place inside the extern where only other
     convolutions read the result (they read its NHWC buffer as it is: no kernel to fuse it
-    into); otherwise it stays a kernel that fuses into the pointwise reader."""
+    into), and SiLU also where several nodes read it; otherwise it stays a kernel that fuses
+    into the pointwise reader."""
     res = n.results[0]
     steps, residual = _parts(n.args, n.kwargs)
     channels = int(t.shape[1])
@@ -332,9 +333,11 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     act = silu(n.kwargs, CONV_OP)
     relu = bool(n.kwargs.get("relu")) or act
     readers = [m for m in lw.g.nodes if res in m.operands()]
+    # a SiLU read by several nodes (a squeeze-excitation's pool and its scale) runs in place
+    # once too: in their kernels each reader would recompute its exp (fuse's rule 5)
     inside = relu and res not in lw.g.outputs and bool(readers) \
-        and all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
-                for m in readers)
+        and (all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
+                 for m in readers) or (act and len(readers) > 1))
     args: list[Arg] = [xb, w]
     if scale:
         args.append(_affine(lw, res.name, steps, channels, "a"))

@@ -1,0 +1,84 @@
+"""The CPU target's fusion veto: a small costly value broadcast along a kernel's innermost loop
+is written once, not recomputed per element.
+
+`fuse` inlines a single-reader pointwise producer into its reader (rule 1). Where the producer
+is a broadcast (a squeeze-excitation gate sigmoid(s) of [N, 1, 1, C] read by the
+[N, H, W, C] scale), the inlined body runs at every element of the reader: H * W exps per
+value (3136 in efficientnet_b0's 56x56 blocks), and along the innermost loop no compiler
+hoists it. The veto keeps such a producer a kernel of its own when its body holds a costly op
+(exp, log, tanh, erf, pow, sqrt, trigonometric...), the reader covers at least `BROADCAST`
+times its elements, and the reader's loads of it move with a loop variable that some access
+of the reader moves along contiguously (its output's last dim, another load's last index:
+schedule-cpu makes one of those the innermost loop; an NHWC reader's channels). A value
+that only moves with outer loops (a layer norm's per-row rstd along its columns, a
+per-channel value over an NCHW image) is hoisted by the C++ compiler and still fuses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from ember.inductor.indexing import index_text
+from ember.ir import Graph, Module, Node, Ref
+
+_VAR = re.compile(r"\bi\d+\b")
+# the reader covers at least this many times the producer's elements
+BROADCAST = 16
+COSTLY = frozenset(f"prims.{op}" for op in (
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "erf", "erfc", "erfinv",
+    "pow", "sqrt", "rsqrt", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma"))
+
+
+def _numel(ranges: object) -> int | None:
+    if not isinstance(ranges, list) or not all(isinstance(d, int) for d in ranges):
+        return None  # symbolic sizes: no ratio to judge by
+    return math.prod(ranges)
+
+
+def _body(m: Module, n: Node) -> Graph | None:
+    ref = n.args[0] if n.args else None
+    g = m.items.get(ref.name) if isinstance(ref, Ref) else None
+    return g if isinstance(g, Graph) else None
+
+
+def broadcast_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
+    """Why `producer` stays a kernel of its own rather than fusing into `consumer`, or None."""
+    if producer.op != "loop.pointwise" or consumer.op != "loop.pointwise" \
+            or len(producer.results) != 1:
+        return None
+    pn, cn = _numel(producer.kwargs.get("ranges")), _numel(consumer.kwargs.get("ranges"))
+    if pn is None or cn is None or cn < BROADCAST * pn:
+        return None
+    pbody, cbody = _body(m, producer), _body(m, consumer)
+    if pbody is None or cbody is None:
+        return None
+    costly = next((n.op for n in pbody.nodes if n.op in COSTLY), None)
+    if costly is None:
+        return None
+    ranges = consumer.kwargs["ranges"]
+    assert isinstance(ranges, list)
+    r = producer.results[0]
+    params = {p for p, a in zip(cbody.params, consumer.args[1:], strict=False) if a is r}
+    # the loop variables the producer's value moves with, and those some access moves along
+    # contiguously: the output's last dim, each other load's last index (schedule-cpu puts
+    # one of them innermost). Top-level loads only: a reduction's run per outer index.
+    mine: set[str] = set()
+    fast = {f"i{len(ranges) - 1}"}
+    for n in cbody.nodes:
+        if n.op != "loop.load" or not n.args:
+            continue
+        index = [index_text(x) for x in n.kwargs.get("index", [])]  # type: ignore[union-attr]
+        if n.args[0] in params:
+            mine.update(v for x in index for v in _VAR.findall(x))
+        elif index:
+            fast.update(_VAR.findall(index[-1]))
+    if mine & fast:
+        return (f"%{r.name} ({pn} values, {costly}) is a broadcast along the reader's "
+                f"contiguous dim: inlined, it would be recomputed for each of the reader's "
+                f"{cn} elements")
+    return None
+
+
+__all__ = ["BROADCAST", "COSTLY", "broadcast_veto"]
