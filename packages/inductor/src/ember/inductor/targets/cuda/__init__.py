@@ -19,6 +19,7 @@ refused with the registered targets named, as before, rather than failing at loa
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import torch
 
@@ -32,6 +33,7 @@ from ember.inductor.targets.cuda.fuse_shared import fuse_shared as _fuse_shared 
 from ember.inductor.targets.cuda.gemv import LOWERINGS as GEMV_LOWERINGS
 from ember.inductor.targets.cuda.inplace import LOWERINGS as INPLACE_LOWERINGS
 from ember.inductor.targets.cuda.matmul_lowp import matmul_lowp as _matmul_lowp  # noqa: F401
+from ember.ir import Node
 from ember.ir.passes import register_pipeline
 
 # torch's fused CUDA attention stays one op (an extern of the same kernel: attention.py)
@@ -50,6 +52,17 @@ INDUCTOR_CUDA_INTERPRET = register_pipeline(
 TRITON_LOADER = register_loader(LANG, load_triton, devices=("cuda", "cpu"), launch_attrs=True)
 
 
+def _extern(lw: Any, n: Node) -> None:
+    """A torch kernel the front end keeps whole: one extern call on strided views."""
+    lw.passthrough(n, n.op)
+
+
+# the convolution gradients of training (prims.convolution's VJP rule): torch's cuDNN backward
+# kernel, one extern (without this rule the backward's call was left to the reference
+# interpreter, one eager op between Triton kernels)
+EXTERNS = {"aten.convolution_backward.default": _extern}
+
+
 def register_cuda_target() -> Target:
     """The target of device kind "cuda" (registered once; again returns the record)."""
     have = targets().get("cuda")
@@ -57,7 +70,7 @@ def register_cuda_target() -> Target:
         return have
     return register_target("cuda", "inductor-cuda", LANG, front=FRONT,
                            lowerings={**ATTENTION_LOWERINGS, **INPLACE_LOWERINGS,
-                                      **GEMV_LOWERINGS},
+                                      **GEMV_LOWERINGS, **EXTERNS},
                            description="Triton kernels (externs: torch's CUDA kernels)")
 
 
