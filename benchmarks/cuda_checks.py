@@ -334,7 +334,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if isinstance(v, float):
             return f"{v:.3g}"
         if isinstance(v, (list, tuple)):
-            return "; ".join(str(x)[:120] for x in v) or "0"
+            return "; ".join(str(x)[:120] for x in v) or "none"
         if isinstance(v, dict):
             return ", ".join(f"{k} {c}" for k, c in v.items())
         return "" if v is None else str(v)
