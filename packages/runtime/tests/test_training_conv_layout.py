@@ -75,6 +75,13 @@ def test_the_cpu_target_lowers_convolution_gradients_channels_last() -> None:
     assert sorted(tuple(n.kwargs["mask"]) for n in calls) == \
         [(False, True), (False, True), (True, False)]
     assert not [n for n in g.nodes if n.kwargs.get("op") == "aten.convolution_backward.default"]
+    # the second BatchNorm+ReLU's backward writes one full-size buffer, the cotangent the
+    # convolution gradients take; its masked cotangent (one full-size read plus per-channel
+    # vectors) is recomputed by its readers (fuse rule 5), not written too
+    full = [n for n in g.nodes if n.op == "kernels.call" and any(
+        isinstance(r.type, TensorType) and list(r.type.shape) == [4, 5, 7, 6]
+        for r in n.results)]
+    assert len(full) == 1, [r.name for n in full for r in n.results]
     # the forward returns the convolutions' NHWC buffers as they are (no copy kernel)
     f = fwd.graph()
     saved = f.outputs[len(f.outputs) - plan.n_saved:]

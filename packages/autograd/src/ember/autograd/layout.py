@@ -7,7 +7,9 @@ names, it cost a transposing copy kernel per convolution at the end of the forwa
 pass over the activation, and its memory), and the backward then read it NCHW while its
 convolution gradients (`loop.conv2d_backward_nhwc`) want NHWC again.
 
-`channels_last_saved(forward, backward)` saves each such value as its NHWC permute instead:
+`channels_last_saved(forward, backward)` saves each such value (and a saved convolution input
+computed in the forward, e.g. a ReLU's output: conv-nhwc writes it NHWC for the convolution)
+as its NHWC permute instead:
 @forward returns `prims.permute(%y, dims=[0, 2, 3, 1])` (lowered, the NHWC buffer itself: a
 permute of a permuted view is the buffer), and @backward takes the [N, H, W, C] tensor and reads
 `prims.permute(%y_nhwc, dims=[0, 3, 1, 2])` where it read %y (a view its kernels index: no
@@ -37,12 +39,13 @@ POS = [TO_NHWC.index(d) for d in range(4)]  # where NCHW dim d sits in NHWC
 CONVOLUTION = "prims.convolution"
 
 
-def _channels_last(v: Value) -> bool:
-    """A 2-d f32 convolution's output on the CPU with concrete channels (conv-nhwc's case)."""
+def _channels_last(v: Value, conv_inputs: set[Value]) -> bool:
+    """A 2-d f32 convolution's output or input (not a graph input) on the CPU with concrete
+    channels (conv-nhwc's case: the forward has it as an NHWC buffer)."""
     t = v.type
-    return v.node is not None and v.node.op == CONVOLUTION and isinstance(t, TensorType) \
-        and t.rank == 4 and t.dtype == DType.f32 and isinstance(t.shape[1], int) \
-        and t.device in (None, "cpu") and 0 not in t.shape
+    return v.node is not None and (v.node.op == CONVOLUTION or v in conv_inputs) \
+        and isinstance(t, TensorType) and t.rank == 4 and t.dtype == DType.f32 \
+        and isinstance(t.shape[1], int) and t.device in (None, "cpu") and 0 not in t.shape
 
 
 def _permuted_type(t: TensorType, dims: list[int]) -> TensorType:
@@ -68,9 +71,11 @@ def channels_last_saved(forward: Graph, backward: Graph) -> int:
 
     done = 0
     front: list[Node] = []
+    conv_inputs = {n.args[0] for n in forward.nodes if n.op == CONVOLUTION
+                   and isinstance(n.args[0], Value)}
     for i in range(s):
         v, p = forward.outputs[k + i], backward.params[i]
-        if not _channels_last(v) or not isinstance(p.type, TensorType) \
+        if not _channels_last(v, conv_inputs) or not isinstance(p.type, TensorType) \
                 or list(p.type.shape) != list(v.type.shape):  # type: ignore[union-attr]
             continue
         t = v.type

@@ -70,6 +70,26 @@ KERNEL_OPS = ("loop.pointwise", "loop.reduction")
 # 2 reads 16.2 ms, vectors not counted 22 ms)
 RECOMPUTE_READS = 3
 RECOMPUTE_NODES = 12  # rule 5's default: the computing nodes of a producer worth recomputing
+# ... or this many, where all but one are small (per-channel vectors, a [N, C] cotangent: at
+# most 1/16 of the producer's elements): the re-reads are one full-size buffer plus vectors
+# that stay in cache (a BatchNorm+ReLU's masked cotangent: x, mean, rstd, weight, bias, the
+# pooled cotangent; written, it was a full-size buffer live next to the next one)
+RECOMPUTE_READS_SMALL = 6
+
+
+def _numel(v: Value) -> int | None:
+    t = v.type
+    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+        return None
+    n = 1
+    for d in t.shape:
+        n *= int(d)
+    return n
+
+
+def _small(v: Value, of: Value) -> bool:
+    a, b = _numel(v), _numel(of)
+    return a is not None and b is not None and a * 16 <= b
 
 # replace(buffer, index, builder) -> the value a load of `buffer` at `index` becomes, or None
 Replace = Callable[[Value, list[Dim], BodyBuilder], Value | None]
@@ -171,9 +191,12 @@ def recompute_veto(m: Module, g: Graph, producer: Node, readers: list[Node], rec
     if r in g.outputs:
         return f"%{r.name} is a graph output and must be written anyway"
     pbody = _body(m, producer)
-    if _reduce_depth(m, pbody) or body_size(pbody) > recompute:
+    ops = set(producer.operands())
+    # one full-size read (the rest small vectors): twice the computing nodes are worth it
+    one_large = sum(1 for v in ops if not _small(v, r)) <= 1
+    if _reduce_depth(m, pbody) or body_size(pbody) > recompute * (2 if one_large else 1):
         return f"%{r.name} is too costly to recompute (recompute={recompute})"
-    if len(set(producer.operands())) > RECOMPUTE_READS:
+    if len(ops) > RECOMPUTE_READS and not (len(ops) <= RECOMPUTE_READS_SMALL and one_large):
         return f"%{r.name} reads more than {RECOMPUTE_READS} buffers"
     for c in readers:
         why = why_not_fused(m, g, producer, c, max_nodes, index, several=True)
