@@ -94,3 +94,31 @@ def test_alternates_per_binding_are_bounded(replaying: None) -> None:
             torch.testing.assert_close(c(x, w), mlp(x, w))
     (g,) = er.explain(c).cuda_graphs
     assert g.reused == 0 and g.recordings == len(ws) + 1, g.text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_new_tensor_at_a_freed_static_address_replays_without_recording_again() -> None:
+    """On a GPU: the caller frees its static tensor (the last generate()'s cache) and makes a
+    new one of its size, which the caching allocator puts at the same address: the recording
+    replays on it (nothing re-recorded), and reads the new values."""
+    def weight() -> torch.nn.Parameter:  # (a parameter: always read in place)
+        return torch.nn.Parameter(torch.randn(160, 160, device="cuda"), requires_grad=False)
+
+    c = er.compile(mlp, mode="reduce-overhead")
+    x = torch.randn(4, 160, device="cuda")
+    first = weight()
+    for _ in range(2):  # compiled (the capture keeps this one as its example), recorded
+        c(x, first)
+    w = weight()
+    for _ in range(6):  # recorded again with w in place, then replayed
+        torch.testing.assert_close(c(x, w), mlp(x, w))
+    at = w.data_ptr()
+    del w
+    w = weight()
+    if w.data_ptr() != at:
+        pytest.skip("the allocator put the new tensor elsewhere")
+    (g,) = er.explain(c).cuda_graphs
+    before = (g.recordings, g.rerecorded)
+    for _ in range(3):
+        torch.testing.assert_close(c(x, w), mlp(x, w))
+    assert (g.recordings, g.rerecorded) == before and g.recordings == 2, g.text()
