@@ -119,3 +119,23 @@ def test_conv2d_backward_nhwc_is_torchs_gradient(case: tuple[Any, ...]) -> None:
     exp = [want[0].permute(0, 2, 3, 1)] if mask[0] else []
     exp += [want[1]] if mask[1] else []
     torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+
+
+def test_a_saved_convolution_input_is_saved_nhwc_too() -> None:
+    # save-all keeps the ReLU output the second convolution reads: conv-nhwc writes it NHWC for
+    # the convolution, so it is saved as that buffer's NHWC permute as well
+    from ember.capture import Captured, capture
+    from ember.runtime.training import plan_training
+    from ember.runtime.writeback import backend_module
+
+    torch.manual_seed(0)
+    cap = capture(_Net(), (torch.randn(4, 3, 5, 7),), {})
+    assert isinstance(cap, Captured), cap
+    no_grad = {u.result for u in cap.updates if not u.grad}
+    plan = plan_training(backend_module(cap), cap.input_examples, no_grad, partitioner="save-all")
+    fwd = plan.forward.graph()
+    conv_inputs = {n.args[0] for n in fwd.nodes if n.op == "prims.convolution"}
+    saved = fwd.outputs[len(fwd.outputs) - plan.n_saved:]
+    nhwc = {v.node.args[0] for v in saved if v.node is not None and v.node.op == "prims.permute"
+            and v.node.kwargs["dims"] == [0, 2, 3, 1]}
+    assert len(conv_inputs & nhwc) == 1  # the first convolution's input is the batch itself
