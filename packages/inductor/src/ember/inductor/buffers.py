@@ -15,7 +15,9 @@ op's record does not declare `aliasing="fresh"`, every op left to the reference)
 next activation kernel writes into it once it is dead, instead of into new memory) are reused
 (never graph inputs), never a buffer that a graph output may alias, and never by the node that
 reads it last (a kernel does not write where it reads). An extern result that is not
-contiguous at run time is not taken (launch.out_buffer allocates instead).
+contiguous at run time is not taken (launch.out_buffer allocates instead). A dead buffer is
+held for a later reuse only where holding it does not raise the graph's peak bytes (its
+owned buffers, and a training backward's inputs up to their last use); otherwise it is let go.
 """
 
 from __future__ import annotations
@@ -102,6 +104,53 @@ def _buffer_key(v: Value) -> tuple[str, object] | None:
     return t.dtype.name, sympy.expand(math.prod(as_sympy(d) for d in t.shape))
 
 
+def _nbytes(v: Value) -> int | None:
+    """A buffer's static size in bytes (None: symbolic)."""
+    t = v.type
+    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+        return None
+    return math.prod(int(d) for d in t.shape) * t.dtype.itemsize
+
+
+def _profile(g: Graph, dies: dict[Value, float], last: dict[Value, float]) -> list[int]:
+    """Per node: the bytes of the owned buffers (kernel outputs, fresh extern results) live
+    while it runs, each from its node to its death (static sizes only). A training backward's
+    (`grad_inputs=` in its attributes) inputs count too, up to their last use: the runtime
+    hands them over in a BoxedInputs list the call empties as it goes (an input the caller
+    holds throughout adds the same bytes everywhere, which no decision here depends on)."""
+    prof = [0] * len(g.nodes)
+    if "grad_inputs" in g.attrs:
+        for p in g.params:
+            size = _nbytes(p)
+            end = last.get(p, -1)
+            if size is not None:
+                for j in range(0, len(g.nodes) if end == NEVER else int(end) + 1):
+                    prof[j] += size
+    made = {r: i for i, n in enumerate(g.nodes) for r in n.results}
+    for b, d in dies.items():
+        size = _nbytes(b)
+        if size is None or b not in made:
+            continue
+        for j in range(made[b], len(g.nodes) if d == NEVER else int(d) + 1):
+            prof[j] += size
+    return prof
+
+
+def _hold(prof: list[int], start: int, end: int, size: int | None) -> bool:
+    """Whether a dead buffer of `size` bytes may be kept from node `start` to node `end` (which
+    reuses it) without raising the graph's peak; if so, the profile counts it. A held buffer
+    spares the reader a fresh allocation (page faults), but held across the peak it is memory
+    the step needs on top (a training backward's first [tokens, vocab] buffer, reused by the
+    embedding's gradient at its very end)."""
+    if size is None or start >= end:
+        return True
+    if max(prof[start:end]) + size > max(prof):
+        return False
+    for j in range(start, end):
+        prof[j] += size
+    return True
+
+
 def plan_graph(g: Graph) -> int:
     """Add `reuse=` to the graph's kernel calls; the number of buffers reused. A graph that
     already carries a plan (a stored compiled module, planned by an earlier version whose
@@ -120,6 +169,7 @@ def plan_graph(g: Graph) -> int:
     free: dict[tuple[str, object], list[Value]] = {}
     released: list[tuple[float, Value]] = sorted(
         ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
+    prof = _profile(g, dies, last)
     k = 0
     count = 0
     for i, n in enumerate(g.nodes):
@@ -137,7 +187,13 @@ def plan_graph(g: Graph) -> int:
             pool = free.get(key) if key is not None else None
             if not pool:
                 break
-            reuse.append(pool.pop())
+            # the most recently dead buffer: held the shortest; a longer-dead one would be
+            # held longer still, so if this one may not be held, none may
+            b = pool.pop()
+            if not _hold(prof, int(dies[b]) + 1, i, _nbytes(b)):
+                pool.clear()
+                break
+            reuse.append(b)
         if reuse:
             n.kwargs = {**n.kwargs, "reuse": reuse}
             count += len(reuse)
