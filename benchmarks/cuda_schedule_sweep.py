@@ -85,13 +85,15 @@ EXTRA_CASES = {"layernorm": layernorm, "layernorm_gelu_tanh": layernorm_gelu_tan
 
 # math variants of the default kernel, by source text at its call sites (`v = f(...)`): the
 # functions ember rendered before (libdevice's erff for the prelude's _erf, tl.exp for
-# ex2.approx.ftz, div.full for 1 / x), one at a time and all three ("before")
+# ex2.approx.ftz, div.full for 1 / x, a division per element by a row value), one at a time
+# and all of them ("before")
 _ERF = ("= _erf(", "= tl.erf(")
 _EXP = ("= libdevice.fast_expf(", "= tl.exp(")
 _RECIP = ("= libdevice.fast_dividef(1.0, ", "= (1.0 / ")
+_ROWDIV = ("* (1.0 / ", "/ (")  # x * (1 / row value) back to x / row value
 MATH_VARIANTS: list[tuple[str, list[tuple[str, str]]]] = [
     ("libdevice_erf", [_ERF]), ("tl_exp", [_EXP]), ("div_full", [_RECIP]),
-    ("before", [_ERF, _EXP, _RECIP])]
+    ("row_div", [_ROWDIV]), ("before", [_ERF, _EXP, _RECIP, _ROWDIV])]
 
 
 def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:

@@ -150,3 +150,16 @@ def test_a_bad_programs_value_is_named() -> None:
     text = scheduled(row_sum, x).replace("cuda_xblock=", "cuda_programs=-2, cuda_xblock=", 1)
     with pytest.raises(ScheduleError, match="cuda_programs"):
         run_pipeline(parse(text), "codegen-triton{interpret=true}")
+
+
+def test_division_by_a_row_value_is_one_reciprocal_per_row() -> None:
+    """softmax's e / sum(e): e * (1 / sum), the reciprocal of the [XBLOCK, 1] row value once
+    per row; a division by a per-element value stays a division."""
+    x = torch.randn(6, 64)
+    src = run(scheduled(softmax, x), softmax, x, tol=2e-6)
+    assert "* (1.0 / " in src.split("@triton.jit")[-1]
+
+    def per_element(a: torch.Tensor) -> torch.Tensor:
+        return a.sum(-1, keepdim=True) / (a.abs() + 1.0)
+    src = run(scheduled(per_element, x), per_element, x)
+    assert "* (1.0 / " not in src.split("@triton.jit")[-1]

@@ -262,6 +262,9 @@ class _Writer:
     contiguous: Any = None  # pointwise: the flat index as an expression of the loop variables
     sizes: list[str] = field(default_factory=list)  # size symbols: kernel arguments
     per_op: bool = False  # cuda_lowp="per-op": f16/bf16 op results rounded as eager rounds
+    # names of per-row values (a reduction, and ops over reductions and numbers only): a
+    # division by one is a multiplication by its reciprocal, computed once per row
+    rowvals: set[str] = field(default_factory=set)
 
     def op_round(self, dt: DType, text: str) -> str:
         """An op's result: rounded to f16/bf16 under "per-op", left in f32 under "f32"."""
@@ -294,10 +297,15 @@ class _Writer:
             loc = f" ({short(n.loc.file)}:{n.loc.line})" if n.loc else ""
             self.emit(depth, "# " + safe_text(f"%{r.name} = {n.op}{loc}"))
             rhs = self.rhs(n, env, pre, mask, shape)
+            vals = [env[a] for a in n.args if isinstance(a, Value)]
+            row = n.op == "loop.reduce" or (bool(vals) and all(v in self.rowvals for v in vals)
+                                            and n.op not in ("loop.load", "loop.index"))
             if self.cse is not None and rhs in self.cse:
                 env[r] = self.cse[rhs]
                 continue
             env[r] = ident(r.name, pre)
+            if row:
+                self.rowvals.add(env[r])
             self.emit(depth, f"{env[r]} = {rhs}")
             if self.cse is not None:
                 self.cse[rhs] = env[r]
@@ -355,6 +363,9 @@ class _Writer:
         ops = [env[a] if isinstance(a, Value) else self.number(a, odt) for a in n.args]
         if n.op == "prims.div" and dclass(odt) == _F and odt != DType.f64 and ops[0] == "1.0":
             tmpl = RECIP
+        elif n.op == "prims.div" and dclass(odt) == _F and ops[1] in self.rowvals \
+                and ops[0] not in self.rowvals:  # softmax's e / sum: one division per row
+            tmpl = "({0} * (1.0 / {1}))"
         if dclass(odt) == _I:  # typed as the tensor operands: an int literal is i32 to Triton
             ops = [o if isinstance(a, Value) else f"tl.full([], {o}, {tl_dtype(odt)})"
                    for o, a in zip(ops, n.args, strict=True)]
