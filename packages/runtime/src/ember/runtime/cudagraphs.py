@@ -385,12 +385,14 @@ class _GraphRunner:
 
         def body() -> list[Any]:
             outs = list(self.runner(graph, ins).outputs)
-            for r, p in in_graph.items():
-                if r < len(outs) and isinstance(outs[r], torch.Tensor):
-                    ins[p].copy_(outs[r])  # the write-back, in the graph
+            _write_back([(ins[p], outs[r]) for r, p in in_graph.items()
+                         if r < len(outs) and isinstance(outs[r], torch.Tensor)])
             return outs
 
-        def warm() -> None:  # the graph is pure: its write-backs are body's
+        def warm() -> None:
+            # the graph's write-backs are body's; a backend that writes rows of a static
+            # cache in place (the CUDA target's cache-inplace) writes the rows the replay
+            # writes again, from the same inputs: running it once more changes nothing
             self.runner(graph, ins)
 
         try:
@@ -434,6 +436,18 @@ class _GraphRunner:
             else:
                 out.append(o)
         return out
+
+
+def _write_back(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`dst.copy_(src)` per pair, in the recording: one multi-tensor launch for all of them
+    (a decode step updates each layer's 0-d cache position: 32 copies, one kernel); a result
+    that is its input already (written in place by the backend) is skipped."""
+    pairs = [(d, s) for d, s in pairs if s is not d]
+    if len(pairs) > 1 and all(d.dtype == s.dtype and d.device == s.device for d, s in pairs):
+        torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
+        return
+    for d, s in pairs:
+        d.copy_(s)
 
 
 def _nbytes(x: torch.Tensor) -> int:
