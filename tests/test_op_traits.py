@@ -89,6 +89,13 @@ def _idx(*shape: int, high: int) -> torch.Tensor:
     return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(3))
 
 
+def _attention_backward_case() -> tuple[list[Any], dict[str, Any]]:
+    q, k, v = _r(1, 2, 4, 8), _r(1, 2, 4, 8), _r(1, 2, 4, 8)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+    return ([_r(1, 2, 4, 8), q, k, v, out, lse, 0.0, True],
+            {"kernel": "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"})
+
+
 FRESH_CASES: dict[str, list[Case]] = {
     "prims.pad": [lambda: ([_r(3, 4), 0.0], {"config": [[0, 0, 0], [0, 0, 0]]}),
                   lambda: ([_r(3, 4), 1.5], {"config": [[1, -1, 1], [0, 2, 0]]})],
@@ -125,6 +132,8 @@ FRESH_CASES: dict[str, list[Case]] = {
                               "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1]})],
     "aten._scaled_dot_product_flash_attention_for_cpu.default": [
         lambda: ([_r(1, 2, 4, 8), _r(1, 2, 4, 8), _r(1, 2, 4, 8)], {})],
+    # training's attention backward, its gradients returned as the [B, L, H, E] buffers
+    "loop.attention_grads_heads_last": [lambda: _attention_backward_case()],
     # training's convolution gradients (grad_output, input, weight, ..., output_mask)
     "aten.convolution_backward.default": [
         lambda mask=mask: ([_r(1, 3, 5, 5), _r(1, 2, 5, 5), _r(3, 2, 3, 3), None, [1, 1],
