@@ -122,3 +122,41 @@ def test_a_new_tensor_at_a_freed_static_address_replays_without_recording_again(
     for _ in range(3):
         torch.testing.assert_close(c(x, w), mlp(x, w))
     assert (g.recordings, g.rerecorded) == before and g.recordings == 2, g.text()
+
+
+def _step(cache: torch.Tensor, pos: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    cache.index_copy_(0, pos, v)
+    return cache.sum(0) * 2
+
+
+def test_a_cache_copied_after_short_sessions_is_read_in_place_again(replaying: None) -> None:
+    """A static cache that moves right after being recorded twice (generate()s of one token)
+    is copied in and written back per call from then on; once a cache stays put for a run of
+    calls (a long generate()), the binding is recorded again with it read in place."""
+    c = er.compile(_step, mode="reduce-overhead")
+
+    def session(calls: int) -> None:
+        cache, ref = torch.zeros(6, 4), torch.zeros(6, 4)
+        for i in range(calls):
+            pos, v = torch.tensor([i]), torch.randn(1, 4)
+            torch.testing.assert_close(c(cache, pos, v), _step(ref, pos, v))
+            torch.testing.assert_close(cache, ref)
+
+    session(6)
+    for _ in range(3):  # three 1-call sessions: the cache is demoted to a copied input
+        session(1)
+    runner = _runner(c)
+    assert runner.demoted == [0] and runner.recordings[()][0].copied[:1] == [0]
+    session(6)  # stays put: after a run of replays, recorded again with it in place
+    (g,) = er.explain(c).cuda_graphs
+    assert g.restored == 1 and "1 re-recording(s) reading copied inputs in place" in g.text()
+    assert runner.demoted == [] and 0 in dict(runner.recordings[()][0].static)
+
+
+def _runner(c: Any) -> Any:
+    """The compiled function's CUDA-graph runner (one graph)."""
+    from ember.runtime.cudagraphs import _GraphRunner
+    found = [o for o in gc.get_referrers(er.explain(c).cuda_graphs[0])
+             if isinstance(o, _GraphRunner)]
+    assert len(found) == 1
+    return found[0]

@@ -282,6 +282,13 @@ class _GraphRunner:
         self.recordings: dict[tuple[Any, ...], list[_Recording]] = {}
         self.seen: dict[tuple[Any, ...], list[Any]] = {}  # binding -> addresses at warm-up
         self.moves: dict[int, int] = {}  # static inputs that moved: how often
+        # inputs copied because they moved soon after being recorded (a cache of a few
+        # 1-token generate()s looks like a new tensor per call): their addresses per call,
+        # and for how many calls in a row they stayed put (then they are read in place again)
+        self.demoted: list[int] = []
+        self.demoted_ptrs: list[int] = []
+        self.steady = 0
+        self.warmed: set[tuple[Any, ...]] = set()  # bindings run once on the recorder's stream
         self.fresh = 0  # calls in a row whose binding was new
         self.binder = binder
 
@@ -314,6 +321,19 @@ class _GraphRunner:
                 again = {i for i, _ in r.static}
                 rec.rerecorded += 1
                 r = None
+        elif r is not None and rs is not None and self.demoted:
+            now = [inputs[i].data_ptr() for i in self.demoted]
+            if now != self.demoted_ptrs:
+                self.demoted_ptrs, self.steady = now, 0
+            else:
+                self.steady += 1
+                if self.steady >= STABLE_REPLAYS:  # they stay put now: read in place again
+                    for i in self.demoted:
+                        self.moves.pop(i, None)
+                    again, self.demoted = set(self.demoted), []
+                    rs.remove(r)
+                    rec.restored += 1
+                    r = None
         if r is None:
             if rs is None and len(self.recordings) >= self.owner.max_recordings:
                 rec.over_limit += 1  # (nothing more to remember)
@@ -351,6 +371,10 @@ class _GraphRunner:
             if got is None:
                 return self.runner(graph, inputs)
             r = got
+            self.demoted = sorted(i for i, n in self.moves.items()
+                                  if n >= 2 and i not in static and i < len(inputs))
+            self.demoted_ptrs = [inputs[i].data_ptr() for i in self.demoted]
+            self.steady = 0
             rs = self.recordings.setdefault(key, [])
             rs.insert(0, r)
             del rs[MAX_ALTERNATES:]
@@ -392,8 +416,11 @@ class _GraphRunner:
         def warm() -> None:
             # the graph's write-backs are body's; a backend that writes rows of a static
             # cache in place (the CUDA target's cache-inplace) writes the rows the replay
-            # writes again, from the same inputs: running it once more changes nothing
-            self.runner(graph, ins)
+            # writes again, from the same inputs: running it once more changes nothing.
+            # Once per binding: a re-recording (a new cache) runs the same kernels on the
+            # same stream, whose per-stream state (cuBLAS workspaces) the first one set up
+            if key not in self.warmed:
+                self.runner(graph, ins)
 
         try:
             g, outs = self.owner.recorder.capture(body, device, ins, warm)
@@ -401,6 +428,7 @@ class _GraphRunner:
             rec.skipped = f"recording failed: {type(e).__name__}: {_first_line(e)}"
             _sync(device)
             return None
+        self.warmed.add(key)
         bad = [j for j, o in enumerate(outs) if not (
             (isinstance(o, torch.Tensor) and o.device == device) or isinstance(o, SCALARS))]
         if bad:

@@ -86,6 +86,7 @@ class CudaGraphRecord:
     over_limit: int = 0  # calls of a binding past the recording limit
     rerecorded: int = 0  # recordings made again because a static input moved
     reused: int = 0  # calls whose static inputs came back to an earlier recording's addresses
+    restored: int = 0  # recordings made again to read copied inputs in place (they stay put)
     bindings: list[str] = field(default_factory=list)  # each recorded binding's shapes
     skipped: str | None = None
 
@@ -100,6 +101,9 @@ class CudaGraphRecord:
             counts += f", {self.rerecorded} re-recording(s) (a static input moved)"
         if self.reused:
             counts += f", {self.reused} return(s) to an earlier recording's addresses"
+        if self.restored:
+            counts += (f", {self.restored} re-recording(s) reading copied inputs in place "
+                       f"again")
         if self.skipped is not None:
             return head + f"not recorded: {self.skipped}; " + counts
         return head + counts + ("; bindings " + ", ".join(self.bindings)
