@@ -53,9 +53,21 @@ def body_size(g: Graph) -> int:
 
 
 def fresh_body_name(module: Module, base: str, taken: set[str]) -> str:
+    def used(k: int) -> bool:
+        return f"{base}_k{k}" in module.items or f"{base}_k{k}" in taken
+
+    # `{base}_k{k}` with k - 1 used and k free (the first free k where the used names are
+    # k0..kN, as passes make them): found by doubling, then bisecting, in O(log N) lookups;
+    # counting up from k0 made a 32-layer graph's thousands of bodies quadratic (seconds)
     k = 0
-    while f"{base}_k{k}" in module.items or f"{base}_k{k}" in taken:
-        k += 1
+    if used(0):
+        lo, hi = 0, 1
+        while used(hi):
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:  # lo used, hi free
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if used(mid) else (lo, mid)
+        k = hi
     name = f"{base}_k{k}"
     taken.add(name)
     return name
