@@ -314,3 +314,32 @@ def test_decode_gemv_matches_cublas_form(monkeypatch: pytest.MonkeyPatch) -> Non
     w = torch.randn(33, 300, generator=g).to(torch.bfloat16)
     got = compiled_runner(m)(None, [x, w]).outputs[0]
     torch.testing.assert_close(got, torch.mm(x, w.t()), rtol=2e-2, atol=5e-2)
+
+
+def test_decode_gemv_only_under_cuda_graph_modes(triton_cpu: Target,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """compile() adds decode-gemv under mode="reduce-overhead" (launch cost hidden by the CUDA
+    graph), not in the default mode; the values are torch's either way."""
+    from ember.inductor.targets.cuda import gemv
+    monkeypatch.setitem(triton_cpu.lowerings, gemv.OP, gemv.lower_gemv)
+    reg = default_registry()
+    real = reg.lookup(gemv.OP)
+    assert real is not None
+    ran: list[int] = []
+
+    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+        ran.append(1)
+        return real.reference(interp, args, kw)
+    monkeypatch.setattr(reg, "lookup", lambda name: dataclasses.replace(real, reference=run)
+                        if name == gemv.OP else type(reg).lookup(reg, name))
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 300, generator=g).to(torch.bfloat16)
+    w = torch.randn(33, 300, generator=g).to(torch.bfloat16)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w.t()
+    for mode, uses in ((None, False), ("reduce-overhead", True)):
+        ran.clear()
+        got = er.compile(f, mode=mode)(x, w)
+        torch.testing.assert_close(got, f(x, w), rtol=2e-2, atol=5e-2)
+        assert bool(ran) == uses, mode

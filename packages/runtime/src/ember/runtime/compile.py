@@ -77,7 +77,7 @@ from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missin
 from ember.runtime.guards import CallCode
 from ember.runtime.history import Fallback, GraphRecord, History
 from ember.runtime.modview import compiled_module
-from ember.runtime.options import check_options
+from ember.runtime.options import DEFAULT_PIPELINE_NAME, check_options
 from ember.runtime.training import (
     DEFAULT_PARTITIONER,
     GraphRunner,
@@ -523,6 +523,11 @@ class CompiledFunction:
         start = time.perf_counter()
         pipeline = pipeline_for(module, o.pipeline)
         tuning: Any = contextlib.nullcontext([])
+        if self.mode in CUDAGRAPH_MODES and o.pipeline == DEFAULT_PIPELINE_NAME:
+            # one-row products as Triton GEMVs: faster on the device, but their launches cost
+            # host time that only a CUDA graph's replay does not pay (gemv.py)
+            from ember.inductor.targets.cuda.gemv import with_decode_gemv
+            pipeline = with_decode_gemv(pipeline)
         if self.mode in ("max-autotune", "max-autotune-no-cudagraphs"):
             from ember.inductor.targets.cuda.autotune import collecting, with_autotune
             pipeline = with_autotune(pipeline)  # the CUDA target's: tuned schedules

@@ -6,14 +6,17 @@ them through cuBLAS. This pass rewrites such a `prims.matmul` (one row, the seco
 transposed [N, K] tensor, f16/bf16) into `loop.gemv(x, W)`, an extern running `gemv`: a Triton
 kernel of one program per BLOCK_N rows of W, each reading its rows in BLOCK_K chunks along K
 (contiguous, coalesced) and the vector once per chunk, accumulating in f32 and rounding once
-(as cuBLAS does). Not in `inductor-cuda` by default: where it beats cuBLAS is measured on the
-device (benchmarks/results), per shape.
+(as cuBLAS does). On the H200 with cold weights it is 0-16% faster than cuBLAS on the dolly
+decode step's five shapes (`MEASURED`). Its launch goes through Triton's Python dispatch (tens
+of us of host time, where cuBLAS's is a few): `compile()` adds the pass only under CUDA graphs
+(mode="reduce-overhead" / "max-autotune", `with_decode_gemv`), where launches cost no host time.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -30,14 +33,24 @@ OP = "loop.gemv"
 LOWP = (DType.bf16, DType.f16)
 
 
+# (N, K) -> (BLOCK_N, BLOCK_K, warps): the fastest of 6-8 candidates per shape on the H200 with
+# cold weights inside a CUDA graph (benchmarks/results/2026-12-02-h200-decode-step-kernels.md):
+# the dolly-v2-3b linears and its lm_head
+MEASURED = {(7680, 2560): (8, 512, 4), (2560, 2560): (4, 4096, 8), (10240, 2560): (16, 256, 4),
+            (2560, 10240): (4, 2048, 8), (50280, 2560): (16, 512, 8)}
+
+
 def config(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) for an [N, K] weight: a streaming read wants ~3-4 MB in flight
-    on an H200 (~4.8 TB/s x ~0.7 us): 8 kB chunks (BLOCK_N x BLOCK_K bf16) from at least ~600
-    programs, so few rows per program where N is small."""
-    bn = 16
-    while bn > 1 and n // bn < 600:
-        bn //= 2
-    return bn, min(max(64, 4096 // bn), max(64, 1 << (k - 1).bit_length())), 4
+    """(BLOCK_N, BLOCK_K, warps) for an [N, K] weight: a measured shape's, else the same rule
+    the measurements follow: few rows per program where N is small (enough programs to keep
+    ~3-4 MB of loads in flight), 8-16 kB chunks, 8 warps for the 16 kB ones."""
+    got = MEASURED.get((n, k))
+    if got is not None:
+        return got
+    bn = 4 if n <= 4096 else 8 if n <= 8192 else 16
+    bk = (4096 if k <= 4096 else 2048) if bn == 4 else 512 if bn == 8 else 256
+    bk = min(bk, max(64, 1 << (k - 1).bit_length()))
+    return bn, bk, 8 if bn * bk >= 8192 else 4
 
 
 @functools.cache
@@ -140,6 +153,18 @@ def decode_gemv(module: Module, *, explain: bool = False) -> Module:
     return out
 
 
+def with_decode_gemv(pipeline: str) -> str:
+    """`pipeline` with decode-gemv before lower-loops, where it is a Triton pipeline (the CUDA
+    target's) without it; else unchanged."""
+    from ember.ir.passes import expand_pipeline
+    stages = re.split(r",(?![^{]*})", expand_pipeline(pipeline))
+    if "decode-gemv" in stages or "lower-loops" not in stages or not any(
+            st.startswith("codegen-triton") for st in stages):
+        return pipeline
+    stages.insert(stages.index("lower-loops"), "decode-gemv")
+    return ",".join(stages)
+
+
 def lower_gemv(lw: Any, n: Node) -> None:
     """An extern on strided views of x and the weight (no copies)."""
     lw.passthrough(n, n.op)
@@ -147,4 +172,5 @@ def lower_gemv(lw: Any, n: Node) -> None:
 
 LOWERINGS = {OP: lower_gemv}
 
-__all__ = ["LOWERINGS", "OP", "decode_gemv", "gemv", "lower_gemv"]
+__all__ = ["LOWERINGS", "MEASURED", "OP", "config", "decode_gemv", "gemv", "lower_gemv",
+           "with_decode_gemv"]
