@@ -24,6 +24,21 @@ fallbacks, CUDA-graph recordings and replays) are recorded per case. `--budget S
 starting a case expected to end past S seconds (its variant's last first call, or
 `--compile-guess`, plus its timed calls); rows are written to OUT/generate.jsonl as they finish, and a markdown
 table to OUT/generate.md at the end.
+
+Tokens against eager's (the bf16 rule): greedy decoding in bf16 may take the other of two
+tokens whose logits eager itself barely tells apart. A compiled row's tokens are accepted only
+where they equal eager's up to a first divergent position p at which eager's logits (its
+forward on the prompt and its own tokens before p, no cache) put the two tokens within
+`NEAR_TIE_ULPS` bf16 roundings of the logits' scale: |logit[eager's] - logit[compiled]| <=
+2 * 2^-8 * max|logit|. Such a row reports `near_tie: true`; any other divergence is a wrong
+result. In float32 on the CPU the tokens must be equal exactly (the runtime tests check that).
+
+`--step` (ember variants, static cache): after the timed calls, one decode step of one more
+generate() is kept and timed alone (CUDA synchronized per call): the compiled call, its guard
+check, its input matching, the CUDA graph's replay alone (the device's time), and eager's
+forward; the host time a step adds is the compiled call minus the replay. `--profile-first`
+samples the first call's Python stack (every 5 ms) and reports the functions most often on
+it (the seconds of a first call: capture, passes, Triton compiles, recording).
 """
 
 from __future__ import annotations
@@ -59,13 +74,19 @@ def emit(row: dict[str, Any]) -> None:
     print(json.dumps(short, default=str)[:700], flush=True)
 
 
-def build_model(layers: int, device: str) -> Any:
+NEAR_TIE_ULPS = 2  # a divergence within this many bf16 roundings of the logit scale
+
+
+def build_model(layers: int, device: str, tiny: bool = False) -> Any:
     import transformers as T
     shape: dict[str, Any] = dict(  # databricks/dolly-v2-3b's config.json, but the layer count
         hidden_size=2560, num_hidden_layers=layers, num_attention_heads=32,
         intermediate_size=10240, rotary_pct=0.25, vocab_size=50280,
         max_position_embeddings=2048, use_parallel_residual=True, bos_token_id=0,
         eos_token_id=0, tie_word_embeddings=False)
+    if tiny:  # (a smoke run's shape: the same architecture, small)
+        shape.update(hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                     vocab_size=1000)
     cfg = T.GPTNeoXConfig(**shape)
     rope = getattr(cfg, "rope_parameters", None) or {}
     frac = rope.get("partial_rotary_factor", getattr(cfg, "rotary_pct", None))
@@ -134,7 +155,7 @@ def divergence_gaps(model: Any, ids: torch.Tensor, got: torch.Tensor, want: torc
         gap = float(logits[e] - logits[c])
         out.append({"position": p, "eager_token": e, "compiled_token": c,
                     "gap": round(gap, 4), "logit_scale": round(scale, 3),
-                    "near_tie": abs(gap) <= scale * 2 ** -8 * 2})
+                    "near_tie": abs(gap) <= scale * 2 ** -8 * NEAR_TIE_ULPS})
     return out
 
 
@@ -152,7 +173,7 @@ def compiled_forward(model: Any, variant: str) -> Any:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model(args.layers, device)
+    model = build_model(args.layers, device, args.tiny)
     emit({"section": "env", "device": torch.cuda.get_device_name() if device == "cuda"
           else platform.processor(), "torch": torch.__version__,
           "triton": _version("triton"), "transformers": _version("transformers"),
@@ -162,7 +183,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
           "commit": os.environ.get("EMBER_COMMIT", "")})
     cases = [(c, b) for b in args.batches for c in args.caches]
     gen = torch.Generator().manual_seed(1)
-    prompts = {b: torch.randint(2, 50000, (b, args.prompt), generator=gen).to(device)
+    vocab = 1000 if args.tiny else 50000
+    prompts = {b: torch.randint(2, vocab, (b, args.prompt), generator=gen).to(device)
                for b in args.batches}
     eager_tokens: dict[tuple[str, int], torch.Tensor] = {}
     compiled: dict[str, Any] = {}  # variant -> its compiled forward, kept across cases
@@ -201,8 +223,15 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
             cf = compiled[variant] = compiled_forward(model, variant)
         if cf is not None:
             model.forward = cf
+        sampler = StackSampler() if args.profile_first and variant != "eager" and \
+            variant not in last_first else None
         t0 = time.perf_counter()
-        toks = generate(model, ids, args.new, cache)
+        if sampler is not None:
+            with sampler:
+                toks = generate(model, ids, args.new, cache)
+            row["first_profile"] = sampler.top(30)
+        else:
+            toks = generate(model, ids, args.new, cache)
         row["first_s"] = last_first[variant] = round(time.perf_counter() - t0, 3)
         for _ in range(args.warm):  # (CUDA graphs record on a binding's second call)
             generate(model, ids, args.new, cache)
@@ -227,12 +256,114 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
                                                     eager_tokens[(cache, batch)], div)
         if variant.startswith("ember") and cf is not None:
             row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
+            if args.step and cache == "static":
+                row["step"] = step_times(model, cf, ids, cache)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         row["trace"] = traceback.format_exc()[-3000:]
     finally:
         model.__dict__.pop("forward", None)
     return row
+
+
+class StackSampler:
+    """The main thread's Python stack, sampled every `dt` seconds from another thread: per
+    function (file:name), the share of samples it was on the stack (inclusive)."""
+
+    def __init__(self, dt: float = 0.005):
+        import threading
+        self.dt, self.samples = dt, 0
+        self.counts: dict[str, int] = {}
+        self.main = threading.main_thread().ident
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop = True
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop:
+            f = sys._current_frames().get(self.main) if self.main is not None else None
+            seen: set[str] = set()
+            while f is not None:
+                c = f.f_code
+                seen.add(f"{os.path.basename(c.co_filename)}:{c.co_name}")
+                f = f.f_back
+            for k in seen:
+                self.counts[k] = self.counts.get(k, 0) + 1
+            self.samples += 1
+            time.sleep(self.dt)
+
+    def top(self, k: int) -> list[tuple[str, float]]:
+        n = max(self.samples, 1)
+        return [(name, round(c / n, 3))
+                for name, c in sorted(self.counts.items(), key=lambda kv: -kv[1])[:k]]
+
+
+def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 20,
+               reps: int = 5) -> dict[str, Any]:
+    """One decode step of a generate() through `cf`, timed alone (module docstring)."""
+    import gc
+
+    from ember.runtime.cudagraphs import _GraphRunner
+    steps: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def spy(*a: Any, **k: Any) -> Any:
+        steps.append((a, k))
+        return cf(*a, **k)
+
+    model.forward = spy
+    try:
+        generate(model, ids, 8, cache)
+    finally:
+        model.forward = cf
+    args, kwargs = steps[-3]  # (a decode step: it started 3 steps before the end)
+    steps.clear()
+    layers = kwargs.get("past_key_values", kwargs.get("cache")).layers
+    at = [layer.cumulative_length.clone() - 3 for layer in layers]
+    cuda = ids.is_cuda
+
+    def timed(fn: Any) -> float:
+        out = []
+        for _ in range(reps):
+            t = 0.0
+            for _ in range(calls):
+                for layer, c in zip(layers, at, strict=True):  # the step's own slot again
+                    layer.cumulative_length.copy_(c)
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                if cuda:
+                    torch.cuda.synchronize()
+                t += time.perf_counter() - t0
+            out.append(t / calls * 1e3)
+        return round(statistics.median(out), 4)
+
+    entry, S = cf._hot, cf.self_obj
+    with torch.no_grad():
+        inputs = entry.code.guard(S, args, kwargs)
+        row: dict[str, Any] = {
+            "forward_ms": timed(lambda: cf(*args, **kwargs)),
+            "guard_ms": timed(lambda: entry.code.guard(S, args, kwargs)),
+            "matches_ms": timed(lambda: entry.matches(inputs)),
+            "eager_forward_ms": timed(lambda: type(model).forward(model, *args, **kwargs)),
+            "guards": len(entry.code.guards), "inputs": len(inputs)}
+        runners = [o for o in gc.get_referrers(*[r for r in cf.history.cuda_graphs])
+                   if isinstance(o, _GraphRunner)] if cf.history.cuda_graphs else []
+        if runners and cuda:
+            runner = max(runners, key=lambda o: o.rec.replays)
+            rec = max((r for rs in runner.recordings.values() for r in rs),
+                      key=lambda r: r.replays)
+            row["replay_ms"] = timed(lambda: rec.graph.replay())
+            row["static_inputs"], row["copied_inputs"] = len(rec.static), len(rec.copied)
+            row["host_ms"] = round(row["forward_ms"] - row["replay_ms"], 4)
+    return row  # (the step's arguments, its cache among them, are dropped with this frame)
 
 
 def _version(name: str) -> str:
@@ -283,6 +414,12 @@ def main() -> int:
                     help="seconds after which no new case starts")
     ap.add_argument("--compile-guess", type=float, default=60.0,
                     help="a compiled variant's first call, before one was measured (s)")
+    ap.add_argument("--step", action="store_true",
+                    help="time one decode step alone per ember variant (static cache)")
+    ap.add_argument("--profile-first", action="store_true",
+                    help="sample the first call's Python stack per compiled variant")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a small model of the same architecture (a CPU smoke run)")
     args = ap.parse_args()
     if "eager" not in args.variants:
         args.variants.insert(0, "eager")  # the tokens every variant is checked against
