@@ -163,3 +163,25 @@ def test_division_by_a_row_value_is_one_reciprocal_per_row() -> None:
         return a.sum(-1, keepdim=True) / (a.abs() + 1.0)
     src = run(scheduled(per_element, x), per_element, x)
     assert "* (1.0 / " not in src.split("@triton.jit")[-1]
+
+
+@pytest.mark.parametrize(("case", "dtype", "warps", "evict"), [
+    ("row_sum", torch.bfloat16, 8, True), ("row_sum", torch.float32, 16, True),
+    ("softmax", torch.bfloat16, 4, False), ("softmax", torch.float32, 8, False),
+    ("ln_gelu", torch.bfloat16, 4, False), ("ln_gelu", torch.float32, 8, False)])
+def test_rows_schedule_by_bytes(case: str, dtype: torch.dtype, warps: int, evict: bool) -> None:
+    """4096-element rows: warps so that a thread loads 32 bytes in a plain row reduction (and
+    L2 eviction hints on), 64 in a row with a body (hints off), as measured on the H200."""
+    x = torch.randn(4, 4096, dtype=dtype)
+    fn: Fn = {"row_sum": row_sum, "softmax": softmax, "ln_gelu": ln_gelu}[case]
+    args = (x, torch.randn(4096, dtype=dtype), torch.randn(4096, dtype=dtype)) \
+        if case == "ln_gelu" else (x,)
+    text = scheduled(fn, *args)
+    assert f"cuda_warps={warps}" in text
+    m = run_pipeline(parse(text), "codegen-triton{interpret=true},plan-buffers")
+    src = next(iter(m.kernels.values())).source
+    assert ("eviction_policy='evict_first'" in src) == evict
+    if dtype == torch.float32:  # the interpreter's bf16 arithmetic is not eager's
+        load_module(m)
+        torch.testing.assert_close(compiled_runner(m)(None, list(args)).outputs[0], fn(*args),
+                                   atol=1e-4, rtol=1e-4)

@@ -50,6 +50,7 @@ from ember.inductor.targets.cuda.launcher import (
 )
 from ember.inductor.targets.cuda.lowp import LOWP_DEFAULT, LOWP_MODES, has_lowp_values
 from ember.inductor.targets.cuda.matmul_template import Pair, fused_externs, render_matmul
+from ember.inductor.targets.cuda.prelude import GPU_LIBDEVICE, INTERP_LIBDEVICE
 from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
     Arg,
@@ -387,9 +388,14 @@ def load_report(m: Module) -> LoadReport | None:
 
 def _import(k: Kernel, digest: str) -> Any:
     """The block's launch() (its module imported once per source)."""
+    source = k.source
+    if _interpreting() and GPU_LIBDEVICE in source:
+        # a GPU-form block under Triton's interpreter (the JIT's fallback launch, in tests):
+        # its libdevice calls (fast_expf, fast_dividef, ...) on numpy, as an interpreted block's
+        source = source.replace(GPU_LIBDEVICE, INTERP_LIBDEVICE, 1)
     fn = _LOADED.get(digest)
     if fn is None:
-        path = _write(k.source, digest)
+        path = _write(source, digest)
         modname = f"ember_triton_{digest}"
         spec = importlib.util.spec_from_file_location(modname, path)
         if spec is None or spec.loader is None:

@@ -127,6 +127,7 @@ def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):  # square and multipl
 
 
 INTERP_LIBDEVICE = "from ember.inductor.targets.cuda import interp_libdevice as libdevice"
+GPU_LIBDEVICE = "from triton.language.extra import libdevice"
 
 
 def prelude(interpret: bool) -> str:
@@ -134,7 +135,7 @@ def prelude(interpret: bool) -> str:
     place (interp_libdevice.py)."""
     if not interpret:
         return PRELUDE
-    return PRELUDE.replace("from triton.language.extra import libdevice", INTERP_LIBDEVICE)
+    return PRELUDE.replace(GPU_LIBDEVICE, INTERP_LIBDEVICE)
 
 
-__all__ = ["INTERP_LIBDEVICE", "PRELUDE", "prelude"]
+__all__ = ["GPU_LIBDEVICE", "INTERP_LIBDEVICE", "PRELUDE", "prelude"]

@@ -660,12 +660,21 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         xblock = user.get("cuda_xblock",
                           max(1, min(next_pow2(xn) if static else 64, 64, RMAX // widest)))
         elems = xblock * widest
-        # 4 warps up to 4096 elements per program (32 a thread): on the H200 at 16384x4096
-        # layernorm+gelu ran 92.0% of copy with 4 against 88.6% with 8 (bf16 53.6 / 50.9),
-        # softmax and row sums within 0.5 points (benchmarks/results, the schedule sweep)
-        sched = {"XBLOCK": xblock, "num_warps": user.get(
-                     "cuda_warps", 8 if elems > 4096 else 4 if elems >= 1024
-                     else 2 if elems >= 256 else 1),
+        # a plain row reduction (one reduction, a value per row, each row read once; a bf16
+        # sum is a pointwise kernel rounding its fused reduction's value)
+        plain = len(order) == 1 and ni == 1 and order[0].reduction not in ("argmax", "argmin")
+        warps = 8 if elems > 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
+        if 1024 <= elems <= 4096:
+            # by bytes a thread loads (the widest input): on the H200 at 16384x4096 a plain
+            # row reduction streams best at 32 a thread (sum: bf16 8 warps 86.8% of copy
+            # against 74.4 with 4, f32 16 warps 94.5 against 90.9 with 4, both with eviction
+            # hints), a row with a body at 64 (layernorm+gelu: bf16 4 warps 72.8 against 65.5
+            # with 8, f32 8 warps 93.0 against 91.8 with 4; softmax within a point)
+            # (benchmarks/results/2026-12-02-h200-memory-bound-math.md)
+            nbytes = elems * max([_tensor(v).dtype.torch.itemsize for v in node.args[1:]
+                                  if isinstance(v, Value)] or [4])
+            warps = min(16, max(4, nbytes // (32 * (32 if plain else 64))))
+        sched = {"XBLOCK": xblock, "num_warps": user.get("cuda_warps", warps),
                  "grid": math.ceil(xn / xblock) if static else -1}
         for k, red in enumerate(order):
             sched[f"R{k}BLOCK"] = red.block
@@ -678,7 +687,10 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         # argmax/argmin's two, and one value per row after it): eviction hints apply
         sched["one_pass"] = int(w.shared or (len(order) == 1 and ni == 1 and order[0].reduction
                                              not in ("argmax", "argmin")))
-        if user.get("cuda_evict") == 1 and sched["one_pass"]:
+        # L2 eviction hints: on by default for plain row reductions (H200, 16384x4096 sums:
+        # bf16 +12 points of copy, f32 +2), off for rows with a body (softmax, layernorm:
+        # 4 points worse with them)
+        if user.get("cuda_evict", int(plain)) == 1 and sched["one_pass"]:
             w.evict = frozenset(f"i{k}" for k in range(len(outer)))
             sched["evict"] = 1
         progs = user.get("cuda_programs", 0)
