@@ -28,7 +28,8 @@ Four rules run to a fixpoint:
 5. **Recompute a cheap multi-reader producer** (`recompute=N`, N > 0; default -1: the graph's
    target's `FusionHooks.recompute`, the CPU target's RECOMPUTE_NODES): a single-output
    `loop.pointwise` kernel with no reductions in its body, at most N computing nodes, reading
-   at most `RECOMPUTE_READS` buffers, not a graph output, whose readers are all loop kernels
+   at most `RECOMPUTE_READS` buffers (or, where all but one of them are small vectors, up to
+   `RECOMPUTE_READS_SMALL` buffers and 2N nodes: a BatchNorm+ReLU's masked cotangent), not a graph output, whose readers are all loop kernels
    rule 1 could fuse it into, is inlined into every reader and never written (TorchInductor
    inlines such pointwise values into each user likewise): a training backward's `x - mean`,
    `xhat`, the ReLU-masked cotangent, each read by two or three kernels, were each a full
