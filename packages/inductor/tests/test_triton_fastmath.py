@@ -185,3 +185,10 @@ def test_rows_schedule_by_bytes(case: str, dtype: torch.dtype, warps: int, evict
         load_module(m)
         torch.testing.assert_close(compiled_runner(m)(None, list(args)).outputs[0], fn(*args),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_autotune_times_a_plain_reduction_without_its_default_hints() -> None:
+    from ember.inductor.targets.cuda import autotune as at
+    c = at.loop_candidates({"XBLOCK": 1, "num_warps": 8, "persistent": 1, "one_pass": 1,
+                            "evict": 1}, 64, 4096)
+    assert c[-1] == {**c[0], "cuda_evict": 0}

@@ -222,8 +222,9 @@ def loop_candidates(sched: Mapping[str, int], xn: int, rn: int | None) -> list[C
     for c in out:
         if c not in uniq:
             uniq.append(c)
-    if rn is not None and sched.get("one_pass"):  # the default with L2 eviction hints too
-        return [*uniq[:8], {**default, "cuda_evict": 1}]
+    if rn is not None and sched.get("one_pass"):  # the default with L2 eviction hints
+        # toggled (on by default for plain row reductions: then timed without them)
+        return [*uniq[:8], {**default, "cuda_evict": 0 if sched.get("evict") else 1}]
     return uniq[:8]
 
 
