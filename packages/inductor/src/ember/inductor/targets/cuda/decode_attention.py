@@ -12,7 +12,8 @@ store-then-load within the program), scores in f32 with the additive bias, and w
 
 Numerics: scores, softmax and the weighted sum in f32 as torch's fused kernels do; the output
 rounded once to the cache dtype. A row whose every key is masked gives NaN (0/0), as eager's
-math attention does.
+math attention does. A position outside the cache (a static cache run past its length) writes
+nothing, where eager's index_copy_ raises: reading it back would cost a sync per step.
 
 `decode_attention_` runs the Triton kernel on CUDA tensors (and on CPU tensors in Triton's
 interpreter, TRITON_INTERPRET=1, or with `triton=True`); otherwise the same computation in torch
@@ -50,9 +51,10 @@ def _kernel() -> Any:
         em = e < E
         kn = tl.load(kn_ptr + b * skn_b + h * skn_h + e * skn_e, mask=em, other=0.0)
         vn = tl.load(vn_ptr + b * svn_b + h * svn_h + e * svn_e, mask=em, other=0.0)
-        # the new rows into the caches (this head's slot at pos)
-        tl.store(kc_ptr + b * sk_b + h * sk_h + pos * sk_s + e * sk_e, kn, mask=em)
-        tl.store(vc_ptr + b * sv_b + h * sv_h + pos * sv_s + e * sv_e, vn, mask=em)
+        # the new rows into the caches (this head's slot at pos; never outside the cache)
+        inside = em & (pos >= 0) & (pos < S)
+        tl.store(kc_ptr + b * sk_b + h * sk_h + pos * sk_s + e * sk_e, kn, mask=inside)
+        tl.store(vc_ptr + b * sv_b + h * sv_h + pos * sv_s + e * sv_e, vn, mask=inside)
         q = tl.load(q_ptr + b * sq_b + h * sq_h + e * sq_e, mask=em, other=0.0).to(tl.float32)
         knf = kn.to(tl.float32)
         vnf = vn.to(tl.float32)
