@@ -324,7 +324,8 @@ def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 
         model.forward = cf
     args, kwargs = steps[-3]  # (a decode step: it started 3 steps before the end)
     steps.clear()
-    layers = kwargs.get("past_key_values", kwargs.get("cache")).layers
+    cache_obj: Any = kwargs["past_key_values" if "past_key_values" in kwargs else "cache"]
+    layers = cache_obj.layers
     at = [layer.cumulative_length.clone() - 3 for layer in layers]
     cuda = ids.is_cuda
 

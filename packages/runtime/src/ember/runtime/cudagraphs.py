@@ -241,7 +241,7 @@ class _Recording:
         # the buffers of the copied inputs only: the caller's static tensors are not kept
         # alive (each replay checks their addresses first: module docstring)
         held = set(copied)
-        self.ins = [x if i in held else None for i, x in enumerate(ins)]
+        self.ins: list[Any] = [x if i in held else None for i, x in enumerate(ins)]
         self.ptrs = [p for _, p in self.static]
         # (the per-call check of ~400 parameters' addresses, at C speed where it can be)
         self.take: Callable[[Sequence[Any]], Any] = \
