@@ -192,3 +192,24 @@ def test_autotune_times_a_plain_reduction_without_its_default_hints() -> None:
     c = at.loop_candidates({"XBLOCK": 1, "num_warps": 8, "persistent": 1, "one_pass": 1,
                             "evict": 1}, 64, 4096)
     assert c[-1] == {**c[0], "cuda_evict": 0}
+
+
+@pytest.mark.parametrize("name", ["amax", "amin", "argmax", "argmin", "softmax"])
+def test_nan_propagating_row_max_and_min(name: str) -> None:
+    """A persistent f32 row's amax/amin reduce with a NaN-propagating combine (one max.NaN an
+    element, no second reduction looking for NaN): a row holding NaN gives NaN (argmax: its
+    first NaN's index), as eager; +-inf rows too."""
+    x = torch.randn(6, 64)
+    x[1, 5] = float("nan")
+    x[2, :] = float("-inf")
+    x[3, 7] = float("inf")
+    x[4, 60] = float("nan")
+    x[4, 3] = float("nan")
+    fn: Fn = {"amax": lambda a: a.amax(-1), "amin": lambda a: a.amin(-1),
+              "argmax": lambda a: a.argmax(-1), "argmin": lambda a: a.argmin(-1),
+              "softmax": softmax}[name]
+    m = run_pipeline(parse(scheduled(fn, x)), "codegen-triton{interpret=true},plan-buffers")
+    src = next(iter(m.kernels.values())).source
+    assert "_nanmax" in src or "_nanmin" in src
+    load_module(m)
+    torch.testing.assert_close(compiled_runner(m)(None, [x]).outputs[0], fn(x), equal_nan=True)

@@ -22,6 +22,16 @@ def _minimum(a, b):
 
 
 @triton.jit
+def _nanmax(a, b):  # a reduction's combine: NaN wins, as eager's amax (one max.NaN)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _nanmin(a, b):
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _sign(a):
     return (a > 0).to(a.dtype) - (a < 0).to(a.dtype)
 

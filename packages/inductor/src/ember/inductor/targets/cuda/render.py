@@ -488,7 +488,13 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
     nan_fix = dclass(dt) == _F and value_kind in ("amax", "amin")
     op = _COMBINE[value_kind]
     acc = f"acc{red.name}"
-    if red.persistent:
+    if red.persistent and nan_fix and ct == "tl.float32":
+        # a NaN-propagating combine (max.NaN / min.NaN, one instruction an element) in place
+        # of tl.max and a second reduction looking for NaN (three an element)
+        rv, _, _ = chunk(depth, "")
+        comb = "_nanmax" if value_kind == "amax" else "_nanmin"
+        w.emit(depth, f"{val} = tl.reduce({rv}, 1, {comb}, keep_dims=True)")
+    elif red.persistent:
         rv, _, _ = chunk(depth, "")
         w.emit(depth, f"{val} = {_reduce_call(op, rv)}")
         if nan_fix:  # tl.max drops NaN: a row holding one reduces to NaN, as eager
