@@ -9,6 +9,9 @@ import torch
 
 import ember.inductor  # noqa: F401  (registers the CPU target)
 from ember.inductor.targets.cpu import packed
+from ember.ir import Interpreter, Module
+
+INTERP = Interpreter(Module())  # _run does not read it
 
 KW = {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "scale": True,
       "bias": True, "relu": True}
@@ -29,10 +32,10 @@ def test_a_weight_changed_before_every_call_runs_unpacked_then_packed_again() ->
     for step in range(packed.CHANGING + 3):
         with torch.no_grad():
             w.sub_(0.01 * torch.ones_like(w))  # an SGD step: a new version
-        torch.testing.assert_close(packed._run(None, [x, w, a, b], KW), want())
+        torch.testing.assert_close(packed._run(INTERP, [x, w, a, b], KW), want())
         # packed while the streak is short, plain (nothing cached) once it is long
         assert packed.is_cached(w) == (step <= packed.CHANGING), step
-    torch.testing.assert_close(packed._run(None, [x, w, a, b], KW), want())  # unchanged now
+    torch.testing.assert_close(packed._run(INTERP, [x, w, a, b], KW), want())  # unchanged now
     assert packed.is_cached(w)
     first = packed.packed_weight(w, a, [2, 3, 5, 6], KW)
     assert packed.packed_weight(w, a, [2, 3, 5, 6], KW) is first  # reused again

@@ -117,6 +117,7 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
 
     twin: dict[Value, Value] = {}
     out: list[Node] = []
+    made: set[int] = set()  # the nodes written here (only those may be dropped as dead)
 
     def permute(v: Value, dims: list[int], at: Node, result: Value | None = None) -> Value:
         t = v.type
@@ -124,6 +125,7 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
         r = result or Value(fresh(f"{v.name}.nhwc"), _permuted_type(t, dims))
         r.node, r.index = Node("prims.permute", [v], {"dims": list(dims)}, [r], at.loc), 0
         out.append(r.node)
+        made.add(id(r.node))
         return r
 
     def swap(n: Node, args: list[object], kwargs: dict[str, object]) -> None:
@@ -132,8 +134,9 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
         t = r.type
         assert isinstance(t, TensorType)
         y = Value(fresh(f"{r.name}.nhwc"), _permuted_type(t, TO_NHWC))
-        y.node = Node(n.op, args, kwargs, [y], n.loc)  # type: ignore[arg-type]
+        y.node = Node(n.op, args, kwargs, [y], n.loc)
         out.append(y.node)
+        made.add(id(y.node))
         permute(y, TO_NCHW, n, r)
         twin[r] = y
 
@@ -153,8 +156,10 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
         elif n.op == "prims.broadcast_in_dim" and r is not None and _rank4(r) \
                 and isinstance(n.kwargs.get("broadcast_dims"), list) \
                 and isinstance(n.kwargs.get("shape"), list):
-            bd = [POS[int(d)] for d in n.kwargs["broadcast_dims"]]  # type: ignore[union-attr]
-            if bd != sorted(set(bd)):
+            given = n.kwargs["broadcast_dims"]
+            assert isinstance(given, list)
+            bd = [POS[d] for d in given if isinstance(d, int)]
+            if len(bd) != len(given) or bd != sorted(set(bd)):
                 out.append(n)
                 continue
             shape = n.kwargs["shape"]
@@ -163,10 +168,12 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
                                    "broadcast_dims": bd})
         elif prim is not None and prim.reduction is not None and n.args \
                 and n.args[0] in twin and isinstance(n.kwargs.get("dims"), list):
-            dims = [int(d) for d in n.kwargs["dims"]]  # type: ignore[union-attr]
+            given = n.kwargs["dims"]
+            assert isinstance(given, list)
+            dims = [d for d in given if isinstance(d, int)]
             kept = [POS[d] for d in range(4) if d not in dims]
             if kept == sorted(kept):  # the result's dims keep their order
-                n.args = [twin[n.args[0]], *n.args[1:]]  # type: ignore[index]
+                n.args = [twin[n.args[0]], *n.args[1:]]
                 n.kwargs = {**n.kwargs, "dims": sorted(POS[d] for d in dims)}
             out.append(n)
         else:
@@ -174,11 +181,11 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
             for res in n.results:  # a convolution gradient's result: NHWC from the target
                 if _rank4(res) and n.op.startswith("aten.convolution_backward"):
                     twin[res] = permute(res, TO_NHWC, n)
-    # drop what no longer has a reader (the NCHW nodes the twins replaced)
+    # drop what no longer has a reader (the NCHW values the twins replaced, unused twins)
     used = set(g.outputs)
     keep: list[Node] = []
     for n in reversed(out):
-        if n.op.startswith("prims.") and not any(r in used for r in n.results):
+        if id(n) in made and not any(r in used for r in n.results):
             continue
         keep.append(n)
         used.update(n.operands())

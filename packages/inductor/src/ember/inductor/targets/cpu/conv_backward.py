@@ -130,9 +130,10 @@ def _fits(n: Node) -> list[bool] | None:
     if not all(isinstance(v, list) and len(v) == 2 and all(isinstance(i, int) for i in v)
                for v in (stride, padding, dilation)):
         return None
-    sizes = [*g.type.shape, *x.type.shape, *w.type.shape]  # type: ignore[union-attr]
-    if 0 in sizes or not isinstance(x.type.shape[1], int) \
-            or not isinstance(g.type.shape[1], int):  # type: ignore[union-attr]
+    ts = [v.type for v in (g, x, w) if isinstance(v, Value) and isinstance(v.type, TensorType)]
+    sizes = [d for t in ts for d in t.shape]
+    if len(ts) != 3 or 0 in sizes or not isinstance(ts[0].shape[1], int) \
+            or not isinstance(ts[1].shape[1], int):
         return None
     if len(n.results) != sum(mask[:2]):
         return None
@@ -161,7 +162,11 @@ def lower_conv_backward(lw: _Lowering, n: Node) -> None:
     stride, padding, dilation, groups = n.args[4], n.args[5], n.args[6], n.args[9]
     kw: dict[str, Arg] = {"op": BACKWARD_OP, "mask": mask, "stride": stride,
                           "padding": padding, "dilation": dilation, "groups": groups}
-    types: list[Type] = ([_nhwc_type(xt)] if mask[0] else []) + ([wt] if mask[1] else [])
+    types: list[Type] = []
+    if mask[0]:
+        types.append(_nhwc_type(xt))
+    if mask[1]:
+        types.append(wt)
     names = [f"{r.name}.nhwc" if k == 0 and mask[0] else r.name
              for k, r in enumerate(n.results)]
     for r in n.results:
