@@ -2,7 +2,7 @@
 
 Runs after `schedule-cuda`. For every loop kernel with static sizes it renders a few candidate
 schedules (XBLOCK and warps; for rows also persistent vs looped and RBLOCK, and for a one-pass
-rows kernel the default with `cuda_evict=1`, TorchInductor's L2 eviction hints), compiles them (on
+rows kernel the default with TorchInductor's L2 eviction hints toggled, `cuda_evict=`), compiles them (on
 the GPU in launcher.py's thread pool, as a module load does), times each on random inputs of the
 kernel's dtypes and shapes (fresh buffers: the user's tensors are never touched, so a kernel
 that writes its inputs writes only these) and writes the fastest into the node's cuda_*
@@ -57,7 +57,8 @@ from ember.ir.passes import expand_pipeline, register_pass
 
 Candidate = dict[str, Any]
 Timer = Callable[[Callable[[], object], Candidate], float]  # (run, candidate) -> ms
-CACHE_VERSION = 2  # bump when the candidate sets or the file's fields change (2: cuda_evict)
+CACHE_VERSION = 3  # bump when the candidate sets or the file's fields change (2: cuda_evict;
+# 3: hints on by default for plain row reductions, rows' warps by bytes: old winners stale)
 _LOG = logging.getLogger("ember.kernels")
 _TIMER: ContextVar[Timer | None] = ContextVar("ember_tuning_timer", default=None)
 # the reports of a `collecting()` block (compile() notes them in explain)
