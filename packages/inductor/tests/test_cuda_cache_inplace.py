@@ -343,3 +343,26 @@ def test_decode_gemv_only_under_cuda_graph_modes(triton_cpu: Target,
         got = er.compile(f, mode=mode)(x, w)
         torch.testing.assert_close(got, f(x, w), rtol=2e-2, atol=5e-2)
         assert bool(ran) == uses, mode
+
+
+OUTER_IR = """ember.ir 1.0
+
+graph @f(%a: f32[2, 10, 1], %b: f32[2, 1, 5]) -> (f32[2, 10, 5]) {
+  %y = prims.matmul(%a, %b) : f32[2, 10, 5]
+  %z = prims.cos(%y) : f32[2, 10, 5]
+  return (%z)
+}
+"""
+
+
+def test_decode_gemv_makes_a_contraction_of_one_a_multiply() -> None:
+    """transformers' rotary `inv_freq @ position_ids` (K = 1): a broadcast multiply fused into
+    its reader (no GEMM launch), bit for bit torch's product."""
+    from ember.ir import parse
+    m = run_pipeline(parse(OUTER_IR), "decode-gemv,dce,lower-loops,fuse,schedule-cuda,"
+                     "codegen-triton{interpret=true},plan-buffers")
+    assert externs(m) == []
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(2, 10, 1, generator=g), torch.randn(2, 1, 5, generator=g)
+    got = compiled_runner(m)(None, [a, b]).outputs[0]
+    torch.testing.assert_close(got, torch.cos(a @ b))

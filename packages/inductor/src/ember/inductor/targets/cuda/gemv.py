@@ -14,6 +14,7 @@ of us of host time, where cuBLAS's is a few): `compile()` adds the pass only und
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ember.inductor.targets.cuda.matmul_lowp import fresh, graph_names
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
 from ember.ir.graph import Arg
 from ember.ir.passes import register_pass
@@ -114,8 +116,51 @@ if default_registry().lookup(OP) is None:
                 "by decode-gemv)", _infer, _run, aliasing="fresh")
 
 
+def _outer(n: Node, taken: set[str]) -> list[Node] | None:
+    """An f32 product over a contraction of length 1 ([.., M, 1] x [.., 1, N], transformers'
+    rotary `inv_freq @ position_ids`) as the exact broadcast multiply it is, which fuses into
+    its reader (cuBLAS ran it as a GEMM launch of its own); None if n is not one."""
+    x, b = n.args
+    if not isinstance(x, Value) or not isinstance(b, Value):
+        return None
+    xt, bt, rt = x.type, b.type, n.results[0].type
+    if not (isinstance(xt, TensorType) and isinstance(bt, TensorType)
+            and isinstance(rt, TensorType)) or xt.rank != bt.rank or xt.rank < 2 \
+            or xt.shape[-1] != 1 or bt.shape[-2] != 1 or xt.dtype != DType.f32 \
+            or bt.dtype != DType.f32 or xt.shape[:-2] != bt.shape[:-2]:
+        return None
+    shape = list(rt.shape)
+    dims = list(range(rt.rank))
+    out: list[Node] = []
+    wide = []
+    for v in (x, b):
+        w = Value(fresh(taken, f"{v.name}.outer"), dataclasses.replace(rt, strides=None))
+        out.append(Node("prims.broadcast_in_dim", [v], {"shape": list(shape),
+                                                         "broadcast_dims": list(dims)},
+                        [w], n.loc))
+        w.node = out[-1]
+        wide.append(w)
+    out.append(Node("prims.mul", list(wide), {}, list(n.results), n.loc))
+    for r in n.results:
+        r.node = out[-1]
+    return out
+
+
 def _rewrite(g: Graph, explain: bool) -> int:
     done = 0
+    taken = graph_names(g)
+    nodes: list[Node] = []
+    for n in g.nodes:
+        outer = _outer(n, taken) if n.op == "prims.matmul" and len(n.args) == 2 else None
+        if outer is not None:
+            nodes += outer
+            done += 1
+            if explain:
+                print(f"decode-gemv: @{g.name} %{n.results[0].name}: a contraction of 1, a "
+                      f"broadcast multiply", file=sys.stderr)
+            continue
+        nodes.append(n)
+    g.nodes = nodes
     for i, n in enumerate(g.nodes):
         if n.op != "prims.matmul" or len(n.args) != 2:
             continue
@@ -145,7 +190,8 @@ def _rewrite(g: Graph, explain: bool) -> int:
 
 
 @register_pass("decode-gemv", "CUDA: a one-row f16/bf16 product against a transposed [N, K] "
-               "weight becomes a Triton GEMV extern (loop.gemv); explain=true says which")
+               "weight becomes a Triton GEMV extern (loop.gemv), an f32 product over a "
+               "contraction of 1 a broadcast multiply; explain=true says which")
 def decode_gemv(module: Module, *, explain: bool = False) -> Module:
     out = module.clone()
     for g in out.graphs.values():
