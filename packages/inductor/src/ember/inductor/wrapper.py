@@ -357,13 +357,13 @@ class _Gen:
             # an input, numeric coefficients: launch.strided_view's sums written out over its
             # real strides (one stride() call, no Python helper)
             st_ = [f"_s[{j}]" for j in range(len(offsets))]
-            strides = [_lin([(row[k], s) for row, s in zip(coefs, st_, strict=True)])
-                       for k in range(len(shape))]
+            sts = [_lin([(row[k], s) for row, s in zip(coefs, st_, strict=True)])
+                   for k in range(len(shape))]
             off = _lin([(o, s) for o, s in zip(offsets, st_, strict=True)])
             xs = self.name(x)
             self.lines.append(f"    _s = {xs}.stride()")
             self.lines.append(f"    {name} = {xs}.as_strided({_shape(shape)}, "
-                              f"({', '.join(strides)}{',' if len(strides) == 1 else ''}), "
+                              f"({', '.join(sts)}{',' if len(sts) == 1 else ''}), "
                               f"{xs}.storage_offset(){' + ' + off if off != '0' else ''})")
         else:  # an input, symbolic coefficients: its real strides
             offs = _shape(offsets)
@@ -396,6 +396,15 @@ class _Gen:
             return
         if node.op == "kernels.view" and node.kwargs.get("op") == "loop.view":
             self.strided_view(i, node)
+            return
+        rt = node.results[0].type if len(node.results) == 1 else None
+        if node.op == "kernels.view" and node.kwargs.get("op") == "prims.reshape" \
+                and isinstance(node.args[0], Value) and isinstance(rt, TensorType):
+            # torch's reshape, as prims.reshape's reference, without the interpreter's call
+            # (~25 us a view: a transformer training step has ~30)
+            self.lines.append(f"    v{i}_0 = {self.name(node.args[0])}.reshape("
+                              f"{_shape(list(rt.shape))})")
+            self.names[node.results[0]] = f"v{i}_0"
             return
         kw = dict(node.kwargs)
         name = kw.pop("op") if node.op == "kernels.extern" else node.op

@@ -69,7 +69,8 @@ def broadcast_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str |
     for n in cbody.nodes:
         if n.op != "loop.load" or not n.args:
             continue
-        index = [index_text(x) for x in n.kwargs.get("index", [])]  # type: ignore[union-attr]
+        raw = n.kwargs.get("index")
+        index = [index_text(x) for x in raw] if isinstance(raw, list) else []
         if n.args[0] in params:
             mine.update(v for x in index for v in _VAR.findall(x))
         elif index:
