@@ -125,6 +125,10 @@ FRESH_CASES: dict[str, list[Case]] = {
                                     {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
                                      "groups": 1, "scale": True, "bias": True,
                                      "relu": True})],
+    "loop.conv2d_backward_nhwc": [
+        lambda m=m: ([_r(1, 5, 5, 3), _r(1, 5, 5, 2), _r(3, 2, 3, 3)],  # type: ignore[misc]
+                     {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
+                      "mask": m}) for m in ([True, False], [False, True], [True, True])],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],
