@@ -330,7 +330,8 @@ class _GraphRunner:
                 if self.steady >= STABLE_REPLAYS:  # they stay put now: read in place again
                     for i in self.demoted:
                         self.moves.pop(i, None)
-                    again, self.demoted = set(self.demoted), []
+                    again = set(self.demoted) | {i for i, _ in r.static}
+                    self.demoted = []
                     rs.remove(r)
                     rec.restored += 1
                     r = None
