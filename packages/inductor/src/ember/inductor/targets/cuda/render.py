@@ -492,8 +492,8 @@ def _row_reduce(w: _Writer, depth: int, red: _Red, xmask: str, bshape: str) -> N
         # a NaN-propagating combine (max.NaN / min.NaN, one instruction an element) in place
         # of tl.max and a second reduction looking for NaN (three an element)
         rv, _, _ = chunk(depth, "")
-        comb = "_nanmax" if value_kind == "amax" else "_nanmin"
-        w.emit(depth, f"{val} = tl.reduce({rv}, 1, {comb}, keep_dims=True)")
+        nan_comb = "_nanmax" if value_kind == "amax" else "_nanmin"
+        w.emit(depth, f"{val} = tl.reduce({rv}, 1, {nan_comb}, keep_dims=True)")
     elif red.persistent:
         rv, _, _ = chunk(depth, "")
         w.emit(depth, f"{val} = {_reduce_call(op, rv)}")
