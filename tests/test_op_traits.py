@@ -129,6 +129,8 @@ FRESH_CASES: dict[str, list[Case]] = {
         lambda m=m: ([_r(1, 5, 5, 3), _r(1, 5, 5, 2), _r(3, 2, 3, 3)],  # type: ignore[misc]
                      {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
                       "mask": m}) for m in ([True, False], [False, True], [True, True])],
+    # the CUDA target's one-row GEMV (gemv.py; torch.mm off the GPU)
+    "loop.gemv": [lambda: ([_r(1, 8), _r(5, 8)], {}), lambda: ([_r(1, 1), _r(1, 1)], {})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],
