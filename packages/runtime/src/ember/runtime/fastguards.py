@@ -25,10 +25,8 @@ in its `__dict__`, and an identity-guarded object's `__dict__` reassigned wholes
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import chain
 from types import FunctionType
 from typing import Any, cast
 
@@ -48,13 +46,6 @@ _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                 "_backward_pre_hooks")
 _ROOTS = ("S", "A", "K")
 _MISSING = object()
-_HOOKS_OF = operator.itemgetter(*_HOOK_TABLES)
-
-
-def _any_hook(dicts: tuple[dict[str, Any], ...]) -> bool:
-    """Whether any of these (identity-guarded) modules' instance dicts holds a hook: one pass
-    at C speed (a 32-layer model has ~400 modules, four hook tables each)."""
-    return any(chain.from_iterable(map(_HOOKS_OF, dicts)))
 
 
 @dataclass(frozen=True)
@@ -72,7 +63,7 @@ class _Code(Source):
 
 class _Refs:
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {"_ga": object.__getattribute__, "_any_hook": _any_hook}
+        self.values: dict[str, Any] = {"_ga": object.__getattribute__}
         self._ids: dict[int, str] = {}
 
     def ref(self, obj: Any, hint: str) -> str:
@@ -129,9 +120,6 @@ class _Builder:
         self.dicts: dict[Source, str] = {}  # an unpinned object's __dict__, read once
         self.hoist: set[Source] = set()
         self._values: dict[Source, Any] = {}
-        # identity-guarded modules' instance dicts whose NO_HOOKS guards are checked together,
-        # after the others (the fast check's order is free: any failure runs the full check)
-        self.hooked: list[dict[str, Any]] = []
 
     def value(self, src: Source) -> Any:
         """The source's value now, through its full expression."""
@@ -221,17 +209,13 @@ class _Builder:
             return None
         return _Code(f"{d}[{name!r}]")
 
-    def guard_code(self, g: Guard) -> str | None:
-        """The guard's fast code (None: it is checked with others at the end)."""
+    def guard_code(self, g: Guard) -> str:
         ref = self.ns.ref
         src = g.source
         if g.kind is GuardKind.NO_HOOKS and src is not None:
             d = self.dict_of(src, _HOOK_TABLES[0])
             if d is not None and all(_instance_dict(self.value(src), t) is not None
                                      for t in _HOOK_TABLES):
-                if src in self.pinned:
-                    self.hooked.append(object.__getattribute__(self.value(src), "__dict__"))
-                    return None
                 return "not (" + " or ".join(f"{d}[{t!r}]" for t in _HOOK_TABLES) + ")"
         if g.kind is GuardKind.ATTR_ABSENT and src is not None:
             absent = self._absent(src, g.expected)
@@ -278,17 +262,13 @@ class _Builder:
                       if n > 1 and s.expr(self.ns.ref) not in _ROOTS}
         for g in guards:
             code = self.guard_code(g)
-            if code is not None:
-                self.body.append(f"        if not ({code}):")
-                self.body.append("            return _full(S, A, K)")
+            self.body.append(f"        if not ({code}):")
+            self.body.append("            return _full(S, A, K)")
             if g.source is not None and g.kind is GuardKind.ID_MATCH:
                 self.pinned[g.source] = g.expected
                 self.typed.add(g.source)
             elif g.source is not None and g.kind is GuardKind.TYPE_MATCH:
                 self.typed.add(g.source)
-        if self.hooked:
-            self.body.append(f"        if _any_hook({self.ns.ref(tuple(self.hooked), 'HK')}):")
-            self.body.append("            return _full(S, A, K)")
         built = [self.fast(s).expr(self.ns.ref) for s in inputs]
         lines = ["def guard(S, A, K):", "    try:", *self.body,
                  f"        return [{', '.join(built)}]",
