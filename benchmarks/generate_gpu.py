@@ -203,6 +203,20 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                        last_first, eager_tokens)
         emit(row)
         rows.append(row)
+        cf = compiled.get(variant)
+        if args.step and cache == "static" and variant.startswith("ember") and cf is not None \
+                and "error" not in row and "skipped" not in row:
+            # (a row of its own, after the case's: a run cut short keeps the case)
+            try:
+                model.forward = cf
+                step = {"section": "step", "variant": variant, "cache": cache,
+                        "batch": batch, **step_times(model, cf, prompts[batch], cache)}
+            except Exception as e:
+                step = {"section": "step", "variant": variant,
+                        "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            finally:
+                model.__dict__.pop("forward", None)
+            emit(step)
     return rows
 
 
@@ -256,8 +270,6 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
                                                     eager_tokens[(cache, batch)], div)
         if variant.startswith("ember") and cf is not None:
             row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
-            if args.step and cache == "static":
-                row["step"] = step_times(model, cf, ids, cache)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         row["trace"] = traceback.format_exc()[-3000:]
@@ -305,8 +317,8 @@ class StackSampler:
                 for name, c in sorted(self.counts.items(), key=lambda kv: -kv[1])[:k]]
 
 
-def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 20,
-               reps: int = 5) -> dict[str, Any]:
+def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 10,
+               reps: int = 3) -> dict[str, Any]:
     """One decode step of a generate() through `cf`, timed alone (module docstring)."""
     import gc
 
