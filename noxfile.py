@@ -161,7 +161,7 @@ def _finish_extra_pythons(session: nox.Session, pending: Pending
             continue
         session.log(f"{name}: {extra.venv.name}/ ready ({extra.seconds / 60:.1f} min)")
         code, line = _pytest(session, list(EXTRA_TESTS), _profile("ci"), extra.venv)
-        out[name] = (code, f"{line} (venv set-up {extra.seconds / 60:.1f} min)")
+        out[name] = (code, f"{line.strip('= ')} (venv set-up {extra.seconds / 60:.1f} min)")
     return out
 
 
