@@ -200,9 +200,11 @@ class _Lowering:
         if aff is None or any(c < 0 for c in aff[1][0]):
             return self.materialize_view(view, name.replace(".view", ".copy"))
         shape = list(view.type.shape)
-        if as_sympy(flat) == as_sympy(flat_offset(ivars, shape)):  # the reshape itself
-            return self._view_node(view.src, "prims.reshape", view.type, name, shape=shape)
         numel = simplify_dim(sympy.Mul(*(as_sympy(d) for d in src_t.shape)))
+        whole = as_sympy(numel) == sympy.Mul(*(as_sympy(d) for d in shape))
+        if whole and as_sympy(flat) == as_sympy(flat_offset(ivars, shape)):  # the reshape itself
+            return self._view_node(view.src, "prims.reshape", view.type, name, shape=shape)
+        # a prefix of the buffer (a leading slice) reads through a flat view, never a reshape
         flat_t = TensorType(src_t.dtype, (numel,), None, src_t.device)
         buf = self._view_node(view.src, "prims.reshape", flat_t, f"{name}.flat", shape=[numel])
         return self._view_node(buf, "loop.view", view.type, name, index=[index_value(flat)],
