@@ -39,6 +39,16 @@ POS = [TO_NHWC.index(d) for d in range(4)]  # where NCHW dim d sits in NHWC
 CONVOLUTION = "prims.convolution"
 
 
+
+def _fresh_name(names: set[str], base: str) -> str:
+    """`base`, or `base.k` with the first k not in `names`; the name is added to `names`."""
+    name, i = base, 0
+    while name in names:
+        i += 1
+        name = f"{base}.{i}"
+    names.add(name)
+    return name
+
 def _channels_last(v: Value, conv_inputs: set[Value]) -> bool:
     """A 2-d f32 convolution's output or input (not a graph input) on the CPU with concrete
     channels (conv-nhwc's case: the forward has it as an NHWC buffer)."""
@@ -62,12 +72,7 @@ def channels_last_saved(forward: Graph, backward: Graph) -> int:
         | {r.name for g in (forward, backward) for n in g.nodes for r in n.results}
 
     def fresh(base: str) -> str:
-        name, i = base, 0
-        while name in names:
-            i += 1
-            name = f"{base}.{i}"
-        names.add(name)
-        return name
+        return _fresh_name(names, base)
 
     done = 0
     front: list[Node] = []
@@ -108,12 +113,7 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
     """Compute the backward's 4-d pointwise chains on NHWC twins (module doc), in place;
     `names` holds the names taken (new ones are added)."""
     def fresh(base: str) -> str:
-        name, i = base, 0
-        while name in names:
-            i += 1
-            name = f"{base}.{i}"
-        names.add(name)
-        return name
+        return _fresh_name(names, base)
 
     twin: dict[Value, Value] = {}
     out: list[Node] = []
