@@ -9,11 +9,13 @@ lowering rules are those of the graph's device's target, so this is the CUDA tar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from ember.capture import capture
+from ember.inductor.targets import targets, unregister_target
 from ember.inductor.targets.cuda import EXTERNS, FRONT, register_cuda_target
 from ember.ir import TensorType
 from ember.ir.passes import run_pipeline
@@ -22,8 +24,13 @@ OP = "aten.convolution_backward.default"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _cuda_target() -> None:
+def _cuda_target() -> Iterator[None]:
+    """The cuda target registered for this file only (other files check a machine without it)."""
+    had = targets().get("cuda") is not None
     register_cuda_target()
+    yield
+    if not had:
+        unregister_target("cuda")
 
 
 def _on_cuda(module: object) -> object:

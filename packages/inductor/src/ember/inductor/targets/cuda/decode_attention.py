@@ -52,7 +52,8 @@ def _kernel() -> Any:
         kn = tl.load(kn_ptr + b * skn_b + h * skn_h + e * skn_e, mask=em, other=0.0)
         vn = tl.load(vn_ptr + b * svn_b + h * svn_h + e * svn_e, mask=em, other=0.0)
         # the new rows into the caches (this head's slot at pos; never outside the cache)
-        inside = em & (pos >= 0) & (pos < S)
+        pe = pos + tl.zeros_like(e)  # block-shaped: a scalar & block mask is not a bool block in every Triton
+        inside = em & (pe >= 0) & (pe < S)
         tl.store(kc_ptr + b * sk_b + h * sk_h + pos * sk_s + e * sk_e, kn, mask=inside)
         tl.store(vc_ptr + b * sv_b + h * sv_h + pos * sv_s + e * sv_e, vn, mask=inside)
         q = tl.load(q_ptr + b * sq_b + h * sq_h + e * sq_e, mask=em, other=0.0).to(tl.float32)

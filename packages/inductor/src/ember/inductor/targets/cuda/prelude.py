@@ -115,7 +115,7 @@ def _erf(x):
     q = q * s + 0.502629816532135
     q = q * s + 1.0
     # q is in [1, 26]: a reciprocal without div.full's range fix-ups
-    r = tl.minimum(libdevice.fast_dividef(a * p, q), 1.0)
+    r = tl.minimum(libdevice.fast_dividef(a * p, q), 1.0, propagate_nan=tl.PropagateNan.ALL)
     return libdevice.copysign(r, x)
 
 
