@@ -32,22 +32,13 @@ NHWC operands: strided loads in the inner loop).
 from __future__ import annotations
 
 from ember.ir import DType, Graph, Node, TensorType, Value
+from ember.ir.graph import fresh_name
 from ember.prims import PRIMS_BY_OP
 
 TO_NHWC, TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
 POS = [TO_NHWC.index(d) for d in range(4)]  # where NCHW dim d sits in NHWC
 CONVOLUTION = "prims.convolution"
 
-
-
-def _fresh_name(names: set[str], base: str) -> str:
-    """`base`, or `base.k` with the first k not in `names`; the name is added to `names`."""
-    name, i = base, 0
-    while name in names:
-        i += 1
-        name = f"{base}.{i}"
-    names.add(name)
-    return name
 
 def _channels_last(v: Value, conv_inputs: set[Value]) -> bool:
     """A 2-d f32 convolution's output or input (not a graph input) on the CPU with concrete
@@ -72,7 +63,7 @@ def channels_last_saved(forward: Graph, backward: Graph) -> int:
         | {r.name for g in (forward, backward) for n in g.nodes for r in n.results}
 
     def fresh(base: str) -> str:
-        return _fresh_name(names, base)
+        return fresh_name(base, names)
 
     done = 0
     front: list[Node] = []
@@ -113,7 +104,7 @@ def nhwc_backward(g: Graph, names: set[str]) -> None:
     """Compute the backward's 4-d pointwise chains on NHWC twins (module doc), in place;
     `names` holds the names taken (new ones are added)."""
     def fresh(base: str) -> str:
-        return _fresh_name(names, base)
+        return fresh_name(base, names)
 
     twin: dict[Value, Value] = {}
     out: list[Node] = []

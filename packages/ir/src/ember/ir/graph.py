@@ -189,6 +189,22 @@ class Graph:
         return out
 
 
+def value_names(g: Graph) -> set[str]:
+    """The value names g uses (params and results): what a rewrite's new names must avoid."""
+    return {v.name for v in g.values()}
+
+
+def fresh_name(base: str, taken: set[str], sep: str = ".") -> str:
+    """`base`, or `base<sep>k` for the first k >= 1 not in `taken`; recorded in `taken`.
+    The one naming rule of the graph rewrites (layout, conv, pool, the CUDA passes)."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}{sep}{k}"
+    taken.add(name)
+    return name
+
+
 def _copy_arg_dict(d: dict[str, Arg]) -> dict[str, Arg]:
     return {k: map_args(v, lambda x: x) for k, v in d.items()}
 

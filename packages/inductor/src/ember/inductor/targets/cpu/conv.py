@@ -47,11 +47,12 @@ from ember.ir import (
     Value,
     default_registry,
 )
+from ember.ir.graph import fresh_name
 from ember.ir.passes import register_pass
 from ember.prims import PRIMS_BY_OP
 
 CONV_OP = "loop.conv2d"
-_OWN_KW = ("steps", "relu", "relu_max", "silu", "residual")  # the rest are prims.convolution's attributes
+_OWN_KW = ("steps", "relu", "relu_max", "silu", "hardswish", "residual")  # the rest are prims.convolution's attributes
 
 
 def _nhwc_ok(x: TensorType, t: TensorType) -> bool:
@@ -136,16 +137,6 @@ def _permuted(v: Value, dims: list[int], at: Node, nodes: list[Node], names: set
     return out
 
 
-def fresh_name(base: str, names: set[str]) -> str:
-    """`base`, or `base.k` for the first k not in `names`; recorded in `names`."""
-    name, k = base, 0
-    while name in names:
-        k += 1
-        name = f"{base}.{k}"
-    names.add(name)
-    return name
-
-
 def _rewrite(g: Graph) -> None:
     epis = conv_epilogues(g)
     at: dict[int, Node] = {}  # id(the node a fused convolution replaces) -> that convolution
@@ -167,6 +158,8 @@ def _rewrite(g: Graph) -> None:
             kw["relu_max"] = epi.relu_max
         if epi is not None and epi.silu:
             kw["silu"] = True
+        if epi is not None and epi.hardswish:
+            kw["hardswish"] = True
         res = [epi.residual] if epi is not None and epi.residual is not None else []
         if res:
             kw["residual"] = True
@@ -220,6 +213,7 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
         raise OpTypeError(f"{CONV_OP}: relu= is true or false")
     relu_max(kw, CONV_OP)
     silu(kw, CONV_OP)
+    hardswish(kw, CONV_OP)
     return [t]
 
 
@@ -228,6 +222,15 @@ def silu(kw: Mapping[str, Any], op: str) -> bool:
     s = kw.get("silu", False)
     if s.__class__ is not bool or (s and kw.get("relu")):
         raise OpTypeError(f"{op}: silu= is true or false, and not with relu=true")
+    return bool(s)
+
+
+def hardswish(kw: Mapping[str, Any], op: str) -> bool:
+    """`hardswish=true`: the result is y * min(max(y + 3, 0), 6) / 6 (never with relu=true
+    or silu=true)."""
+    s = kw.get("hardswish", False)
+    if s.__class__ is not bool or (s and (kw.get("relu") or kw.get("silu"))):
+        raise OpTypeError(f"{op}: hardswish= is true or false, and not with relu= or silu=")
     return bool(s)
 
 
@@ -259,6 +262,8 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
         return torch.clamp(y, 0.0, hi)  # keeps NaN, as max(., 0) then min(., hi) do
     if silu(kw, CONV_OP):
         return torch.nn.functional.silu(y)
+    if hardswish(kw, CONV_OP):
+        return torch.nn.functional.hardswish(y)
     return torch.relu(y) if kw.get("relu") else y
 
 
@@ -303,13 +308,15 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
     if steps:
         args = _fold_epilogue(lw, res.name, steps, args, int(t.shape[1]))
     # done by _relu_nhwc (with the residual add), never by oneDNN's post-op
-    relu = bool(n.kwargs.get("relu")) or silu(n.kwargs, CONV_OP) or residual is not None
+    act = "silu" if silu(n.kwargs, CONV_OP) else \
+        "hardswish" if hardswish(n.kwargs, CONV_OP) else ""
+    relu = bool(n.kwargs.get("relu")) or bool(act) or residual is not None
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
                     names=[f"{res.name}.conv" if relu else f"{res.name}.nhwc"], loc=n.loc)[0]
     if relu:
         out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP),
-                         silu(n.kwargs, CONV_OP), residual, bool(n.kwargs.get("relu")))
+                         act, residual, bool(n.kwargs.get("relu")))
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
 
 
@@ -323,21 +330,22 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     raw weight, with the steps' scale A and shift B as [C] kernels; oneDNN's packed, scaled
     weight is cached across calls. ReLU runs in place inside the extern where only other
     convolutions read the result (they read its NHWC buffer as it is: no kernel to fuse it
-    into), and SiLU also where several nodes read it; otherwise it stays a kernel that fuses
+    into), and SiLU or hardswish also where several nodes read it; otherwise it stays a kernel that fuses
     into the pointwise reader."""
     res = n.results[0]
     steps, residual = _parts(n.args, n.kwargs)
     channels = int(t.shape[1])
     scale = any(op in ("prims.mul", "prims.div") for op, _ in steps)
     shift = any(op in ("prims.add", "prims.sub") for op, _ in steps)
-    act = silu(n.kwargs, CONV_OP)
-    relu = bool(n.kwargs.get("relu")) or act
+    act = "silu" if silu(n.kwargs, CONV_OP) else \
+        "hardswish" if hardswish(n.kwargs, CONV_OP) else ""
+    relu = bool(n.kwargs.get("relu")) or bool(act)
     readers = [m for m in lw.g.nodes if res in m.operands()]
-    # a SiLU read by several nodes (a squeeze-excitation's pool and its scale) runs in place
-    # once too: in their kernels each reader would recompute its exp (fuse's rule 5)
+    # a SiLU or hardswish read by several nodes (a squeeze-excitation's pool and its scale)
+    # runs in place once too: in their kernels each reader would recompute its exp (fuse's rule 5)
     inside = relu and res not in lw.g.outputs and bool(readers) \
         and (all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
-                 for m in readers) or (act and len(readers) > 1))
+                 for m in readers) or (bool(act) and len(readers) > 1))
     args: list[Arg] = [xb, w]
     if scale:
         args.append(_affine(lw, res.name, steps, channels, "a"))
@@ -355,9 +363,9 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     hi = relu_max(n.kwargs, CONV_OP)
     if inside and hi is not None:  # ReLU6 in place too (torch.clamp_, NaN kept)
         kw["relu_max"] = hi
-    if act:  # SiLU in place inside (torch's silu_), else the prims in a kernel
+    if act:  # SiLU / hardswish in place inside (torch's own), else the prims in a kernel
         kw["relu"] = False
-        kw["silu"] = inside
+        kw[act] = inside
     ot = TensorType(t.dtype, (t.shape[0], t.shape[2], t.shape[3], t.shape[1]), None, t.device)
     separate = relu and not inside
     out = lw.b.emit("loop.extern", args, kw, types=[ot],
@@ -385,12 +393,13 @@ def _nhwc_buffer(lw: _Lowering, v: Value, name: str) -> Value:
 
 
 def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | None = None,
-               act_silu: bool = False, residual: Any = None, relu: bool = True) -> Value:
+               act: str = "", residual: Any = None, relu: bool = True) -> Value:
     """ReLU (then min(., hi) where hi is given: ReLU6) of the NHWC result by ember's own
     kernel, not oneDNN's post-op: that one computes max(y, 0) with NaN mapped to 0, where
     torch.relu(NaN) is NaN (BatchNorm with a negative running variance). prims.maximum and
     prims.minimum render NaN-propagating; a pointwise consumer fuses the kernel. With
-    act_silu, SiLU instead: y / (1 + exp(-y)), as the prims wrote it. A residual ([N, C, H, W]
+    act="silu", SiLU instead: y / (1 + exp(-y)), as the prims wrote it; act="hardswish":
+    y * min(max(y + 3, 0), 6) / 6, as the decomposition wrote it. A residual ([N, C, H, W]
     value) is added first; relu=False: no activation after it."""
     bb = BodyBuilder(lw.m, fresh_body_name(lw.m, lw.g.name, lw.taken))
     i = [ivar(k) for k in range(4)]
@@ -398,9 +407,16 @@ def _relu_nhwc(lw: _Lowering, y: Value, t: TensorType, name: str, hi: float | No
     if isinstance(residual, Value):
         buf, idx = lw.index_of(residual, [i[0], i[3], i[1], i[2]], _ranges(t.shape))
         v = bb.b.op("prims.add", [v, bb.load(buf, idx)], {}, name=f"{name}.sum")
-        if not relu and not act_silu:
+        if not relu and not act:
             return lw.kernel("loop.pointwise", bb, v, {"ranges": list(t.shape)}, t, name)
-    if act_silu:
+    if act == "hardswish":
+        g = bb.b.op("prims.maximum", [bb.b.op("prims.add", [v, 3.0], {}, name=f"{name}.p3"),
+                                      0.0], {}, name=f"{name}.lo")
+        g = bb.b.op("prims.minimum", [g, 6.0], {}, name=f"{name}.gate")
+        r = bb.b.op("prims.div", [bb.b.op("prims.mul", [v, g], {}, name=f"{name}.prod"), 6.0],
+                    {}, name=name)
+        return lw.kernel("loop.pointwise", bb, r, {"ranges": list(t.shape)}, t, name)
+    if act == "silu":
         e = bb.b.op("prims.exp", [bb.b.op("prims.neg", [v], {}, name=f"{name}.neg")], {},
                     name=f"{name}.exp")
         d = bb.b.op("prims.add", [1.0, e], {}, name=f"{name}.den")

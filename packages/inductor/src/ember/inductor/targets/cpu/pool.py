@@ -18,8 +18,8 @@ Only a stack with no other reader is rewritten (and then removed, with its unsqu
 
 from __future__ import annotations
 
-from ember.inductor.targets.cpu.conv import fresh_name
 from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir.graph import fresh_name
 from ember.ir.passes import register_pass
 
 CHAIN = {"prims.amax": "prims.maximum", "prims.amin": "prims.minimum", "prims.sum": "prims.add"}

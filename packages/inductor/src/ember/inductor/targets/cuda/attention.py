@@ -26,9 +26,8 @@ from typing import Any
 
 from ember.inductor.indexing import affine_view, ivar
 from ember.inductor.lowering import View
-from ember.inductor.targets.cuda.matmul_lowp import fresh, graph_names
 from ember.ir import Builder, Graph, Module, Node, TensorType, Value
-from ember.ir.graph import Arg, map_args
+from ember.ir.graph import Arg, fresh_name, map_args, value_names
 from ember.ir.passes import register_pass
 from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
@@ -54,10 +53,10 @@ def _padded_slice(x: Value, taken: set[str], n: Node) -> tuple[list[Node], Value
     config = [[0, 0, 0] for _ in t.shape]
     config[-1] = [0, width - S, 0]
     pt = dataclasses.replace(t, shape=(*t.shape[:-1], width), strides=None)
-    pv = Value(fresh(taken, f"{x.name}.pad{ALIGN}"), pt)
+    pv = Value(fresh_name(f"{x.name}.pad{ALIGN}", taken, ""), pt)
     pad = Node("prims.pad", [x, 0.0], {"config": config}, [pv], n.loc)
     pv.node = pad
-    sv = Value(fresh(taken, f"{x.name}.aligned"), dataclasses.replace(t, strides=None))
+    sv = Value(fresh_name(f"{x.name}.aligned", taken, ""), dataclasses.replace(t, strides=None))
     sl = Node("prims.slice", [pv], {"start": [0] * len(t.shape), "limit": list(t.shape),
                                     "step": [1] * len(t.shape)}, [sv], n.loc)
     sv.node = sl
@@ -80,7 +79,7 @@ def _align_bias(n: Node, taken: set[str]) -> tuple[list[Node], str]:
         if isinstance(xt, TensorType) and xt.shape and xt.shape[-1] == S:
             # pad the mask before its broadcast over heads and query rows, as eager does
             nodes, aligned = _padded_slice(x, taken, n)
-            b = Value(fresh(taken, f"{bias.name}.aligned"), bias.type)
+            b = Value(fresh_name(f"{bias.name}.aligned", taken, ""), bias.type)
             bn = Node(BROADCAST, [aligned, *src.args[1:]], dict(src.kwargs), [b], src.loc)
             b.node = bn
             n.args[at] = b  # type: ignore[index]
@@ -91,7 +90,7 @@ def _align_bias(n: Node, taken: set[str]) -> tuple[list[Node], str]:
 
 
 def _rewrite(g: Graph, explain: bool) -> int:
-    taken = graph_names(g)
+    taken = value_names(g)
     out: list[Node] = []
     kept = 0
     for n in g.nodes:

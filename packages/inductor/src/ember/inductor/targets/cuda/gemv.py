@@ -24,9 +24,8 @@ from typing import Any
 
 import torch
 
-from ember.inductor.targets.cuda.matmul_lowp import fresh, graph_names
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
-from ember.ir.graph import Arg
+from ember.ir.graph import Arg, fresh_name, value_names
 from ember.ir.passes import register_pass
 from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
@@ -134,7 +133,7 @@ def _outer(n: Node, taken: set[str]) -> list[Node] | None:
     out: list[Node] = []
     wide = []
     for v in (x, b):
-        w = Value(fresh(taken, f"{v.name}.outer"), dataclasses.replace(rt, strides=None))
+        w = Value(fresh_name(f"{v.name}.outer", taken, ""), dataclasses.replace(rt, strides=None))
         out.append(Node("prims.broadcast_in_dim", [v], {"shape": list(shape),
                                                          "broadcast_dims": list(dims)},
                         [w], n.loc))
@@ -148,7 +147,7 @@ def _outer(n: Node, taken: set[str]) -> list[Node] | None:
 
 def _rewrite(g: Graph, explain: bool) -> int:
     done = 0
-    taken = graph_names(g)
+    taken = value_names(g)
     nodes: list[Node] = []
     for n in g.nodes:
         outer = _outer(n, taken) if n.op == "prims.matmul" and len(n.args) == 2 else None

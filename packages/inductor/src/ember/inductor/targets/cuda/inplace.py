@@ -33,9 +33,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ember.inductor.targets.cuda.matmul_lowp import fresh, graph_names
 from ember.ir import Graph, Module, Node, TensorType, Value
-from ember.ir.graph import Arg
+from ember.ir.graph import Arg, fresh_name, value_names
 from ember.ir.passes import register_pass
 from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
@@ -198,7 +197,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
     # one walk of the graph for the readers and one rebuild at the end: per update a full walk
     # made the pass quadratic in the layer count (13.8 s at 16 layers)
     users = _users(g)
-    taken = graph_names(g)
+    taken = value_names(g)
     subst: dict[Value, Value] = {}
     after: dict[int, list[Node]] = {}
     done = 0
@@ -223,14 +222,14 @@ def _rewrite(g: Graph, explain: bool) -> int:
         if inv != list(range(len(inv))):
             st = src.type
             assert isinstance(st, TensorType)
-            sv = Value(fresh(taken, f"{src.name}.rows"),
+            sv = Value(fresh_name(f"{src.name}.rows", taken, ""),
                        dataclasses.replace(st, shape=tuple(st.shape[k] for k in inv),
                                            strides=None))
             sn = Node(PERMUTE, [src], {"dims": list(inv)}, [sv], s.loc)
             sv.node = sn
             new.append(sn)
             src = sv
-        w = Value(fresh(taken, f"{x.name}.inplace"), xt)
+        w = Value(fresh_name(f"{x.name}.inplace", taken, ""), xt)
         wn = Node(OP, [x, idx, src], {"dim": perm[0]}, [w], s.loc)
         w.node = wn
         new.append(wn)
@@ -238,7 +237,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
         # the scatter's other readers read it as before: a permute of the written input
         rest = [u for u in users.get(s.results[0], []) if u is not out.node]
         if rest:
-            pv = Value(fresh(taken, f"{w.name}.perm"), s.results[0].type)
+            pv = Value(fresh_name(f"{w.name}.perm", taken, ""), s.results[0].type)
             pn = Node(PERMUTE, [w], {"dims": list(perm)}, [pv], s.loc)
             pv.node = pn
             new.append(pn)
@@ -315,9 +314,9 @@ def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]], max_len: 
         return f"a cache of {S} rows: one program per head is slower than torch's kernels " \
                f"past {max_len} (attention_max_len=)"
     scale = a.kwargs.get("scale")
-    outs = [Value(fresh(taken, f"{a.results[0].name}.decode"), types[0]),
-            Value(fresh(taken, f"{k.name}.decode"), types[1]),
-            Value(fresh(taken, f"{v.name}.decode"), types[2])]
+    outs = [Value(fresh_name(f"{a.results[0].name}.decode", taken, ""), types[0]),
+            Value(fresh_name(f"{k.name}.decode", taken, ""), types[1]),
+            Value(fresh_name(f"{v.name}.decode", taken, ""), types[2])]
     f = Node(ATTENTION_OP, args, {} if scale is None else {"scale": scale}, outs, a.loc)
     for o in outs:
         o.node = f
@@ -326,7 +325,7 @@ def _fuse_attention(g: Graph, a: Node, users: dict[Value, list[Node]], max_len: 
 
 def _fuse_attentions(g: Graph, explain: bool, max_len: int) -> int:
     users = _users(g)  # once: each fusion touches its own layer's nodes only
-    taken = graph_names(g)
+    taken = value_names(g)
     subst: dict[Value, Value] = {}
     instead: dict[int, Node] = {}
     drop: set[int] = set()

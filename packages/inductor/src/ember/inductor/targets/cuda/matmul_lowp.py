@@ -29,6 +29,7 @@ import dataclasses
 import sys
 
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
+from ember.ir.graph import fresh_name, value_names
 from ember.ir.passes import register_pass
 
 LOWP = (DType.bf16, DType.f16)
@@ -82,28 +83,13 @@ def _rounds_back(v: Value, dt: DType, users: dict[Value, list[Node]], outputs: s
     return None
 
 
-def graph_names(g: Graph) -> set[str]:
-    """The value names g uses (params and results): what a rewrite's new names must avoid."""
-    return {v.name for v in [*g.params, *(r for n in g.nodes for r in n.results)]}
-
-
-def fresh(taken: set[str], hint: str) -> str:
-    """`hint`, or `hint<k>` for the first k not taken; recorded in `taken`."""
-    name, k = hint, 0
-    while name in taken:
-        k += 1
-        name = f"{hint}{k}"
-    taken.add(name)
-    return name
-
-
 def _rewrite(g: Graph, explain: bool) -> int:
     users: dict[Value, list[Node]] = {}
     for n in g.nodes:
         for v in set(n.operands()):
             users.setdefault(v, []).append(n)
     outputs = set(g.outputs)
-    taken = graph_names(g)
+    taken = value_names(g)
     done = 0
     new_nodes: list[Node] = []
     for n in g.nodes:
@@ -135,13 +121,13 @@ def _rewrite(g: Graph, explain: bool) -> int:
                 old = vn.results[0]
                 t = _tt(old)
                 assert t is not None
-                nv = Value(fresh(taken, f"{old.name}.lowp"), dataclasses.replace(t, dtype=dt))
+                nv = Value(fresh_name(f"{old.name}.lowp", taken, ""), dataclasses.replace(t, dtype=dt))
                 node = Node(vn.op, [x, *vn.args[1:]], dict(vn.kwargs), [nv], vn.loc, vn.pos)
                 nv.node = node
                 new_nodes.append(node)
                 x = nv
             args.append(x)
-        low = Value(fresh(taken, f"{res.name}.lowp"), dataclasses.replace(rt, dtype=dt))
+        low = Value(fresh_name(f"{res.name}.lowp", taken, ""), dataclasses.replace(rt, dtype=dt))
         mm = Node("prims.matmul", list(args), dict(n.kwargs), [low], n.loc, n.pos)
         low.node = mm
         up = Node(CONVERT, [low], {"dtype": DType.f32}, [res], n.loc, n.pos)
