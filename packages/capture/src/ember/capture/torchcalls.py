@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import (
 
 from ember.capture.customops import is_op_object, op_label, op_object_effect
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
+from ember.capture.sdpa_choice import as_real_choice
 from ember.capture.symbolic import as_sym
 from ember.capture.variables import (
     ConstVar,
@@ -148,7 +149,8 @@ def run_real(tx: Tracer, fn: Callable[..., Any], args: list[Var], kwargs: dict[s
             raise unhandled(effect)
     try:
         with tx.torch_state(), tx.recorder.active():
-            out = fn(*a, **k)
+            # sdpa's kernel as real tensors would pick it, not as fake ones (sdpa_choice.py)
+            out = as_real_choice(fn, tuple(a), k)(*a, **k)
     except CaptureUnhandled:
         raise
     except (DataDependentOutputException, DynamicOutputShapeException) as e:
