@@ -44,6 +44,8 @@ The counts (recordings, replays, warm-ups, calls without a graph) are in `Histor
 from __future__ import annotations
 
 import operator
+import sys
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -290,6 +292,10 @@ class _GraphRunner:
         self.steady = 0
         self.warmed: set[tuple[Any, ...]] = set()  # bindings run once on the recorder's stream
         self.fresh = 0  # calls in a row whose binding was new
+        # per binding, per result: the tensor it was last cloned into ("clone" results), kept
+        # to be written again once the caller lets go of it (_outputs); a re-recording of the
+        # binding (same results) writes them too
+        self.last: dict[tuple[Any, ...], list[Any]] = {}
         self.binder = binder
 
     def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
@@ -451,11 +457,25 @@ class _GraphRunner:
     def _outputs(self, r: _Recording, inputs: Sequence[Any]) -> list[Any]:
         out: list[Any] = []
         cloned: dict[int, Any] = {}
-        for o, (how, i) in zip(r.outs, r.plan, strict=True):
+        last = self.last.get(r.key)
+        if last is None or len(last) != len(r.outs):
+            last = self.last[r.key] = [None] * len(r.outs)
+        for j, (o, (how, i)) in enumerate(zip(r.outs, r.plan, strict=True)):
             if how == "clone":
                 c = cloned.get(id(o))
                 if c is None:
-                    c = cloned[id(o)] = o.clone()
+                    # the tensor this result was cloned into last time, where the caller let
+                    # go of it (nothing else holds it or its storage): written again in place,
+                    # so it keeps its address (a prefill's new static cache lands where the
+                    # last generate()'s was, and the decode step's recording replays as is)
+                    # (no local reference to it while _sole counts them)
+                    if last[j] is not None and _sole(last, j) and last[j].shape == o.shape:
+                        c = last[j]
+                        c.copy_(o)
+                        self.rec.recycled += 1
+                    else:
+                        c = o.clone()
+                    cloned[id(o)] = last[j] = c
                 out.append(c)
             elif how == "input":
                 out.append(inputs[i])  # the write-back is done: the epilogue sees new is old
@@ -477,6 +497,31 @@ def _write_back(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         return
     for d, s in pairs:
         d.copy_(s)
+
+
+def _holders(xs: list[Any], j: int) -> tuple[int, ...]:
+    """Who holds xs[j] and its storage: Python references to each (as counted from here),
+    C++ references to the storage (views, other tensors) and to the tensor, weak references."""
+    x = xs[j]
+    s = x.untyped_storage()
+    return (sys.getrefcount(x), sys.getrefcount(s), _storage_uses(s._cdata), x._use_count(),
+            weakref.getweakrefcount(x))
+
+
+def _storage_uses(cdata: int) -> int:
+    use = getattr(torch._C, "_storage_Use_Count", None)
+    return -1 if use is None else int(use(cdata))
+
+
+# what _holders reads for a tensor that only a list element holds (measured, not assumed:
+# the counts differ between torch and Python versions); -1 uses: unknown, never recycled
+_ALONE = _holders([torch.empty(1)], 0)
+
+
+def _sole(xs: list[Any], j: int) -> bool:
+    """Whether only `xs` holds the tensor xs[j]: no other Python or C++ reference to it, to a
+    view of it, or to its storage, and no weak reference (anything else might read it)."""
+    return _ALONE[2] >= 0 and _holders(xs, j) == _ALONE
 
 
 def _nbytes(x: torch.Tensor) -> int:

@@ -87,6 +87,7 @@ class CudaGraphRecord:
     rerecorded: int = 0  # recordings made again because a static input moved
     reused: int = 0  # calls whose static inputs came back to an earlier recording's addresses
     restored: int = 0  # recordings made again to read copied inputs in place (they stay put)
+    recycled: int = 0  # results written into their last clone, which the caller let go of
     bindings: list[str] = field(default_factory=list)  # each recorded binding's shapes
     skipped: str | None = None
 
@@ -104,6 +105,9 @@ class CudaGraphRecord:
         if self.restored:
             counts += (f", {self.restored} re-recording(s) reading copied inputs in place "
                        f"again")
+        if self.recycled:
+            counts += (f", {self.recycled} result(s) written into the tensor returned last "
+                       f"(freed by the caller: same address)")
         if self.skipped is not None:
             return head + f"not recorded: {self.skipped}; " + counts
         return head + counts + ("; bindings " + ", ".join(self.bindings)
