@@ -15,7 +15,9 @@ TorchInductor's freezing does): within f32 tolerances. A ReLU followed by min(.,
 hardtanh(0, c)) folds too, as `relu_max=c`: a clamp to [0, c] that keeps NaN (torch.clamp_
 inside the extern, or the max/min kernel), never oneDNN's hardtanh post-op, which drops NaN.
 So does SiLU, y / (1 + exp(-y)) (`silu=true`: torch's silu_ inside the extern, eager's own
-kernel, or the same prims in a kernel). A residual add after the steps (`residual=true`, the
+kernel, or the same prims in a kernel), and hardswish, y * min(max(y + 3, 0), 6) / 6
+(`hardswish=true`: torch's hardswish_ inside the extern, eager's own kernel; mobilenetv3's
+activation, each one a pass over the activation otherwise). A residual add after the steps (`residual=true`, the
 residual the last operand) is oneDNN's binary add post-op where the weight is packed (the
 convolution writes conv + bias + residual in one pass, the add kernel is gone), else a kernel.
 """
@@ -37,6 +39,7 @@ class Epilogue:
     relu: bool = False
     relu_max: float | None = None  # ReLU6-like: min(relu(y), relu_max) after the ReLU
     silu: bool = False  # y / (1 + exp(-y)) instead of a ReLU
+    hardswish: bool = False  # y * min(max(y + 3, 0), 6) / 6 instead of a ReLU
     residual: Value | None = None  # y + residual (same shape) after the steps, before relu
     chain: list[Node] = field(default_factory=list)  # the nodes folded, in order
 
@@ -108,10 +111,51 @@ def _silu(y: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> li
     return [n for n in [*chain, div] if n is not None]
 
 
+def _number(v: object, want: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == want
+
+
+def _hardswish(y: Value, readers: dict[Value, list[Node]], outputs: set[Value]) -> list[Node]:
+    """The nodes of hardswish as the decomposition writes it, y * min(max(y + 3, 0), 6) / 6
+    (add, maximum, minimum, mul, div: y read by the add and the mul, each other value by the
+    next node only), or []."""
+    rs = readers.get(y, [])
+    if len(rs) != 2:
+        return []
+    add = next((r for r in rs if r.op == "prims.add" and len(r.args) == 2 and y in r.args
+                and _number(r.args[1] if r.args[0] is y else r.args[0], 3)), None)
+    mul = next((r for r in rs if r.op == "prims.mul" and len(r.args) == 2 and y in r.args),
+               None)
+    if add is None or mul is None or add is mul:
+        return []
+    chain = [add]
+    for op, c in (("prims.maximum", 0), ("prims.minimum", 6)):
+        v = chain[-1].results[0]
+        nxt = readers.get(v, []) if v not in outputs else []
+        r = nxt[0] if len(nxt) == 1 else None
+        if r is None or r.op != op or r.kwargs or len(r.args) != 2 or r.args[0] is not v \
+                or not _number(r.args[1], c) or r.results[0].type != y.type:
+            return []
+        chain.append(r)
+    gate = chain[-1].results[0]
+    if gate in outputs or readers.get(gate) != [mul] or mul.kwargs \
+            or [a for a in mul.args if a is not y] != [gate] \
+            or mul.results[0].type != y.type:
+        return []
+    p = mul.results[0]
+    nxt = readers.get(p, []) if p not in outputs else []
+    div = nxt[0] if len(nxt) == 1 else None
+    if div is None or div.op != "prims.div" or div.kwargs or len(div.args) != 2 \
+            or div.args[0] is not p or not _number(div.args[1], 6) \
+            or div.results[0].type != y.type:
+        return []
+    return [*chain, mul, div]
+
+
 def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
     """Each f32 2-d convolution whose result feeds, through single-reader nodes that are not
     graph outputs, a chain of per-channel add/sub/mul/div, optionally ended by max(., 0)
-    (and then min(., c): ReLU6) or by SiLU; a residual add of a tensor of the result's type
+    (and then min(., c): ReLU6), by SiLU or by hardswish; a residual add of a tensor of the result's type
     may come after the per-channel steps (before the activation)."""
     readers: dict[Value, list[Node]] = {}
     defs: dict[Value, Node] = {}
@@ -135,6 +179,11 @@ def conv_epilogues(g: Graph) -> dict[Node, Epilogue]:
             if silu:
                 epi.silu = True
                 epi.chain += silu
+                break
+            hswish = _hardswish(cur, readers, outputs)
+            if hswish:
+                epi.hardswish = True
+                epi.chain += hswish
                 break
             if len(readers.get(cur, [])) != 1:
                 break

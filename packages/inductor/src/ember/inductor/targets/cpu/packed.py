@@ -11,7 +11,7 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
 
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
 relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6; silu=true:
-torch's silu_, eager's own SiLU kernel; residual=true: an NHWC residual operand added before
+torch's silu_, eager's own SiLU kernel; hardswish=true: torch's hardswish_; residual=true: an NHWC residual operand added before
 the activation, by oneDNN's binary add post-op as it writes the result), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
 weight dies) while the weight's version counter and data pointer stay the same (the
 packed-from storage is held, so a freed storage's address cannot come back under
@@ -93,11 +93,13 @@ def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any
             or relu.__class__ is not bool or res.__class__ is not bool \
             or len(args) != 2 + scale + bias + res \
             or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)) \
-            or kw.get("silu", False).__class__ is not bool or (relu and kw.get("silu")):
+            or kw.get("silu", False).__class__ is not bool or (relu and kw.get("silu")) \
+            or kw.get("hardswish", False).__class__ is not bool \
+            or (kw.get("hardswish") and (relu or kw.get("silu"))):
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
                           f"are true or false; relu_max=, with relu=true, a float >= 0; silu= true or "
-                          f"false, not with relu=true), then the NHWC residual if "
+                          f"false, not with relu=true; hardswish= likewise, not with silu=true either), then the NHWC residual if "
                           f"residual=true")
     rest = list(args[2:len(args) - res])
     a = rest.pop(0) if kw.get("scale") else None
@@ -250,7 +252,7 @@ def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
 
 
 def _activation(y: torch.Tensor, kw: Mapping[str, Any]) -> torch.Tensor:
-    """relu=, relu_max=, silu= applied to the convolution's result in place."""
+    """relu=, relu_max=, silu=, hardswish= applied to the convolution's result in place."""
     hi = kw.get("relu_max")
     if hi is not None:  # ReLU6: torch's clamp keeps NaN (oneDNN's hardtanh post-op drops it)
         return torch.clamp_(y, 0.0, hi)
@@ -258,12 +260,14 @@ def _activation(y: torch.Tensor, kw: Mapping[str, Any]) -> torch.Tensor:
         return torch.relu_(y)
     if kw.get("silu"):
         return torch.nn.functional.silu(y, inplace=True)
+    if kw.get("hardswish"):
+        return torch.nn.functional.hardswish(y, inplace=True)
     return y
 
 
 PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIHW weight "
                      "scaled per output channel (scale=true: a [O] operand) plus a bias "
-                     "(bias=true), relu= (relu_max=: a clamp to [0, relu_max]) or silu=; oneDNN's "
+                     "(bias=true), relu= (relu_max=: a clamp to [0, relu_max]), silu= or hardswish=; oneDNN's "
                      "packed weight cached on the weight (an extern's op; NHWC result)", _infer, _run, aliasing="fresh")
 if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
