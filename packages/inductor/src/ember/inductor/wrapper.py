@@ -113,6 +113,24 @@ def _free(a: Any, out: set[str]) -> None:
         out.update(s.name for s in a.free_symbols if not is_loop_var(s.name))  # are no sizes)
 
 
+def _body_symbols(m: Module, a: Any, out: set[str], seen: set[str]) -> None:
+    """The size symbols a loop body `a` (a Ref; nested bodies too) uses: a body the reference
+    interpreter runs (a kernel no target table took) may read a size as a value (`prims.add(
+    %v, s0)`) that none of its buffers' shapes carries."""
+    item = m.items.get(a.name) if isinstance(a, Ref) and a.name not in seen else None
+    if not isinstance(item, Graph):
+        return
+    seen.add(a.name)
+    for p in item.params:
+        _free(p.type, out)
+    for n in item.nodes:
+        for x in [*n.args, *n.kwargs.values()]:
+            _free(x, out)
+            _body_symbols(m, x, out, seen)
+        for r in n.results:
+            _free(r.type, out)
+
+
 class _Gen:
     def __init__(self, module: Module, graph: Graph, interp: Interpreter):
         self.m, self.g, self.interp = module, graph, interp
@@ -124,6 +142,7 @@ class _Gen:
         self.buffers: set[Value] = set()  # contiguous by construction (kernel outputs)
         self.lines: list[str] = []
         self.table: dict[str, LoadedKernel] | None = None  # launch.load_module
+        self.bound: list[str] = []  # the size symbols bound so far, as Python names
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -148,9 +167,11 @@ class _Gen:
         used: set[str] = set()
         for p in g.params:
             _free(p.type, used)
+        bodies: set[str] = set()
         for n in g.nodes:
             for a in [*n.args, *n.kwargs.values()]:
                 _free(a, used)
+                _body_symbols(self.m, a, used, bodies)
             for r in n.results:
                 _free(r.type, used)
         used = {n for n in used if not is_unbacked(n)}  # bound by graph.bind_symbol (other())
@@ -182,7 +203,8 @@ class _Gen:
             self.ns["_bind"] = bind_symbols
             self.ns["_g"] = g
             self.lines.append("    _env = _bind(_g, inputs)")
-        for name in sorted(used, key=lambda x: int(x[1:])):
+        self.bound = sorted(used, key=lambda x: int(x[1:]))
+        for name in self.bound:
             if name in where:
                 pn, i = where[name]
                 self.lines.append(f"    {name} = {pn}.shape[{i}]")
@@ -388,6 +410,7 @@ class _Gen:
         self.lines.append(f"    _check_unbacked({py_str(name)}, {name}, "
                           f"{self.const(self.m.symbols.get(name))}, [{bounds}])")
         self.lines.append(f"    v{i}_0 = {name}")  # (the node's value: dead values are deleted)
+        self.bound.append(name)
         self.names[node.results[0]] = f"v{i}_0"
 
     def other(self, i: int, node: Node) -> None:
@@ -434,6 +457,11 @@ class _Gen:
             args = "[" + ", ".join(self.arg(a) for a in node.args) + "]"
             kwargs = "{" + ", ".join(f"{py_str(k)}: {self.arg(v)}" for k, v in kw.items()) + "}"
             call = direct or f"{self.const(op.reference)}(_interp, {args}, {kwargs})"
+            if direct is None and self.bound and any(isinstance(a, Ref) for a in node.args):
+                # a loop body on the reference interpreter reads the call's sizes from its
+                # env, as when the interpreter runs the whole graph (loopir.eval_body)
+                env = ", ".join(f"{py_str(n)}: {n}" for n in self.bound)
+                self.lines.append(f"    _interp.env = {{{env}}}")
             if node.op == "kernels.extern":  # extern results are buffers (kernels._extern_run)
                 call = f"_contiguous({call})"
             self.lines.append(f"    {', '.join(names)}, = _unpack({call}, {len(names)})"
