@@ -151,6 +151,9 @@ def what_ran(cf: Any) -> dict[str, Any]:
     out: dict[str, Any] = {
         "fallbacks": [f"{f.kind}: {f.reason}" for f in hist.fallbacks] if hist else [],
         "notes": list(hist.notes)[:6] if hist else [], "hooked": body is not None,
+        # (past the first six too: a runtime fallback's note comes late)
+        "eager_notes": [n[:200] for n in hist.notes if "eager" in n.lower()
+                        and "compiled it" not in n][:8] if hist else [],
         "history": repr(hist)[:300]}
     if hist is not None:  # an eager path must show: graph breaks, graphs no backend compiled
         out["graphs"] = len(hist.graphs)
@@ -439,6 +442,32 @@ def rel_err(a: Any, b: Any) -> float:
     return math.sqrt(num) / max(math.sqrt(den), 1e-30)
 
 
+# A compiler's bf16 output is right when it is as close to the f32 model as eager's bf16 is (up
+# to twice as far, plus 0.5%: other fusions round at other places), or, with no f32 reference,
+# within 3% of eager's (relative L2 error over the model's output tensors).
+NEAR_EAGER = 0.03
+
+
+def correct(vs_eager: float | None, vs_f32: float | None, eager_vs_f32: float | None) -> bool:
+    if vs_eager is None or not math.isfinite(vs_eager):
+        return False
+    if vs_eager <= NEAR_EAGER:
+        return True
+    return vs_f32 is not None and eager_vs_f32 is not None and math.isfinite(vs_f32) \
+        and vs_f32 <= 2 * eager_vs_f32 + 0.005
+
+
+def eager_notes(r: dict[str, Any]) -> list[str]:
+    """What of a model ran outside ember's compiled code: fallbacks, graph breaks, graphs not
+    compiled, notes that say the eager backend or the reference interpreter ran something."""
+    out = [*r.get("fallbacks", []), *(f"graph break: {b}" for b in r.get("graph_breaks", []))]
+    out += r.get("eager_notes", [])
+    out += [f"on the reference: {k}" for k in r.get("on_reference", {})]
+    if r.get("compiled") is False and not out:
+        out.append("NOT COMPILED")
+    return out
+
+
 def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: bool = False,
               row: dict[str, Any] | None = None) -> dict[str, Any]:
     """One model: eager, torch.compile and ember (`jit`: also ember with its Triton kernels
@@ -483,9 +512,13 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: 
         row["tc_compile_s"] = round(time.perf_counter() - t0, 2)
         row["eager_vs_f32"] = rel_err(want, ref32) if ref32 is not None else None
         row["tc_vs_eager"] = rel_err(tgot, want)
+        row["tc_vs_f32"] = rel_err(tgot, ref32) if ref32 is not None else None
+        row["tc_correct"] = correct(row["tc_vs_eager"], row["tc_vs_f32"], row["eager_vs_f32"])
         if got is not None:
             row["ember_vs_eager"] = rel_err(got, want)
             row["ember_vs_f32"] = rel_err(got, ref32) if ref32 is not None else None
+            row["ember_correct"] = correct(row["ember_vs_eager"], row["ember_vs_f32"],
+                                           row["eager_vs_f32"])
         row["eager_ms"] = bench(lambda: model(*args))
         row["tc_ms"] = bench(lambda: tc(*args))
         if got is not None:
@@ -704,18 +737,22 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
     ms_ = [r for r in rows if r["section"] == "models"]
     if ms_:
         lines += ["", "## Models (bf16, random weights, inference)", "",
-                  "| model | ember rel err vs eager | tc rel err vs eager | eager ms | tc ms | "
-                  "ember ms | tc speedup | ember speedup | tc compile s | ember compile s | "
-                  "ember kernel compile s (wall) | Triton kernels | past the JIT | "
-                  "on reference | fallbacks + graph breaks |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "correct: the compiler's output is as close to the f32 model as eager's bf16 "
+                  "(at most 2x its relative error + 0.005) or within 3% of eager's. eager "
+                  "notes: fallbacks, graph breaks, kernels on the reference interpreter, "
+                  "notes of the eager backend running something, NOT COMPILED.", "",
+                  "| model | correct (ember / tc) | ember rel err vs eager | tc rel err vs eager "
+                  "| ember / eager bf16 rel err vs f32 | eager ms | tc ms | ember ms | "
+                  "tc speedup | ember speedup | tc compile s | ember compile s | Triton "
+                  "kernels | eager notes |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         jit_rows: list[str] = []
         for r in ms_:
             if "skipped" in r:
-                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 13)
+                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 12)
                 continue
             if "error" in r and "eager_ms" not in r:  # failed or timed out before timing
-                lines.append(f"| {r['model']} | error: {r['error'][:160]} |" + " |" * 13)
+                lines.append(f"| {r['model']} | error: {r['error'][:160]} |" + " |" * 12)
                 continue
 
             def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
@@ -725,30 +762,25 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 jit_rows.append(f"| {r['model']} | {f('ember_ms')} | {f('ember_jit_ms')} | "
                                 f"{r.get('launch', {}).get('fast')} / "
                                 f"{r.get('jit_launch', {}).get('fast')} |")
+            notes = eager_notes(r)
+            if "ember_error" in r:
+                notes.append(r["ember_error"][:120])
+            if "error" in r:
+                notes.append(r["error"][:120])
             lines.append(
-                f"| {r['model']} | {f('ember_vs_eager')} | {f('tc_vs_eager')} | "
+                f"| {r['model']} | {'yes' if r.get('ember_correct') else 'NO'} / "
+                f"{'yes' if r.get('tc_correct') else 'NO'} | {f('ember_vs_eager')} | "
+                f"{f('tc_vs_eager')} | {f('ember_vs_f32')} / {f('eager_vs_f32')} | "
                 f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
                 f"{f('ember_speedup')} | {f('tc_compile_s')} | {f('ember_compile_s')} | "
-                f"{r.get('launch', {}).get('compile_wall_s', '')} | "
-                f"{r.get('triton_kernels', '')} | {r.get('launch', {}).get('fast', '')} | "
-                f"{len(r.get('on_reference', {}))} | "
-                f"{len(r.get('fallbacks', [])) + len(r.get('graph_breaks', []))}"
-                f"{' NOT COMPILED' if r.get('compiled') is False else ''}"
-                f"{' ' + r['ember_error'][:80] if 'ember_error' in r else ''}"
-                f"{' ' + r['error'][:80] if 'error' in r else ''} |")
+                f"{r.get('triton_kernels', '')} | "
+                f"{'; '.join(n.replace('|', '/')[:160] for n in notes) or 'none'} |")
         if jit_rows:
             lines += ["", "ember with its kernels launched through Triton's JIT "
                       "(EMBER_TRITON_LAUNCH=jit, compiled again in the same process):", "",
                       "| model | ember ms | ember (JIT launch) ms | kernels past the JIT "
                       "(bound / JIT run) |", "|---|---|---|---|", *jit_rows]
-        # over the models both compilers ran (a model ember failed on is listed above)
-        sp = [(r["tc_speedup"], r["ember_speedup"]) for r in ms_
-              if r.get("tc_speedup") and r.get("ember_speedup")]
-        if sp:
-            g_tc = math.exp(sum(math.log(t) for t, _ in sp) / len(sp))
-            g_em = math.exp(sum(math.log(e) for _, e in sp) / len(sp))
-            lines += ["", f"Geomean speedup over eager ({len(sp)} of {len(ms_)} models, those "
-                          f"both compilers ran): torch.compile {g_tc:.2f}x, ember {g_em:.2f}x."]
+        lines += summary_lines(ms_)
     ls = [r for r in rows if r["section"] == "launch"]
     if ls:
         lines += ["", "## Per-call cost on tiny models (host us per call, many calls, one "
@@ -787,6 +819,41 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
             lines += ["", "Failures:", ""]
             lines += [f"- {fam} `{op}`: {why[:300]}" for fam, op, why in fails]
     return "\n".join(lines) + "\n"
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def summary_lines(ms_: list[dict[str, Any]]) -> list[str]:
+    """The geomean speedups over the models both compilers ran and got right (the others
+    named), ember's correct and eager-note-free count, and the cold compiles compared."""
+    both = [r for r in ms_ if r.get("tc_speedup") and r.get("ember_speedup")
+            and r.get("ember_correct") and r.get("tc_correct")]
+    left = [r["model"] for r in ms_ if r not in both]
+    out = [""]
+    if both:
+        g_tc = geomean([r["tc_speedup"] for r in both])
+        g_em = geomean([r["ember_speedup"] for r in both])
+        out.append(f"Geomean speedup over eager ({len(both)} of {len(ms_)} models, those both "
+                   f"compilers ran and got right): torch.compile {g_tc:.2f}x, ember "
+                   f"{g_em:.2f}x." + (f" Left out: {', '.join(left)}." if left else ""))
+    clean = [r["model"] for r in ms_ if r.get("ember_correct") and not eager_notes(r)
+             and "error" not in r and "ember_error" not in r]
+    out.append(f"ember correct with no eager note: {len(clean)} of {len(ms_)} models"
+               + (f" (not: {', '.join(r['model'] for r in ms_ if r['model'] not in clean)})"
+                  if len(clean) < len(ms_) else "") + ".")
+    cc = [r for r in ms_ if r.get("tc_compile_s") is not None
+          and r.get("ember_compile_s") is not None]
+    slower = [f"{r['model']} ({r['ember_compile_s']} vs {r['tc_compile_s']} s)" for r in cc
+              if r["ember_compile_s"] > r["tc_compile_s"]]
+    if cc:
+        out.append(f"Cold compile (first call): ember at or below torch.compile on "
+                   f"{len(cc) - len(slower)} of {len(cc)} models"
+                   + (f"; above on {', '.join(slower)}" if slower else "") + "; total "
+                   f"{sum(r['ember_compile_s'] for r in cc):.1f} s vs "
+                   f"{sum(r['tc_compile_s'] for r in cc):.1f} s.")
+    return out
 
 
 def main() -> int:
