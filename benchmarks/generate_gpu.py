@@ -44,6 +44,7 @@ it (the seconds of a first call: capture, passes, Triton compiles, recording).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -329,6 +330,9 @@ def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 
         steps.append((a, k))
         return cf(*a, **k)
 
+    # forward's own signature: generate() passes the arguments a signature names, and a
+    # (*a, **k) one got other keyword arguments (a recompile of forward, not the step timed)
+    spy.__signature__ = inspect.signature(type(model).forward.__get__(model))  # type: ignore
     model.forward = spy
     try:
         generate(model, ids, 8, cache)
