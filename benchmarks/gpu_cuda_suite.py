@@ -468,6 +468,15 @@ def eager_notes(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def recorded_graphs(cf: Any) -> list[Any]:
+    """The CUDA-graph records (runtime history) of ember's graphs that were recorded."""
+    out = []
+    for c in (getattr(cf, "compiled", cf), getattr(cf, "__dict__", {}).get("_ember_body")):
+        hist = getattr(c, "history", None)
+        out += [r for r in getattr(hist, "cuda_graphs", []) if r.recordings and r not in out]
+    return out
+
+
 def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: bool = False,
               row: dict[str, Any] | None = None) -> dict[str, Any]:
     """One model: eager, torch.compile and ember (`jit`: also ember with its Triton kernels
@@ -524,6 +533,16 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: 
         if got is not None:
             row["ember_ms"] = bench(lambda: cf(*args))
             row["ember_speedup"] = round(row["eager_ms"] / row["ember_ms"], 3)
+            graphs = recorded_graphs(cf)
+            row["cuda_graphs"] = len(graphs)
+            if graphs:  # the same compiled code launched kernel by kernel, for comparison
+                for rec in graphs:
+                    rec.skipped = "timed without its recording (gpu_cuda_suite)"
+                try:
+                    row["ember_launched_ms"] = bench(lambda: cf(*args))
+                finally:
+                    for rec in graphs:
+                        rec.skipped = None
             if jit:
                 jcf, row["jit_launch"] = jit_compiled(model, args)
                 row["ember_jit_ms"] = bench(lambda: jcf(*args))
@@ -743,16 +762,16 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                   "notes of the eager backend running something, NOT COMPILED.", "",
                   "| model | correct (ember / tc) | ember rel err vs eager | tc rel err vs eager "
                   "| ember / eager bf16 rel err vs f32 | eager ms | tc ms | ember ms | "
-                  "tc speedup | ember speedup | tc compile s | ember compile s | Triton "
-                  "kernels | eager notes |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "tc speedup | ember speedup | ember ms, kernels launched one by one | "
+                  "tc compile s | ember compile s | Triton kernels | eager notes |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         jit_rows: list[str] = []
         for r in ms_:
             if "skipped" in r:
-                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 12)
+                lines.append(f"| {r['model']} | skipped: {r['skipped']} |" + " |" * 13)
                 continue
             if "error" in r and "eager_ms" not in r:  # failed or timed out before timing
-                lines.append(f"| {r['model']} | error: {r['error'][:160]} |" + " |" * 12)
+                lines.append(f"| {r['model']} | error: {r['error'][:160]} |" + " |" * 13)
                 continue
 
             def f(k: str, fmt: str = "{:.3g}", r: dict[str, Any] = r) -> str:
@@ -772,7 +791,8 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 f"{'yes' if r.get('tc_correct') else 'NO'} | {f('ember_vs_eager')} | "
                 f"{f('tc_vs_eager')} | {f('ember_vs_f32')} / {f('eager_vs_f32')} | "
                 f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
-                f"{f('ember_speedup')} | {f('tc_compile_s')} | {f('ember_compile_s')} | "
+                f"{f('ember_speedup')} | {f('ember_launched_ms') or 'same (no CUDA graph)'} | "
+                f"{f('tc_compile_s')} | {f('ember_compile_s')} | "
                 f"{r.get('triton_kernels', '')} | "
                 f"{'; '.join(n.replace('|', '/')[:160] for n in notes) or 'none'} |")
         if jit_rows:
