@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ember.inductor.targets.cuda.gemv_group import LOWERINGS as GROUP_LOWERINGS
+from ember.inductor.targets.cuda.gemv_group import group_gemvs
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
 from ember.ir.graph import Arg, fresh_name, value_names
 from ember.ir.passes import register_pass
@@ -31,6 +33,8 @@ from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
 
 OP = "loop.gemv"
+# decode-gemv's default for `group` (gemv_group.py): off until measured on the device
+GROUP = False
 LOWP = (DType.bf16, DType.f16)
 
 
@@ -145,7 +149,7 @@ def _outer(n: Node, taken: set[str]) -> list[Node] | None:
     return out
 
 
-def _rewrite(g: Graph, explain: bool) -> int:
+def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
     done = 0
     taken = value_names(g)
     nodes: list[Node] = []
@@ -185,16 +189,20 @@ def _rewrite(g: Graph, explain: bool) -> int:
         if explain:
             print(f"decode-gemv: @{g.name} %{n.results[0].name}: Triton GEMV "
                   f"{list(xt.shape)} x {list(bt.shape)}", file=sys.stderr)
+    if group and done:
+        group_gemvs(g, explain)
     return done
 
 
 @register_pass("decode-gemv", "CUDA: a one-row f16/bf16 product against a transposed [N, K] "
-               "weight becomes a Triton GEMV extern (loop.gemv), an f32 product over a "
-               "contraction of 1 a broadcast multiply; explain=true says which")
-def decode_gemv(module: Module, *, explain: bool = False) -> Module:
+               "weight becomes a Triton GEMV extern (loop.gemv; with group=true "
+               "loop.gemv_group: its bias and erf-GELU epilogues absorbed, two independent "
+               "GEMVs to a launch), an f32 product over a contraction of 1 a broadcast "
+               "multiply; explain=true says which")
+def decode_gemv(module: Module, *, explain: bool = False, group: bool = GROUP) -> Module:
     out = module.clone()
     for g in out.graphs.values():
-        _rewrite(g, explain)
+        _rewrite(g, explain, group)
     return out
 
 
@@ -215,7 +223,7 @@ def lower_gemv(lw: Any, n: Node) -> None:
     lw.passthrough(n, n.op)
 
 
-LOWERINGS = {OP: lower_gemv}
+LOWERINGS = {OP: lower_gemv, **GROUP_LOWERINGS}
 
 __all__ = ["LOWERINGS", "MEASURED", "OP", "config", "decode_gemv", "gemv", "lower_gemv",
            "with_decode_gemv"]

@@ -1,0 +1,148 @@
+"""decode-gemv's grouping (CUDA target, targets/cuda/gemv_group.py, gemv_fused.py): a decode
+step's GEMVs with their bias and erf-GELU epilogues, two to a launch.
+
+Without a GPU: the kernels run in Triton's interpreter (TRITON_INTERPRET=1) with small shapes,
+against eager torch (bf16 rounding tolerances); the pass on a tiny bf16 GPT-NeoX's decode step
+(static cache, batch 1) through the CUDA pipeline with the CPU target's lowering rules for the
+CUDA externs.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.inductor  # noqa: E402,F401
+from ember.capture import Captured, capture  # noqa: E402
+from ember.inductor.backend import compiled_runner  # noqa: E402
+from ember.inductor.targets import targets  # noqa: E402
+from ember.inductor.targets.cuda import FRONT, gemv, gemv_group, inplace  # noqa: E402
+from ember.inductor.targets.cuda.gemv_fused import gemv_pair, gemv_rows, reference  # noqa: E402
+from ember.ir.passes import run_pipeline  # noqa: E402
+from ember.ir.registry import OpTypeError  # noqa: E402
+from ember.runtime.writeback import backend_module  # noqa: E402
+
+BF = torch.bfloat16
+
+
+def _r(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(BF)
+
+
+@pytest.mark.parametrize(("k1", "n1", "k2", "n2", "eps"), [
+    (300, 33, 130, 70, ("bias", "bias+gelu")), (64, 8, 64, 40, ("none", "gelu")),
+    (200, 17, None, None, ("bias+gelu",))])
+def test_gemv_pair_matches_eager(k1: int, n1: int, k2: int | None, n2: int | None,
+                                 eps: tuple[str, ...]) -> None:
+    """One launch of one or two products (K and N not multiples of the blocks, several K
+    chunks), each within one bf16 rounding of eager's linear (+ GELU)."""
+    segs: list[Any] = []
+    for i, (k, n, e) in enumerate(zip((k1, k2), (n1, n2), eps)):
+        assert k is not None and n is not None
+        segs += [_r(1, k, seed=i), _r(n, k, seed=10 + i),
+                 _r(n, seed=20 + i) if e.startswith("bias") else None,
+                 "gelu" if e.endswith("gelu") else None]
+    got = gemv_pair(*segs, blocks=tuple((4, 64, 4) for _ in eps))
+    for j, y in enumerate(got):
+        x, w, b, act = segs[4 * j:4 * j + 4]
+        lin = torch.nn.functional.linear(x.float(), w.float(),
+                                         b.float() if b is not None else None)
+        want = torch.nn.functional.gelu(lin.to(BF).float()) if act else lin
+        scale = float(want.abs().max())
+        torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=scale * 1e-2)
+        assert torch.equal(y, reference(x, w, b, act)) or float(
+            (y.float() - reference(x, w, b, act).float()).abs().max()) <= scale * 1e-2
+
+
+def test_gemv_rows_matches_mm() -> None:
+    x, w = _r(5, 300, seed=1), _r(33, 300, seed=2)
+    torch.testing.assert_close(gemv_rows(x, w).float(), (x.float() @ w.float().t()),
+                               rtol=2e-2, atol=0.25)
+    with pytest.raises(ValueError, match="M <= 16"):
+        gemv_rows(_r(17, 300, seed=3), w)
+
+
+def test_bad_operands_are_clear_errors() -> None:
+    x, w = _r(1, 30, seed=1), _r(8, 30, seed=2)
+    with pytest.raises(ValueError, match="bias must be"):
+        gemv_pair(x, w, _r(7, seed=3), None)
+    with pytest.raises(ValueError, match="activation"):
+        gemv_pair(x, w, None, "relu")
+    with pytest.raises(OpTypeError, match="epilogues"):
+        gemv_group._segments([], {"epilogues": ["tanh"]})
+
+
+def _decode_step(model: Any) -> tuple[Captured, Any, tuple[Any, ...], dict[str, Any]]:
+    ids = torch.randint(2, 100, (1, 5), generator=torch.Generator().manual_seed(1))
+    steps: list[tuple[Any, dict[str, Any]]] = []
+    real = model.forward
+
+    def spy(*a: Any, **k: Any) -> Any:
+        steps.append((a, dict(k)))
+        return real(*a, **k)
+    model.forward = spy
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    del model.forward
+    args, kwargs = steps[-1]
+    cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
+    for layer in cache.layers:  # the last step again: its slot, not one past the end
+        layer.cumulative_length.sub_(1)
+    with torch.no_grad():
+        c = capture(model.forward, args, kwargs)
+    assert isinstance(c, Captured)
+    return c, real, args, kwargs
+
+
+PIPE = ("decode-gemv{group=true},lower-loops,fuse,fuse-shared,schedule-cuda,"
+        "codegen-triton{interpret=true},plan-buffers")
+
+
+def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny bf16 GPT-NeoX's decode step: per layer two gemv_group launches (QKV + h_to_4h
+    with its bias and GELU, dense + 4h_to_h, every bias absorbed) where group=false leaves four
+    GEMVs; logits and the caches after the step within bf16 rounding of eager's."""
+    pytest.importorskip("transformers")
+    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
+    from ember.runtime.testing import tiny_hf_model
+    cpu = targets()["cpu"].lowerings
+    for op, rule in {**gemv.LOWERINGS, **inplace.LOWERINGS}.items():
+        monkeypatch.setitem(cpu, op, rule)
+    model: Any = tiny_hf_model("neox")[0].to(BF)
+    c, real, args, kwargs = _decode_step(model)
+    front = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)),
+                         f"{FRONT},cuda-attention,matmul-lowp,cache-inplace{{attention=true}},dce")
+    plain = run_pipeline(front, "decode-gemv{group=false}")
+    assert sum(n.op == gemv.OP for n in plain.graph().nodes) == 2 * 4 + 1  # + the lm_head
+    m = run_pipeline(front, PIPE)
+    eps = [n.kwargs["epilogues"] for gr in m.graphs.values() for n in gr.nodes
+           if n.op == "kernels.extern" and n.kwargs.get("op") == gemv_group.OP]
+    assert eps == [["bias", "bias+gelu"], ["bias", "bias"]] * 2 + [["none"]], eps
+    assert not any(n.op == "kernels.extern" and n.kwargs.get("op") == gemv.OP
+                   for n in m.graph().nodes)
+    ins = list(c.input_examples)
+    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    with torch.no_grad():
+        want = real(*args, **kwargs).logits[:, -1].float()
+    after = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    with torch.no_grad():
+        for x, s in zip(ins, snap, strict=True):
+            if isinstance(x, torch.Tensor):
+                x.copy_(s)
+        got = compiled_runner(m)(None, ins).outputs
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got[0].reshape(want.shape).float(), want, rtol=0,
+                               atol=scale * 0.05)
+    for u in c.updates:  # the caches (new rows within bf16 rounding) and the lengths
+        b = after[u.param]
+        torch.testing.assert_close(got[u.result], b, rtol=0,
+                                   atol=float(b.abs().max()) * 0.02 + 1e-6)
