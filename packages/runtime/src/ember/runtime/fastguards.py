@@ -33,6 +33,7 @@ from typing import Any, cast
 import torch
 
 from ember.capture import Guard, GuardKind, Source
+from ember.capture.guards import TensorMeta
 from ember.capture.sources import (
     AttrSource,
     ModuleMemberSource,
@@ -40,6 +41,7 @@ from ember.capture.sources import (
     key_expr,
     prefixes,
 )
+from ember.runtime import tensorcheck
 
 FullCheck = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
@@ -120,6 +122,8 @@ class _Builder:
         self.dicts: dict[Source, str] = {}  # an unpinned object's __dict__, read once
         self.hoist: set[Source] = set()
         self._values: dict[Source, Any] = {}
+        # tensor guards checked in one C call after the others: (expression, type, spec)
+        self.tensors: list[tuple[str, type, list[int]]] = []
 
     def value(self, src: Source) -> Any:
         """The source's value now, through its full expression."""
@@ -209,9 +213,16 @@ class _Builder:
             return None
         return _Code(f"{d}[{name!r}]")
 
-    def guard_code(self, g: Guard) -> str:
+    def guard_code(self, g: Guard) -> str | None:
+        """The guard's fast expression; None where the guard joins the C tensor check."""
         ref = self.ns.ref
         src = g.source
+        if g.kind is GuardKind.TENSOR_MATCH and type(g.expected) is TensorMeta and \
+                src is not None:
+            spec = tensorcheck.entry(self.value(src), g.expected)
+            if spec is not None:
+                self.tensors.append((self.fast(src).expr(ref), g.expected.cls, spec))
+                return None
         if g.kind is GuardKind.NO_HOOKS and src is not None:
             d = self.dict_of(src, _HOOK_TABLES[0])
             if d is not None and all(_instance_dict(self.value(src), t) is not None
@@ -262,13 +273,23 @@ class _Builder:
                       if n > 1 and s.expr(self.ns.ref) not in _ROOTS}
         for g in guards:
             code = self.guard_code(g)
-            self.body.append(f"        if not ({code}):")
-            self.body.append("            return _full(S, A, K)")
+            if code is not None:
+                self.body.append(f"        if not ({code}):")
+                self.body.append("            return _full(S, A, K)")
             if g.source is not None and g.kind is GuardKind.ID_MATCH:
                 self.pinned[g.source] = g.expected
                 self.typed.add(g.source)
             elif g.source is not None and g.kind is GuardKind.TYPE_MATCH:
                 self.typed.add(g.source)
+        if self.tensors:  # (a TorchFunctionMode may intercept tensor attributes: Python's)
+            mod = tensorcheck.checker()
+            ref = self.ns.ref
+            types = ref(tuple(t for _, t, _ in self.tensors), "TT")
+            spec = ref(tensorcheck.pack([s for _, _, s in self.tensors]), "TS")
+            exprs = "".join(f"{e}, " for e, _, _ in self.tensors)
+            self.body.append(f"        if {ref(torch._C._len_torch_function_stack, 'F')}() or "
+                             f"not {ref(mod.check, 'F')}({types}, ({exprs}), {spec}):")
+            self.body.append("            return _full(S, A, K)")
         built = [self.fast(s).expr(self.ns.ref) for s in inputs]
         lines = ["def guard(S, A, K):", "    try:", *self.body,
                  f"        return [{', '.join(built)}]",

@@ -1,0 +1,233 @@
+"""The fast guard check's tensor checks in C (runtime/tensorcheck.py): every way torch offers to
+change a tensor's metadata without a Python-visible signal (`p.data = ...`, `requires_grad_()`,
+`resize_`, `set_`, `as_strided_`, in-place views) must still fail the check and recompile, and
+the fast check must agree with the full Python check after any of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import ember.runtime as er
+from ember.runtime import tensorcheck
+from ember.runtime.compile import CompiledFunction
+
+
+class Net(nn.Module):
+    scale: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.lin(x) * self.scale.sum()
+        return y
+
+
+@pytest.fixture(autouse=True)
+def _no_grad() -> Iterator[None]:
+    with torch.no_grad():  # (grad mode is guarded first: keep it fixed)
+        yield
+
+
+def _cf(c: Any) -> CompiledFunction:
+    cf = c.compiled
+    assert isinstance(cf, CompiledFunction)
+    return cf
+
+
+def _compiled(m: nn.Module) -> tuple[Any, torch.Tensor]:
+    c = er.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(c(x), m(x))
+    return c, x
+
+
+def test_checker_builds_and_the_fast_check_uses_it() -> None:
+    assert tensorcheck.checker() is not None, "the C checker did not build or self-test"
+    m = Net()
+    c, x = _compiled(m)
+    code = _cf(c).entries[0].code
+    src = code.fast_source
+    assert src is not None
+    assert ".stride()" not in src and ".requires_grad" not in src  # all four tensors in C
+    assert "(TT" in src
+    assert code.guard(m, (x,), {}) == code.full(m, (x,), {})
+
+
+def _mutated(change: Callable[[Net], Any], reason: str) -> None:
+    m = Net()
+    c, x = _compiled(m)
+    c(x)
+    change(m)
+    try:
+        want: Any = m(x)
+    except RuntimeError as e:
+        want = e
+    try:
+        got: Any = c(x)
+    except RuntimeError as e:
+        got = e
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want)
+    else:
+        assert type(got) is type(want)
+    h = _cf(c).history
+    assert any(reason in r for r in h.recompilations), h.recompilations
+
+
+def _swap_data(p: torch.Tensor, new: torch.Tensor) -> None:
+    p.data = new
+
+
+def _scale(m: Net) -> Any:
+    return m._buffers["scale"]
+
+
+def _params(m: Net) -> Any:
+    return m.lin._parameters
+
+
+_MUTATIONS: list[tuple[str, Callable[[Net], Any], str]] = [
+    ("data dtype", lambda m: _swap_data(m.lin.weight, m.lin.weight.data.double()),
+     "self.lin.weight: dtype float64"),
+    ("data shape", lambda m: _swap_data(m.lin.bias, torch.randn(1)),
+     "self.lin.bias: shape [1]"),
+    ("data strides", lambda m: _swap_data(m.lin.weight, m.lin.weight.data.t()),
+     "self.lin.weight: stride [1, 4]"),
+    ("requires_grad_", lambda m: m.lin.bias.requires_grad_(False),
+     "self.lin.bias: requires_grad False"),
+    ("resize_", lambda m: _scale(m).resize_(2), "self.scale: shape [2]"),
+    ("set_", lambda m: _scale(m).set_(torch.ones(8)[::2]), "self.scale: stride [2]"),
+    ("as_strided_", lambda m: _scale(m).as_strided_((2, 2), (1, 2)), "self.scale: shape [2, 2]"),
+    ("unsqueeze_", lambda m: _scale(m).unsqueeze_(0), "self.scale: shape [1, 4]"),
+    ("t_", lambda m: m.lin.weight.t_(),
+     "self.lin.weight: stride [1, 4]"),
+    ("parameter to tensor", lambda m: _params(m).__setitem__("bias", torch.zeros(4)),
+     "self.lin.bias: type Tensor"),
+]
+
+
+@pytest.mark.parametrize("name,change,reason", _MUTATIONS, ids=[n for n, _, _ in _MUTATIONS])
+def test_metadata_mutation_recompiles(name: str, change: Callable[[Net], Any],
+                                      reason: str) -> None:
+    _mutated(change, reason)
+
+
+@pytest.mark.filterwarnings("ignore:.*sparse_coo tensor input")
+def test_argument_type_and_layout_changes_recompile() -> None:
+    c = er.compile(Net(), backend="eager")
+    x = torch.randn(2, 4)
+    c(x)
+    h = _cf(c).history
+    for i, y in enumerate((nn.Parameter(torch.randn(2, 4)), torch.randn(4, 2).t(),
+                           torch.randn(2, 4).to_sparse())):
+        try:
+            c(y)
+        except Exception:  # (eager refuses a sparse input too: the guards are what matters)
+            pass
+        assert len(h.recompilations) == i + 1, h.recompilations
+    assert "x: type Parameter" in h.recompilations[0]
+
+
+def test_torch_function_mode_runs_the_full_check() -> None:
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    m = Net()
+    c, x = _compiled(m)
+    code = _cf(c).entries[0].code
+    calls = [0]
+    full = code.full
+
+    def counted(*a: Any) -> Any:
+        calls[0] += 1
+        return full(*a)
+    # the generated fast check calls the full check through its namespace's _full
+    ns = code.guard.__globals__
+    ns["_full"] = counted
+    try:
+        assert isinstance(code.guard(m, (x,), {}), list) and calls[0] == 0
+        with Spy():
+            assert isinstance(code.guard(m, (x,), {}), list)
+        assert calls[0] == 1
+    finally:
+        ns["_full"] = full
+
+
+def test_without_the_checker_the_fast_check_keeps_python_tensor_checks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tensorcheck, "checker", lambda: None)
+    m = Net()
+    c, x = _compiled(m)
+    src = _cf(c).entries[0].code.fast_source
+    assert src is not None and ".stride() ==" in src and "(TT" not in src
+    _swap_data(m.lin.weight, m.lin.weight.data.t())
+    c(x)
+    assert any("stride [1, 4]" in r for r in _cf(c).history.recompilations)
+
+
+def test_self_test_refuses_a_reader_that_misreads() -> None:
+    mod = tensorcheck.checker()
+    assert mod is not None
+
+    class Broken:
+        check = staticmethod(mod.check)
+
+        @staticmethod
+        def read(t: torch.Tensor) -> Any:
+            got = mod.read(t)
+            return got[:7] + (tuple(reversed(got[7])),) if got is not None else None
+
+    class Lenient:
+        read = staticmethod(mod.read)
+
+        @staticmethod
+        def check(types: Any, ts: Any, spec: bytes) -> bool:
+            return True
+
+    assert tensorcheck.self_test(mod) is None
+    assert tensorcheck.self_test(Broken) is not None
+    assert tensorcheck.self_test(Lenient) is not None
+
+
+_STEPS = [m for _, m, _ in _MUTATIONS] + [
+    lambda m: _swap_data(m.lin.weight, torch.randn(4, 4)),  # same metadata: still passes
+    lambda m: m.lin.bias.requires_grad_(True),
+    lambda m: _scale(m).set_(torch.ones(4)),
+    lambda m: m.lin.weight.add_(1.0),  # a version bump, no metadata change
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, len(_STEPS) - 1), max_size=5),
+       st.sampled_from([(2, 4), (3, 4), (4, 2)]))
+def test_fast_check_agrees_with_full_check(steps: list[int], shape: tuple[int, int]) -> None:
+    """After any mutations, the C-backed fast check gives what the full check gives."""
+    m = Net()
+    c, x = _compiled(m)
+    code = _cf(c).entries[0].code
+    assert code.fast_source is not None and "(TT" in code.fast_source
+    for i in steps:
+        try:
+            _STEPS[i](m)
+        except RuntimeError:  # (a mutation the current metadata refuses)
+            pass
+        y = torch.randn(*shape)
+        fast, full = code.guard(m, (y,), {}), code.full(m, (y,), {})
+        if isinstance(full, list):
+            assert isinstance(fast, list) and len(fast) == len(full)
+            assert all(a is b for a, b in zip(fast, full, strict=True))
+        else:
+            assert fast == full
