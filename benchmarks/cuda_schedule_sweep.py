@@ -39,11 +39,18 @@ CANDS: dict[str, list[dict[str, int]]] = json.loads(Path(
 if DRY:
     os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs
 SHAPE = (8, 256) if DRY else (16384, 4096)
+# --math A,B: only these MATH_VARIANTS (default: all that apply)
+MATH = sys.argv[sys.argv.index("--math") + 1].split(",") if "--math" in sys.argv else None
+# --anchor: each case at issue 16's 1 GiB-class size (gpu_cuda_suite.ANCHOR_SHAPES)
+ANCHOR = "--anchor" in sys.argv
 DEVICE = "cpu" if DRY else "cuda"
 
 
 def inputs(case: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     rows, cols = SHAPE
+    if ANCHOR and not DRY:
+        from benchmarks.gpu_cuda_suite import ANCHOR_SHAPES
+        rows, cols = ANCHOR_SHAPES[case]
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=DEVICE, dtype=dtype)
     if case.startswith("layernorm"):
@@ -91,9 +98,16 @@ _ERF = ("= _erf(", "= tl.erf(")
 _EXP = ("= libdevice.fast_expf(", "= tl.exp(")
 _RECIP = ("= libdevice.fast_dividef(1.0, ", "= (1.0 / ")
 _ROWDIV = ("* (1.0 / ", "/ (")  # x * (1 / row value) back to x / row value
+# cuda_math="bf16"'s cheaper 1 + erf and sin (prelude.py) back to the accurate ones
+_ERF1P = ("= _erf1p_bf16(", "= 1.0 + _erf(")
+_SIN = ("= _sin_bf16(", "= tl.sin(")
+# bf16 loads upcast by cvt.f32.bf16 in place of the prelude's 16-bit shift
+_UP = ("return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)",
+       "return v.to(tl.float32)")
 MATH_VARIANTS: list[tuple[str, list[tuple[str, str]]]] = [
     ("libdevice_erf", [_ERF]), ("tl_exp", [_EXP]), ("div_full", [_RECIP]),
-    ("row_div", [_ROWDIV]), ("before", [_ERF, _EXP, _RECIP, _ROWDIV])]
+    ("row_div", [_ROWDIV]), ("before", [_ERF, _EXP, _RECIP, _ROWDIV]),
+    ("accurate_erf1p", [_ERF1P]), ("accurate_sin", [_SIN]), ("cvt_upcast", [_UP])]
 
 
 def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:
@@ -211,6 +225,8 @@ def sweep_case(case: str, dtype: torch.dtype, copy_tbs: float, budget: float,
         n.kwargs.update(cand)
         sources.append(render(ref.name, n, body, m.items, DRY).source)
     for label, swaps in MATH_VARIANTS:  # the default schedule with other math
+        if MATH is not None and label not in MATH:
+            continue
         if any(old in sources[0] for old, _ in swaps) and not DRY:
             src = sources[0]
             for old, new in swaps:
@@ -272,6 +288,9 @@ def main() -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU, Triton's interpreter, 8x256")
     ap.add_argument("--few", action="store_true", help="a handful of candidates per case")
     ap.add_argument("--no-per-op", action="store_true", help="check cuda_lowp=f32 only")
+    ap.add_argument("--math", help="comma-separated MATH_VARIANTS labels (default: all)")
+    ap.add_argument("--anchor", action="store_true",
+                    help="each case at its 1 GiB-class size (gpu_cuda_suite.ANCHOR_SHAPES)")
     ap.add_argument("--cands", help="JSON file: {case or 'rows'/'pointwise': [schedule, ...]}")
     a = ap.parse_args()
     if not DRY and not torch.cuda.is_available():

@@ -54,4 +54,53 @@ def has_lowp_values(node: Node, body: Graph, items: dict[str, Any]) -> bool:
     return False
 
 
-__all__ = ["LOWP_DEFAULT", "LOWP_MODES", "has_lowp_values", "read_lowp"]
+# cuda_math: which f32 math a kernel's body uses. "accurate" (the default, and every kernel
+# that stores an f32/f16 value): the OPS table's. "bf16" (schedule-cuda writes it on kernels
+# whose every result is bf16, computed under cuda_lowp=f32): the prelude's cheaper sin and
+# 1 + erf, whose errors are a small part of a bf16 ulp (prelude.py states each bound).
+MATH_MODES = ("accurate", "bf16")
+
+
+def read_math(node: Node) -> str:
+    """The node's `cuda_math` mode ("accurate" where it has none), checked."""
+    from ember.inductor.schedule import ScheduleError
+    v = node.kwargs.get("cuda_math", "accurate")
+    if v not in MATH_MODES:
+        raise ScheduleError(f"{node.op}: cuda_math={v!r} is not valid (one of "
+                            f"{', '.join(MATH_MODES)})")
+    return str(v)
+
+
+def bf16_results(node: Node) -> bool:
+    """Whether every result of the kernel is a bf16 tensor (cuda_math="bf16" may apply)."""
+    return bool(node.results) and all(
+        isinstance(r.type, TensorType) and r.type.dtype == DType.bf16 for r in node.results)
+
+
+def bf16_math(n: Node, env: dict[Value, str]) -> str | None:
+    """The cheaper f32 text of body op `n` under cuda_math="bf16", or None: sin, and an add of
+    1 to an erf (a gelu's 1 + erf(x), computed from x: relative error in the lower tail)."""
+    if n.op == "prims.sin" and isinstance(n.args[0], Value):
+        return f"_sin_bf16({env[n.args[0]]})"
+    if n.op != "prims.add" or len(n.args) != 2:
+        return None
+    erf = [a for a in n.args if isinstance(a, Value) and a.node is not None
+           and a.node.op == "prims.erf" and isinstance(a.node.args[0], Value)]
+    one = [a for a in n.args if isinstance(a, (int, float)) and not isinstance(a, bool)
+           and a == 1]
+    if len(erf) != 1 or len(one) != 1:
+        return None
+    x = erf[0].node.args[0]  # type: ignore[union-attr]
+    assert isinstance(x, Value)
+    c = 1.0
+    m = x.node  # erf(y * C), C > 0 (a gelu's 1/sqrt(2)): C goes into the coefficients
+    if m is not None and m.op == "prims.mul" and len(m.args) == 2:
+        y = [a for a in m.args if isinstance(a, Value)]
+        k = [a for a in m.args if isinstance(a, float) and 0 < a < 1e4]
+        if len(y) == 1 and len(k) == 1 and y[0] in env:
+            x, c = y[0], k[0]
+    return f"_erf1p_bf16({env[x]}, {c!r})" if x in env else None
+
+
+__all__ = ["LOWP_DEFAULT", "LOWP_MODES", "MATH_MODES", "bf16_math", "bf16_results",
+           "has_lowp_values", "read_lowp", "read_math"]

@@ -119,6 +119,55 @@ def _erf(x):
     return libdevice.copysign(r, x)
 
 
+
+# bf16 outputs only (render.py's cuda_math="bf16"): cheaper math whose error is a small part
+# of a bf16 ulp (2**-8 relative spacing), never used where an f32/f16 value is stored.
+# 1 + erf(C * x) (a gelu's, C = 1/sqrt(2) folded into the coefficients at compile time):
+# 2 / (1 + 2 ** (-C x R(C |x|))), R a degree-5 minimax fit of log2((1 + erf)/(1 - erf)) / x
+# in |x| on [0, 4] (|C x| clamped there: beyond it the exponent grows linearly and 1 + erf
+# stays between 0 and 2e-8 of the true value). Relative error <= 9.3e-4 for C x >= -4 (a
+# quarter of a bf16 ulp; relative in the lower tail, where 1 + erf is small, unlike
+# 1 + _erf(x)), absolute <= 2e-8 beyond; ~10 instructions against _erf's 18 plus the add
+# and the scaling. 2 at +inf, 0 at -inf, NaN in NaN out (test_triton_bf16_math.py).
+@triton.jit
+def _erf1p_bf16(x, C: tl.constexpr):
+    a = tl.minimum(tl.abs(x), 4.0 / C)
+    p = (-0.0009105989593081176 * C * C * C * C * C * C) * a + (
+        0.006350887473672628 * C * C * C * C * C)
+    p = p * a + 0.02471012808382511 * C * C * C * C
+    p = p * a - 0.3762096166610718 * C * C * C
+    p = p * a + 0.06997891515493393 * C * C
+    p = p * a - 3.2734391689300537 * C
+    return libdevice.fast_dividef(2.0, 1.0 + libdevice.exp2(x * p))
+
+
+# sin(x): x - j*pi (j = x / pi rounded by adding 1.5 * 2**23; two fma steps, Cody-Waite),
+# then a degree-5 odd minimax polynomial on |r| <= 1.641, its sign flipped for odd j (the
+# low bit of the rounded value): relative error <= 1.5e-4 on the reduced argument, absolute
+# <= 2.5e-7 from the reduction for |x| <= 2**20; ~10 instructions against libdevice sinf's
+# ~25. A block holding any |x| > 2**20 (or inf) takes libdevice's sinf instead (its
+# Payne-Hanek reduction), decided once per block. NaN in NaN out (test_triton_bf16_math.py).
+@triton.jit
+def _sin_bf16(x):
+    t = tl.fma(x, 0.31830987334251404, 12582912.0)  # fma: each step rounds once
+    j = t - 12582912.0
+    r = tl.fma(j, -3.1415927410125732, x)
+    r = tl.fma(j, 8.742277657347586e-08, r)
+    s = r * r
+    p = (0.007536573801189661 * s - 0.16582202911376953) * s + 0.9998573660850525
+    v = ((r * p).to(tl.int32, bitcast=True) ^ (t.to(tl.int32, bitcast=True) << 31)).to(
+        tl.float32, bitcast=True)
+    if tl.max(tl.abs(x)) > 1048576.0:
+        v = libdevice.sin(x)
+    return v
+
+
+# bf16 -> f32 of a load: the bits shifted up 16 (exact). cvt.f32.bf16 of a packed pair's upper
+# half takes two instructions (a byte permute, then the shift); this takes one per value.
+@triton.jit
+def _up_bf16(v):
+    return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+
 @triton.jit
 def _ipow(a, b, BITS: tl.constexpr, SIGNED: tl.constexpr):  # square and multiply
     one = tl.full([], 1, a.dtype)

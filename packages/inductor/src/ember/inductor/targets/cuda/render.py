@@ -38,7 +38,7 @@ import torch
 from ember.inductor.indexing import flat_offset, parse_index
 from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
 from ember.inductor.targets.cuda.launcher import bind_source
-from ember.inductor.targets.cuda.lowp import has_lowp_values, read_lowp
+from ember.inductor.targets.cuda.lowp import bf16_math, has_lowp_values, read_lowp, read_math
 from ember.inductor.targets.cuda.prelude import prelude
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
@@ -262,6 +262,7 @@ class _Writer:
     contiguous: Any = None  # pointwise: the flat index as an expression of the loop variables
     sizes: list[str] = field(default_factory=list)  # size symbols: kernel arguments
     per_op: bool = False  # cuda_lowp="per-op": f16/bf16 op results rounded as eager rounds
+    bf16: bool = False  # cuda_math="bf16": the prelude's cheaper sin and 1 + erf (lowp.py)
     # names of per-row values (a reduction, and ops over reductions and numbers only): a
     # division by one is a multiplication by its reciprocal, computed once per row
     rowvals: set[str] = field(default_factory=set)
@@ -332,7 +333,9 @@ class _Writer:
                     "'evict_first'" if self.evict <= names else "'evict_last'")
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
                    f"mask={mask}, other=0{hint})"
-            return f"{load}.to(tl.float32)" if dt in (DType.f16, DType.bf16) else load
+            if dt == DType.bf16:  # a 16-bit shift (prelude's _up_bf16): one instruction
+                return f"_up_bf16({load})"
+            return f"{load}.to(tl.float32)" if dt == DType.f16 else load
         if n.op == "loop.index":
             e = pyexpr(parse_index(n.kwargs["index"]), self.rtag, self.alias)
             return f"(tl.zeros({shape}, tl.int64) + {e})"
@@ -360,6 +363,9 @@ class _Writer:
         tmpl = tmpl or table.get(dclass(odt))
         if tmpl is None:
             raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
+        fast = bf16_math(n, env) if self.bf16 and odt != DType.f64 else None
+        if fast is not None:
+            return fast
         ops = [env[a] if isinstance(a, Value) else self.number(a, odt) for a in n.args]
         if n.op == "prims.div" and dclass(odt) == _F and odt != DType.f64 and ops[0] == "1.0":
             tmpl = RECIP
@@ -583,6 +589,7 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
     user = read_schedule(node)
     lowp = read_lowp(node)
     w.per_op = lowp == "per-op"
+    w.bf16 = read_math(node) == "bf16" and not w.per_op
     t = _tensor(node.results[0])
     ranges = _dims(node.kwargs["ranges"])  # type: ignore[arg-type]
     free: set[sympy.Symbol] = set()
@@ -660,8 +667,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
             widest = max(widest, red.block)
         inner = ranges[len(outer):] if main is None else []
         ni = _numel(inner)
-        iblock = 1 if main is not None else min(next_pow2(ni), RMAX) if _is_static(ni) \
-            else RMAX // 4
+        iblock = 1 if main is not None else min(next_pow2(ni), max(RMAX, widest)) \
+            if _is_static(ni) else RMAX // 4  # (a persistent row past RMAX: all of it)
         widest = max(widest, iblock)
         xblock = user.get("cuda_xblock",
                           max(1, min(next_pow2(xn) if static else 64, 64, RMAX // widest)))

@@ -1,0 +1,222 @@
+"""The CUDA target's bf16-output math (lowp.py `cuda_math="bf16"`, prelude.py `_erf1p_bf16`,
+`_sin_bf16`, `_up_bf16`): which kernels get it, and each function's stated error bound, run
+by Triton's interpreter against torch in f64 (dense grids) and in f32 (hypothesis over the
+whole f32 range, results compared after rounding to bf16 as the kernel stores them)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.inductor  # noqa: E402,F401
+from ember.capture import capture  # noqa: E402
+from ember.inductor.schedule import ScheduleError  # noqa: E402
+from ember.inductor.targets.cuda.prelude import prelude  # noqa: E402
+from ember.ir import parse  # noqa: E402
+from ember.ir.passes import run_pipeline  # noqa: E402
+
+ERF1P_REL = 9.4e-4  # 1 + erf(C x), C x >= -4 (measured 9.33e-4: the fit's own error)
+ERF1P_ABS_TAIL = 2e-8  # C x < -4 (measured 3.3e-9)
+SIN_REL = 1.5e-4  # |x| <= 2**20, relative to |sin x| (measured 1.43e-4)
+SIN_ABS = 2.5e-7  # the reduction's rounding (fma steps), where sin x is near 0
+GELU_C = 0.7071067811865476
+
+KERNEL = '''
+
+@triton.jit
+def erf1p_kernel(x_ptr, out_ptr, n, C: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, _erf1p_bf16(tl.load(x_ptr + offs, mask=m, other=0.0), C), mask=m)
+
+
+@triton.jit
+def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):  # as a bf16 gelu kernel computes
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    y = tl.load(x_ptr + offs, mask=m, other=0.0)
+    tl.store(out_ptr + offs, (y * 0.5) * _erf1p_bf16(y, 0.7071067811865476), mask=m)
+
+
+@triton.jit
+def up_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, _up_bf16(tl.load(x_ptr + offs)))
+
+
+@triton.jit
+def sin_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(out_ptr + offs, _sin_bf16(tl.load(x_ptr + offs, mask=m, other=0.0)), mask=m)
+'''
+
+
+@pytest.fixture(scope="module")
+def mod(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The prelude (interpreter form) with kernels applying the functions elementwise."""
+    path = Path(tmp_path_factory.mktemp("bf16math")) / "bf16_math_kernels.py"
+    path.write_text(prelude(True) + KERNEL)
+    spec = importlib.util.spec_from_file_location("ember_test_bf16_math_kernels", path)
+    assert spec is not None and spec.loader is not None
+    m = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = m  # triton.jit reads the function's module source
+    spec.loader.exec_module(m)
+    return m
+
+
+def apply(kernel: Any, x: torch.Tensor, block: int = 1024, **kw: Any) -> torch.Tensor:
+    x = x.to(torch.float32).contiguous()
+    out = torch.empty_like(x)
+    kernel[(max(1, math.ceil(x.numel() / block)),)](x, out, x.numel(), BLOCK=block, **kw)
+    return out
+
+
+@pytest.mark.parametrize("c", [1.0, GELU_C])
+def test_erf1p_bound_on_a_dense_grid(mod: Any, c: float) -> None:
+    """Every 2**-10 step of [-8, 8]: 1 + erf(c x) within ERF1P_REL of erfc(-c x) in f64 where
+    c x >= -4 (relative: the lower tail keeps its digits), within ERF1P_ABS_TAIL below."""
+    x = torch.arange(-8.0, 8.0, 2.0 ** -10, dtype=torch.float64).float()
+    got = apply(mod.erf1p_kernel, x, C=c).double()
+    want = torch.special.erfc(-c * x.double())
+    inside = c * x.double() >= -4
+    rel = ((got - want).abs() / want)[inside]
+    assert rel.max().item() <= ERF1P_REL, (rel.max().item(), x[inside][rel.argmax()].item())
+    assert (got - want).abs()[~inside].max().item() <= ERF1P_ABS_TAIL
+    assert got.min().item() >= 0.0 and got.max().item() <= 2.0
+
+
+def test_erf1p_special_values(mod: Any) -> None:
+    x = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e30, -1e30])
+    got = apply(mod.erf1p_kernel, x, C=1.0)
+    assert math.isnan(got[0].item())
+    assert got[1:].tolist() == [2.0, 0.0, 1.0, 1.0, 2.0, 0.0]
+
+
+def bf16_close(got: torch.Tensor, want: torch.Tensor, floor: float) -> None:
+    """got and want (f32) rounded to bf16 within one bf16 step of each other, or within
+    `floor` absolutely (where f32's own rounding in eager's formula dominates)."""
+    g, w = got.bfloat16().double(), want.bfloat16().double()
+    step = torch.ldexp(torch.ones_like(w), torch.frexp(w.abs().clamp_min(1e-30))[1] - 8)
+    ok = ((g - w).abs() <= step) | ((got.double() - want.double()).abs() <= floor) | \
+        (g.isnan() & w.isnan())
+    assert bool(ok.all()), (got[~ok][:4].tolist(), want[~ok][:4].tolist())
+
+
+floats32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+# eager's CPU gelu overflows to inf above 1.7e38 (its x * (1 + erf) before the 0.5)
+GELU_MAX = 1e38
+
+
+@given(st.lists(floats32, min_size=1, max_size=64))
+def test_gelu_bf16_matches_torch_f32_over_the_whole_range(mod: Any, xs: list[float]) -> None:
+    """0.5 y (1 + erf(y / sqrt 2)) as a bf16 gelu kernel computes it, against torch's f32
+    gelu: within one bf16 step after both round to bf16 (or 1e-6 absolutely: eager's
+    1 + erf cancels in f32 below y = -4)."""
+    x = torch.tensor(xs, dtype=torch.float32).clamp(-GELU_MAX, GELU_MAX)
+    bf16_close(apply(mod.gelu_kernel, x), F.gelu(x), floor=1e-6)
+
+
+def test_gelu_bf16_every_bf16_input(mod: Any) -> None:
+    """Every finite bf16 value as the input (the layernorm's output is f32; its bf16 values
+    cover every binade)."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    x = x[x.float().abs() < GELU_MAX].float()
+    bf16_close(apply(mod.gelu_kernel, x, block=4096), F.gelu(x), floor=1e-6)
+
+
+def test_sin_bound_on_a_dense_grid(mod: Any) -> None:
+    """Every 2**-9 step of [-60, 60] and 2**17 random |x| <= 2**20: within
+    SIN_REL |sin x| + SIN_ABS of sin in f64."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.arange(-60.0, 60.0, 2.0 ** -9, dtype=torch.float64).float(),
+                   ((torch.rand(2 ** 17, generator=g, dtype=torch.float64) * 2 - 1)
+                    * 2.0 ** 20).float()])
+    got = apply(mod.sin_kernel, x, block=4096).double()
+    want = torch.sin(x.double())
+    err = (got - want).abs() - (SIN_REL * want.abs() + SIN_ABS)
+    assert err.max().item() <= 0.0, (x[err.argmax()].item(), got[err.argmax()].item())
+
+
+def test_sin_large_arguments_take_libdevice_per_block(mod: Any) -> None:
+    """A block holding any |x| > 2**20 (or inf) computes every element with libdevice's sinf
+    (numpy's sin here); other blocks keep the polynomial; NaN in NaN out; relative near 0."""
+    small = torch.linspace(-3.0, 3.0, 64)
+    big = small.clone()
+    big[5] = 3.0e7
+    x = torch.cat([small, big])
+    got = apply(mod.sin_kernel, x, block=64)
+    libdevice = torch.from_numpy(np.sin(big.numpy()))  # interp_libdevice's sin
+    assert torch.equal(got[64:], libdevice)  # the whole block
+    assert not torch.equal(got[:64], torch.from_numpy(np.sin(small.numpy())))  # the polynomial
+    spec = torch.tensor([float("nan"), float("inf"), 1e-30, -1e-20, 0.0])
+    out = apply(mod.sin_kernel, spec, block=8)
+    assert math.isnan(out[0].item()) and math.isnan(out[1].item())
+    assert abs(out[2].item() / 1e-30 - 1) <= SIN_REL and abs(out[3].item() / -1e-20 - 1) <= SIN_REL
+
+
+@given(st.lists(floats32, min_size=1, max_size=64))
+def test_sin_bf16_matches_torch_f32_over_the_whole_range(mod: Any, xs: list[float]) -> None:
+    x = torch.tensor(xs, dtype=torch.float32)
+    bf16_close(apply(mod.sin_kernel, x, block=64), torch.sin(x), floor=SIN_ABS)
+
+
+def test_up_bf16_is_exact(mod: Any) -> None:
+    """bf16 loads upcast by a 16-bit shift: every bf16 bit pattern, NaNs and infinities
+    included, gives the f32 that torch's conversion gives."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    out = torch.empty(x.numel(), dtype=torch.float32)
+    mod.up_kernel[(x.numel() // 4096,)](x, out, BLOCK=4096)
+    assert torch.equal(out.view(torch.int32), x.float().view(torch.int32))
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def sin(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x) * 2.0
+
+
+def scheduled(fn: Any, x: torch.Tensor, lowp: str = "f32") -> str:
+    return str(run_pipeline(capture(fn, (x,), {}).module,  # type: ignore[arg-type]
+                            f"decompose,cse,dce,lower-loops,fuse,schedule-cuda{{lowp={lowp}}}"))
+
+
+def source(text: str) -> str:
+    m = run_pipeline(parse(text), "codegen-triton{interpret=true}")
+    return "\n".join(k.source[k.source.index("def ember_k_"):] for k in m.kernels.values())
+
+
+@pytest.mark.parametrize("fn,name", [(gelu, "_erf1p_bf16("), (sin, "_sin_bf16(")])
+def test_bf16_results_only_get_the_cheaper_math(fn: Any, name: str) -> None:
+    """schedule-cuda writes cuda_math="bf16" on kernels whose every result is bf16 (under
+    lowp=f32 only); f32 and f16 kernels, per-op rounding and an edited "accurate" keep the
+    accurate functions; a bad value is refused."""
+    x = torch.randn(4, 32)
+    text = scheduled(fn, x.bfloat16())
+    assert 'cuda_math="bf16"' in text
+    assert name in source(text)
+    accurate = text.replace('cuda_math="bf16"', 'cuda_math="accurate"')
+    assert name not in source(accurate)
+    for other in (scheduled(fn, x), scheduled(fn, x.half()),
+                  scheduled(fn, x.bfloat16(), lowp="per-op")):
+        assert "cuda_math" not in other and name not in source(other)
+    with pytest.raises(ScheduleError, match="cuda_math"):
+        source(text.replace('cuda_math="bf16"', 'cuda_math="fast"'))
