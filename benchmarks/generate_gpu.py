@@ -133,7 +133,22 @@ def ember_counts(cf: Any) -> dict[str, Any]:
     return {"graphs": rep.graph_count, "recompilations": len(rep.recompilations),
             "fallbacks": [f"{f.kind}: {f.reason}"[:200] for f in rep.fallbacks],
             "cuda_recordings": rep.recordings, "cuda_replays": rep.replays,
+            "cuda_rerecordings": sum(r.rerecorded for r in rep.cuda_graphs),
+            "cuda_results_in_place": sum(getattr(r, "recycled", 0) for r in rep.cuda_graphs),
             "cuda_graphs": [r.text()[:300] for r in rep.cuda_graphs], "explain": str(rep)}
+
+
+def torch_counters() -> dict[str, Any]:
+    """torch.compile's own counts (dynamo's graphs and recompiles, inductor's CUDA-graph
+    events), cumulative over the process: its side of explain's captures and recordings."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:
+        return {}
+    keep = ("stats", "inductor", "recompiles")
+    return {k: {n: v for n, v in counters[k].items()
+                if k != "inductor" or "cudagraph" in n or "graph" in n}
+            for k in keep if k in counters}
 
 
 def divergence_gaps(model: Any, ids: torch.Tensor, got: torch.Tensor, want: torch.Tensor,
@@ -271,6 +286,8 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
                                                     eager_tokens[(cache, batch)], div)
         if variant.startswith("ember") and cf is not None:
             row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
+        elif variant.startswith("torch.compile"):
+            row["torch_counters"] = torch_counters()  # (cumulative over the process)
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         row["trace"] = traceback.format_exc()[-3000:]
@@ -393,7 +410,7 @@ def _version(name: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| variant | cache | batch | first call s | tokens/s | steps/s | eager's tokens | "
-            "ember graphs | CUDA recordings / replays | fallbacks |")
+            "ember graphs (captures) | CUDA recordings (re-recordings) / replays | fallbacks |")
     out = [head, "|" + "---|" * 10]
     for r in rows:
         if r.get("section") != "case":
@@ -405,8 +422,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         same = r.get("same_tokens")
         tok = "yes" if same else (f"no: first divergence per row {r.get('first_divergence')}"
                                   if same is False else "-")
-        cg = (f"{r.get('cuda_recordings')} / {r.get('cuda_replays')}"
-              if "cuda_recordings" in r else "")
+        ties = [d for d in r.get("divergence") or [] if d]
+        if ties and all(d.get("near_tie") for d in ties):
+            tok = f"near tie at position(s) {sorted({d['position'] for d in ties})}"
+        cg = (f"{r.get('cuda_recordings')} ({r.get('cuda_rerecordings', '-')}) / "
+              f"{r.get('cuda_replays')}" if "cuda_recordings" in r else "")
         out.append(f"| {r['variant']} | {r['cache']} | {r['batch']} | {r['first_s']} | "
                    f"{r['tokens_per_s']} | {r['steps_per_s']} | {tok} | {r.get('graphs', '')} | "
                    f"{cg} | {len(r.get('fallbacks', [])) if 'fallbacks' in r else ''} |")
