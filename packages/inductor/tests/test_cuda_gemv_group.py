@@ -146,3 +146,31 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
         b = after[u.param]
         torch.testing.assert_close(got[u.result], b, rtol=0,
                                    atol=float(b.abs().max()) * 0.02 + 1e-6)
+
+
+ROWS_IR = """ember.ir 1.0
+
+graph @f(%x: bf16[4, 300], %w: bf16[33, 300]) -> (bf16[4, 33]) {
+  %t = prims.permute(%w, dims=[1, 0]) : bf16[300, 33]
+  %y = prims.matmul(%x, %t) : bf16[4, 33]
+  return (%y)
+}
+"""
+
+
+def test_decode_gemv_takes_a_few_rows_up_to_rows_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch-4 step's product: cuBLAS's (kept) at ROWS_MAX 1, the rows GEMV at 8, torch.mm's
+    values within bf16 rounding."""
+    from ember.ir import parse
+    monkeypatch.setitem(targets()["cpu"].lowerings, gemv.OP, gemv.lower_gemv)
+    pipe = "decode-gemv,dce,lower-loops,fuse,schedule-cuda,codegen-triton{interpret=true}," \
+           "plan-buffers"
+    monkeypatch.setattr(gemv, "ROWS_MAX", 1)
+    assert not any(n.op == gemv.OP for n in run_pipeline(parse(ROWS_IR),
+                                                         "decode-gemv").graph().nodes)
+    monkeypatch.setattr(gemv, "ROWS_MAX", 8)
+    m = run_pipeline(parse(ROWS_IR), pipe)
+    assert [n.kwargs.get("op") for n in m.graph().nodes if n.op == "kernels.extern"] == [gemv.OP]
+    x, w = _r(4, 300, seed=5), _r(33, 300, seed=6)
+    got = compiled_runner(m)(None, [x, w]).outputs[0]
+    torch.testing.assert_close(got.float(), (x.float() @ w.float().t()), rtol=2e-2, atol=0.25)

@@ -42,8 +42,10 @@ def _kernel() -> Any:
             sq_b, sq_h, sq_e, sk_b, sk_h, sk_s, sk_e, sv_b, sv_h, sv_s, sv_e,
             skn_b, skn_h, skn_e, svn_b, svn_h, svn_e, sb_b, sb_h, sb_s, so_b, so_h, so_e,
             S: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_S: tl.constexpr,
-            BLOCK_E: tl.constexpr):
+            BLOCK_E: tl.constexpr, PDL: tl.constexpr):
         pid = tl.program_id(0)
+        if PDL:  # the next kernel (a GEMV's launch, gemv_group.PDL) may start its weight loads
+            tl.extra.cuda.gdc_launch_dependents()
         b = pid // H
         h = pid % H
         pos = tl.load(pos_ptr)
@@ -127,13 +129,16 @@ def decode_attention_(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, pos: 
     # warps (the loads of a block are what is in flight)
     block_s = max(16, min(256, 1 << (S - 1).bit_length()))
     warps = 8 if block_s * block_e >= 128 * 128 else 4
+    from ember.inductor.targets.cuda.gemv_group import PDL
+    pdl = PDL and kc.is_cuda and os.environ.get("TRITON_INTERPRET") != "1"
     _kernel()[(B * H,)](
         q, kc, vc, k_new, v_new, pos, bb if bb is not None else q, out, H, E, sc,
         q.stride(0), q.stride(1), q.stride(3), *kc.stride(), *vc.stride(),
         k_new.stride(0), k_new.stride(1), k_new.stride(3),
         v_new.stride(0), v_new.stride(1), v_new.stride(3), *bstr,
         out.stride(0), out.stride(1), out.stride(3),
-        S=S, HAS_BIAS=bb is not None, BLOCK_S=block_s, BLOCK_E=block_e, num_warps=warps)
+        S=S, HAS_BIAS=bb is not None, BLOCK_S=block_s, BLOCK_E=block_e, PDL=pdl,
+        num_warps=warps)
     return out
 
 

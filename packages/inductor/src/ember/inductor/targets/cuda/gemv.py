@@ -35,6 +35,10 @@ from ember.ir.types import Type
 OP = "loop.gemv"
 # decode-gemv's default for `group` (gemv_group.py): off until measured on the device
 GROUP = False
+# the most rows x may have for decode-gemv to take a product (a batch-B decode step's [B, K]
+# against the weight: gemv_fused.gemv_rows reads the weight once for all rows); 1 where cuBLAS
+# is as fast for more rows
+ROWS_MAX = 1
 LOWP = (DType.bf16, DType.f16)
 
 
@@ -84,9 +88,12 @@ def _kernel() -> Any:
 def gemv(x: torch.Tensor, w: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
     """x [1, K] @ w.T for w [N, K] (rows contiguous): [1, N] in x's dtype."""
     N, K = w.shape
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != K:
-        raise ValueError(f"gemv: x must be [1, {K}] for a [{N}, {K}] weight, got "
+    if x.dim() != 2 or not 1 <= x.shape[0] <= 16 or x.shape[1] != K:
+        raise ValueError(f"gemv: x must be [M <= 16, {K}] for a [{N}, {K}] weight, got "
                          f"{list(x.shape)}")
+    if x.shape[0] > 1:
+        from ember.inductor.targets.cuda.gemv_fused import gemv_rows
+        return gemv_rows(x, w, triton=triton)
     use = triton if triton is not None else (x.is_cuda or
                                              os.environ.get("TRITON_INTERPRET") == "1")
     if not use or w.stride(1) != 1:
@@ -104,10 +111,15 @@ def _infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
         raise OpTypeError(f"{OP}: takes (x [1, K], w [N, K]) tensors")
     x, w = (a.type for a in args)  # type: ignore[union-attr]
     assert isinstance(x, TensorType) and isinstance(w, TensorType)
-    if x.rank != 2 or w.rank != 2 or x.shape[0] != 1 or x.shape[1] != w.shape[1] \
-            or x.dtype != w.dtype:
-        raise OpTypeError(f"{OP}: x must be [1, K] and w [N, K] of one dtype, got {x}, {w}")
-    return [TensorType(x.dtype, (1, w.shape[0]), None, x.device)]
+    if x.rank != 2 or w.rank != 2 or not _rows_ok(x.shape[0], 16) \
+            or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
+        raise OpTypeError(f"{OP}: x must be [M <= 16, K] and w [N, K] of one dtype, got {x}, "
+                          f"{w}")
+    return [TensorType(x.dtype, (x.shape[0], w.shape[0]), None, x.device)]
+
+
+def _rows_ok(m: Any, most: int) -> bool:
+    return isinstance(m, int) and 1 <= m <= most
 
 
 def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
@@ -115,7 +127,7 @@ def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
 
 
 if default_registry().lookup(OP) is None:
-    register_op(OP, "x [1, K] @ w.T for a weight w [N, K]: a Triton GEMV (gemv.py; emitted "
+    register_op(OP, "x [M, K] @ w.T for a weight w [N, K], M <= 16: a Triton GEMV (gemv.py; emitted "
                 "by decode-gemv)", _infer, _run, aliasing="fresh")
 
 
@@ -172,7 +184,7 @@ def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
             continue
         xt, bt = x.type, b.type
         if not isinstance(xt, TensorType) or not isinstance(bt, TensorType) \
-                or xt.rank != 2 or xt.shape[0] != 1 or xt.dtype not in LOWP:
+                or xt.rank != 2 or not _rows_ok(xt.shape[0], ROWS_MAX) or xt.dtype not in LOWP:
             continue
         p = b.node
         if p.op != "prims.permute" or p.kwargs.get("dims") != [1, 0] \

@@ -86,7 +86,10 @@ def gemv_pair(x1: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, act1:
     if two:
         assert x2 is not None and w2 is not None
         _check(x2, w2, b2, act2)
-    pairs = [(x1, w1, b1, act1)] + ([(x2, w2, b2, act2)] if two else [])  # type: ignore[list-item]
+    pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, str | None]] = [
+        (x1, w1, b1, act1)]
+    if x2 is not None and w2 is not None:
+        pairs.append((x2, w2, b2, act2))
     if not _use_triton(x1, triton) or any(w.stride(1) != 1 for _, w, _, _ in pairs):
         return tuple(reference(*p) for p in pairs)
     # PDL is launch scheduling only (the interpreter has no grid dependency control)

@@ -32,6 +32,9 @@ from ember.ir.types import Type
 OP = "loop.gemv_group"
 EPILOGUES = ("none", "bias", "gelu", "bias+gelu")
 GELU_C = 0.7071067811865476
+# launch the group kernels with programmatic dependent launch (gemv_fused.py: the weight
+# stream starts before the previous kernel ends); decode_attention.py signals its dependents
+PDL = False
 
 
 def _segments(args: Sequence[Any], kw: Mapping[str, Any]) -> list[tuple[Any, Any, Any, str]]:
@@ -80,7 +83,7 @@ def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
     flat: list[Any] = []
     for x, w, b, e in segs:
         flat += [x, w, b, "gelu" if e.endswith("gelu") else None]
-    out = gemv_pair(*flat)
+    out = gemv_pair(*flat, pdl=PDL)
     return out[0] if len(out) == 1 else out
 
 
@@ -189,7 +192,7 @@ def _gelu(uses: dict[int, list[Node | None]], y: Value) -> tuple[list[Node], Nod
             or _only(uses, half.results[0], "prims.mul") is not prod:
         return None
     down = _only(uses, prod.results[0], "prims.convert_element_type")
-    if not _convert_to(down, y.type.dtype if isinstance(y.type, TensorType) else None):
+    if not isinstance(y.type, TensorType) or not _convert_to(down, y.type.dtype):
         return None
     assert down is not None
     return [*eaten, up, m1, half, erf, one, prod], down
@@ -274,26 +277,31 @@ def _reorders_effects(moved: list[Node], rest: list[Node]) -> bool:
     return any(id(v) in written for m in moved for v in m.operands())
 
 
+def _eps(n: Node) -> list[Arg]:
+    e = n.kwargs["epilogues"]
+    assert isinstance(e, list)
+    return e
+
+
 def _pair(g: Graph, explain: bool) -> int:
     done = 0
     i = 0
     while i < len(g.nodes):
         a = g.nodes[i]
-        if a.op != OP or len(a.kwargs["epilogues"]) != 1:  # type: ignore[arg-type]
+        if a.op != OP or len(_eps(a)) != 1:
             i += 1
             continue
         xt = a.args[0].type  # type: ignore[union-attr]
         for j in range(i + 1, len(g.nodes)):
             b = g.nodes[j]
-            if b.op != OP or len(b.kwargs["epilogues"]) != 1 \
+            if b.op != OP or len(_eps(b)) != 1 \
                     or b.args[0].type.dtype != xt.dtype:  # type: ignore[union-attr]
                 continue
             need = _deps(g, i, j, b)
             if need is None:
                 continue
-            node = Node(OP, [*a.args, *b.args], {"epilogues": [
-                *a.kwargs["epilogues"], *b.kwargs["epilogues"]]},  # type: ignore[misc]
-                [*a.results, *b.results], a.loc)
+            node = Node(OP, [*a.args, *b.args], {"epilogues": [*_eps(a), *_eps(b)]},
+                        [*a.results, *b.results], a.loc)
             for r in node.results:
                 r.node = node
             moved = [g.nodes[k] for k in sorted(need)]
@@ -316,7 +324,8 @@ def group_gemvs(g: Graph, explain: bool = False) -> None:
     taken = value_names(g)
     for n in [m for m in g.nodes if m.op == "loop.gemv"]:
         if isinstance(n.args[0], Value) and isinstance(n.args[0].type, TensorType) \
-                and n.args[0].type.dtype in (DType.bf16, DType.f16):
+                and n.args[0].type.dtype in (DType.bf16, DType.f16) \
+                and n.args[0].type.shape[0] == 1:
             _absorb(g, g.nodes.index(n), taken, explain)
     _pair(g, explain)
 
