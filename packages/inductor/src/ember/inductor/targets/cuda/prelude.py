@@ -120,6 +120,36 @@ def _erf(x):
 
 
 
+
+# digamma (prims.digamma; libdevice has none), as eager's CPU kernel computes it (calc_digamma):
+# 0 -> -inf with the sign flipped, a negative integer -> NaN; x < 0 by reflection (the
+# fractional part's tangent), then the recurrence psi(x) = psi(x + 1) - 1/x up to x >= 10 (at
+# most 10 steps past the reflection, unrolled) and the asymptotic series there
+@triton.jit
+def _digamma(x):
+    neg = x < 0
+    y = tl.where(neg, 1.0 - x, x)
+    acc = tl.zeros_like(y)
+    for _ in tl.static_range(10):
+        small = y < 10.0
+        acc = tl.where(small, acc - 1.0 / y, acc)
+        y = tl.where(small, y + 1.0, y)
+    z = 1.0 / (y * y)
+    p = 8.33333333333333333333e-2 * z - 2.10927960927960927961e-2
+    p = p * z + 7.57575757575757575758e-3
+    p = p * z - 4.16666666666666666667e-3
+    p = p * z + 3.96825396825396825397e-3
+    p = p * z - 8.33333333333333333333e-3
+    p = p * z + 8.33333333333333333333e-2
+    series = tl.where(y < 1.0e17, z * p, 0.0)
+    r = tl.where(y == 10.0, acc + 2.25175258906672110764, acc + tl.log(y) - 0.5 / y - series)
+    frac = x - libdevice.trunc(x)  # pi / tan(pi frac) in f64, as eager (exact near the poles)
+    f64 = frac.to(tl.float64)
+    cot = (3.14159265358979323846 / libdevice.tan(3.14159265358979323846 * f64)).to(x.dtype)
+    r = tl.where(neg, r - cot, r)
+    r = tl.where(neg & (frac == 0), float("nan"), r)
+    return tl.where(x == 0, -1.0 / x, r)  # -inf at +0, inf at -0
+
 # bf16 outputs only (render.py's cuda_math="bf16"): cheaper math whose error is a small part
 # of a bf16 ulp (2**-8 relative spacing), never used where an f32/f16 value is stored.
 # 1 + erf(C * x) (a gelu's, C = 1/sqrt(2) folded into the coefficients at compile time):

@@ -64,6 +64,7 @@ OPS: dict[str, dict[str, str]] = {
     "prims.sqrt": {_F: "tl.sqrt_rn({0})"}, "prims.rsqrt": {_F: "(1.0 / tl.sqrt_rn({0}))"},
     "prims.sin": {_F: "tl.sin({0})"}, "prims.cos": {_F: "tl.cos({0})"},
     "prims.erf": {_F: "_erf({0})"},  # f32: prelude's rational erf (f64: OPS_F64)
+    "prims.digamma": {_F: "_digamma({0})"},  # prelude's, as eager's CPU kernel
     **{f"prims.{fn}": {_F: f"libdevice.{fn}({{0}})"} for fn in (
         "expm1", "log1p", "log10", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh",
         "asinh", "acosh", "atanh", "erfc", "lgamma", "erfinv")},
