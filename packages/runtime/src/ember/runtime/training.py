@@ -227,24 +227,38 @@ def interpreter_runner(module: Module) -> GraphRunner:
 
 
 class _Step(torch.autograd.Function):
+    # (its Python runs on every training step: ~10-25 us per step were spent here on set and
+    # list building over all inputs and saved values; what is the same every step is in the
+    # runner, and the per-result fixes below touch the inputs only for a tensor result)
     @staticmethod
     def forward(ctx: Any, runner: TrainingRunner, *inputs: Any) -> Any:
-        p = runner.plan
+        n = runner.n_results
         outs = runner.forward(list(inputs))
-        res, saved = outs[:p.n_results], outs[p.n_results:]
-        # an input returned as is would make autograd treat the result as that input
-        ins = {id(x) for x in inputs if isinstance(x, torch.Tensor)}
-        res = [o.clone() if isinstance(o, torch.Tensor) and id(o) in ins else o for o in res]
-        # a result that views a buffer of the graph's own (a reused one): returned as a view,
-        # autograd would refuse the caller's in-place op on it (`out += 1`, fine in eager)
-        res = [o.detach() if isinstance(o, torch.Tensor) and o._base is not None
-               and id(o._base) not in ins else o for o in res]
+        res = outs[:n]
+        ids: set[int] | None = None
+        for i, o in enumerate(res):
+            if not isinstance(o, torch.Tensor):
+                continue
+            if ids is None:
+                ids = {id(x) for x in inputs}
+            # an input returned as is would make autograd treat the result as that input
+            if id(o) in ids:
+                res[i] = o.clone()
+            # a result that views a buffer of the graph's own (a reused one): returned as a
+            # view, autograd would refuse the caller's in-place op on it (`out += 1`)
+            elif o._base is not None and id(o._base) not in ids:
+                res[i] = o.detach()
         ctx.runner = runner
-        ctx.others = [None if isinstance(s, torch.Tensor) else s for s in saved]
-        ctx.save_for_backward(*(s for s in saved if isinstance(s, torch.Tensor)))
-        tangents = set(p.tangents)
-        ctx.mark_non_differentiable(*(o for i, o in enumerate(res) if i not in tangents
-                                      and isinstance(o, torch.Tensor)))
+        saved = outs[n:]
+        if all(isinstance(s, torch.Tensor) for s in saved):
+            ctx.others = None  # (the usual case: every saved value is a tensor)
+            ctx.save_for_backward(*saved)
+        else:
+            ctx.others = [None if isinstance(s, torch.Tensor) else s for s in saved]
+            ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
+        if runner.constant:
+            ctx.mark_non_differentiable(*[o for i, o in enumerate(res) if i in runner.constant
+                                          and isinstance(o, torch.Tensor)])
         return tuple(res)
 
     @staticmethod
@@ -252,11 +266,14 @@ class _Step(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError(DOUBLE_BACKWARD)
         runner: TrainingRunner = ctx.runner
-        p = runner.plan
-        it = iter(ctx.saved_tensors)
-        args = BoxedInputs(next(it) if o is None else o for o in ctx.others)
-        del it
-        for i in p.tangents:
+        others = ctx.others
+        if others is None:
+            args = BoxedInputs(ctx.saved_tensors)
+        else:
+            it = iter(ctx.saved_tensors)
+            args = BoxedInputs(next(it) if o is None else o for o in others)
+            del it
+        for i in runner.plan.tangents:
             g = grads[i]
             args.append(g.contiguous() if isinstance(g, torch.Tensor) else g)
         # the compiled backward owns the saved tensors now (boxed inputs, freed after their
@@ -264,7 +281,7 @@ class _Step(torch.autograd.Function):
         ctx.maybe_clear_saved_tensors()
         got = runner.backward(args)
         out: list[Any] = [None] * (1 + runner.n_inputs)
-        for i, gr in zip(p.grad_inputs, got, strict=True):
+        for i, gr in zip(runner.plan.grad_inputs, got, strict=True):
             out[1 + i] = gr
         return tuple(out)
 
@@ -276,6 +293,9 @@ class TrainingRunner:
                  n_inputs: int):
         self.plan, self.forward, self.backward, self.n_inputs = plan, forward, backward, \
             n_inputs
+        self.n_results = plan.n_results
+        # results without a cotangent: marked non-differentiable
+        self.constant = frozenset(range(plan.n_results)) - frozenset(plan.tangents)
 
     def __call__(self, inputs: Sequence[Any]) -> list[Any]:
         return list(_Step.apply(self, *inputs))
