@@ -53,6 +53,7 @@ from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.cudagraphs import (
     CUDAGRAPH_MODES,
     CudaGraphs,
+    auto_graph_reason,
     graph_info,
     moved_examples,
     moving,
@@ -166,6 +167,10 @@ class CompiledFunction:
                              f"{', '.join(map(repr, MODES))}")
         rest = dict(options or {})
         part = rest.pop("partitioner", None)
+        # option cudagraphs=False: the default mode records no CUDA graph (auto_graphs below)
+        auto_graphs = rest.pop("cudagraphs", True)
+        if not isinstance(auto_graphs, bool):
+            raise ValueError(f"compile option cudagraphs must be a bool, not {auto_graphs!r}")
         # every backend is one of the protocol (ember.ir.backends); "inductor", "aot_eager"
         # and "eager" are wired here, the rest run under the same policy (_custom)
         spec, note = resolve(backend)
@@ -236,6 +241,10 @@ class CompiledFunction:
             self.history.note(note)
         # mode="reduce-overhead"/"max-autotune": the inductor's graphs as CUDA graphs
         self._cudagraphs = CudaGraphs() if mode in CUDAGRAPH_MODES and self.pipelined else None
+        # the default mode records them too where a replay saves more launch time than its
+        # output copies cost (cudagraphs.auto_graph_reason; docs/runtime.md)
+        self._auto_graphs = auto_graphs and mode in (None, "default") and self.pipelined
+        self._auto_cudagraphs: CudaGraphs | None = None  # (one pool for those it records)
         self._capturing: Any = None  # the capture being compiled (cudagraphs.graph_info)
         if mode in CUDAGRAPH_MODES and not self.pipelined:
             self.history.note(f"mode {mode!r} records CUDA graphs of the inductor's compiled "
@@ -398,12 +407,16 @@ class CompiledFunction:
         slow = interpreter_reason(compiled, module.graph().name)
         if slow:
             self._fallback("interpreter", slow)
-        if self._cudagraphs is not None:
-            runner = self._cudagraphs.wrap(self.history, runner, module.graph().name,
-                                           self._graph_no, moved_examples(scalars, module,
-                                                                          example_inputs),
-                                           graph_info(self._capturing, example_inputs), slow,
-                                           source.graph().params)
+        graphs = self._cudagraphs
+        if graphs is None and self._auto_graphs and auto_graph_reason(
+                moved_examples(scalars, module, example_inputs), compiled,
+                module.graph().name, slow) is None:  # (decided per graph)
+            graphs = self._auto_cudagraphs = self._auto_cudagraphs or CudaGraphs()
+        if graphs is not None:
+            runner = graphs.wrap(self.history, runner, module.graph().name, self._graph_no,
+                                 moved_examples(scalars, module, example_inputs),
+                                 graph_info(self._capturing, example_inputs), slow,
+                                 source.graph().params)
         if scalars is not None:
             runner = moving(scalars, runner)
         compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \

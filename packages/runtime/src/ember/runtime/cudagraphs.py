@@ -43,6 +43,7 @@ The counts (recordings, replays, warm-ups, calls without a graph) are in `Histor
 
 from __future__ import annotations
 
+import math
 import operator
 import sys
 import weakref
@@ -125,6 +126,43 @@ def skip_reason(examples: Sequence[Any], interpreter: str | None,
     if interpreter:
         return f"part of it runs on the reference interpreter, which may sync with the host " \
                f"({interpreter})"
+    return None
+
+
+AUTO_DEVICE = "cuda"  # the device kind the default mode records on (tests: a CPU recorder)
+# The default mode's estimate (H200 host, torch 2.11): a launch from the generated call costs
+# the host ~4-6 us (ember's bound launcher 5.75 us, an extern's torch call about as much),
+# which a replay saves; a replay costs its own launch and address checks (~15 us) and a clone
+# per returned tensor (~3 us, plus its bytes read and written at ~3 TB/s). Recorded only where
+# the saving is twice that (a kernel or two per call gains nothing worth a pool).
+LAUNCH_US = 4.0
+REPLAY_US = 15.0
+CLONE_US = 3.0
+CLONE_BYTES_PER_US = 1.5e6
+
+
+def auto_graph_reason(examples: Sequence[Any], compiled: Any, graph: str,
+                      interpreter: str | None) -> str | None:
+    """Why the default mode does not record this compiled graph (None: it does, as
+    reduce-overhead would): its tensors all on one CUDA device, nothing on the reference,
+    static shapes (no recording per size), and its launches saving more host time than the
+    clones of its outputs cost (a single kernel writing a large output is not recorded)."""
+    from ember.ir import TensorType
+    why = skip_reason(examples, interpreter, AUTO_DEVICE)
+    if why is not None:
+        return why
+    if getattr(compiled, "symbols", None):
+        return "its shapes are symbolic"
+    g = compiled.graph(graph) if graph in compiled.graphs else compiled.graph()
+    launches = sum(1 for n in g.nodes if n.op in ("kernels.call", "kernels.extern"))
+    outs = [o.type for o in g.outputs if isinstance(o.type, TensorType)]
+    if not all(isinstance(d, int) for t in outs for d in t.shape):
+        return "its shapes are symbolic"
+    nbytes = sum(math.prod(t.shape) * t.dtype.itemsize for t in outs)
+    if launches * LAUNCH_US <= 2 * (REPLAY_US + len(outs) * CLONE_US
+                                    + nbytes / CLONE_BYTES_PER_US):
+        return (f"{launches} launch(es) save less than copying its {len(outs)} output(s) "
+                f"({nbytes} bytes) out of a recording costs")
     return None
 
 
