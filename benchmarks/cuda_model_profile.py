@@ -119,6 +119,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25, help="kernel names listed per variant")
     ap.add_argument("--reduce-overhead", action="store_true",
                     help="also ember under mode='reduce-overhead' (its CUDA graphs)")
+    ap.add_argument("--launched", action="store_true",
+                    help="also ember with options={'cudagraphs': False} (kernel by kernel)")
     a = ap.parse_args()
     import zoo_models
     from gpu_cuda_suite import rel_err
@@ -140,6 +142,10 @@ def main() -> int:
                 variants.append(("ember reduce-overhead",
                                  ember.runtime.compile(model, dynamic=False,
                                                        mode="reduce-overhead")))
+            if a.launched:  # the default mode's kernels launched one by one (no CUDA graph)
+                variants.append(("ember, no CUDA graphs",
+                                 ember.runtime.compile(model, dynamic=False,
+                                                       options={"cudagraphs": False})))
             want = model(*args)
             for label, f in variants:
                 def fn(f: Any = f, args: tuple[Any, ...] = args) -> Any:
