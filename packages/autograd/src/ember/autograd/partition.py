@@ -14,8 +14,10 @@ always kept (the backward has no seed), so forward and backward see the same dro
   bytes when saved (an input nothing: the caller holds it anyway, so the cut saves a weight `W`
   rather than the transposed copy `W^T` the forward would have to materialize); results of matmul, convolution, random draws and extern (aten) ops may not
   be recomputed (AOTAutograd's ban list), so the cut saves a matmul's output rather than its
-  inputs only where that is smaller. Any cut is a valid partition, save-all's included, so the
-  min-cut never saves more bytes than save-all.
+  inputs only where that is smaller. A value the forward would not write at all (every forward
+  reader fuses with it) costs twice its bytes, as in AOTAutograd: saving it adds a write to the
+  forward, where saving a matmul's output only holds a buffer that exists anyway. Any cut is a
+  valid partition, save-all's included, so the min-cut never saves more bytes than save-all.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import networkx as nx
 
 from ember.ir import Graph, Node, TensorType, Value
 from ember.ir.expr import evaluate
+from ember.prims import PRIMS_BY_OP
 
 POLICIES = ("save-all", "recompute-all", "min-cut")
 # ops whose results the backward never recomputes (costly, or random)
@@ -38,6 +41,13 @@ NO_RECOMPUTE = frozenset({"prims.matmul", "prims.convolution", "prims.philox_uni
 NO_RECOMPUTE_REDUCTIONS = frozenset({"prims.sum", "prims.prod", "prims.amax", "prims.amin",
                                      "prims.argmax", "prims.argmin"})
 INF = float("inf")
+# prims a kernel reads inline (a fused load, never a buffer of their operand's own): the
+# elementwise and reduction prims and the views
+VIEWS = frozenset(f"prims.{n}" for n in ("broadcast_in_dim", "reshape", "permute", "slice",
+                                          "squeeze", "unsqueeze", "rev"))
+FUSED_READERS = frozenset(
+    {p.op for p in PRIMS_BY_OP.values() if p.elementwise or p.reduction is not None}
+    | VIEWS | {"prims.concatenate", "prims.pad", "graph.stop_gradient"}) - NO_RECOMPUTE
 
 
 @dataclass
@@ -102,10 +112,13 @@ def _min_cut(j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],
         g.add_edge(src, (p, 0), capacity=INF)
         g.add_edge((p, 0), (p, 1), capacity=0)
     fwd_ids = set(map(id, fwd_nodes))
+    written = _written(j, fwd_nodes)
     for n in fwd_nodes:
         ops = [o for o in n.operands() if o in in_fwd]
         for r in n.results:
-            g.add_edge((r, 0), (r, 1), capacity=nbytes(r, hints))
+            # (a value the forward never writes: saving it adds the write, see the docstring)
+            cost = nbytes(r, hints) * (1 if r in written or _no_recompute(n.op) else 2)
+            g.add_edge((r, 0), (r, 1), capacity=cost)
             if _no_recompute(n.op):
                 g.add_edge(src, (r, 0), capacity=INF)
             for o in ops:
@@ -122,6 +135,33 @@ def _min_cut(j: Graph, fwd_params: list[Value], fwd_nodes: list[Node],
             g.add_edge((o, 1), snk, capacity=INF)
     _, (reach, _rest) = nx.minimum_cut(g, src, snk)
     return {v for v in in_fwd if (v, 0) in reach and (v, 1) not in reach}
+
+
+def _written(j: Graph, fwd_nodes: list[Node]) -> set[Value]:
+    """The forward values the forward writes to memory whatever is saved: its results, the
+    operands of readers that need a buffer (a matmul's, an extern's), and values read again
+    after such a reader that depends on them (a residual sum read by a norm and, past the
+    next matmul, by the next residual add: no one kernel holds both reads). Not views: a
+    saved view is a copy, where its operand is the buffer itself."""
+    k = j.attrs.get("forward_outputs", len(j.outputs))
+    results = set(j.outputs[:k if isinstance(k, int) else len(j.outputs)])
+    out = set(results)
+    # past[v]: the values v depends on through at least one buffer-reading op
+    past: dict[Value, frozenset[Value]] = {}
+    reach: dict[Value, frozenset[Value]] = {}  # every value v depends on, v included
+    for n in fwd_nodes:
+        ops = list(n.operands())
+        fused = n.op in FUSED_READERS
+        if not fused:
+            out.update(ops)
+        below = frozenset().union(*(reach.get(o, frozenset((o,))) for o in ops))
+        through = below if not fused else frozenset().union(
+            *(past.get(o, frozenset()) for o in ops))
+        out.update(o for o in ops if o in through)
+        for r in n.results:
+            past[r] = through
+            reach[r] = below | {r}
+    return out - {r for n in fwd_nodes if n.op in VIEWS for r in n.results if r not in results}
 
 
 def backward_nodes(j: Graph, roots: list[Value], keep: set[Value], in_fwd: set[Value],

@@ -11,6 +11,12 @@ of the weights picked. reduction 0 ('none') returns the per-element losses and t
 (a 1-d input's total_weight is still its one weight, as eager's kernel); 2 ('sum') their sum;
 1 ('mean') their sum / total_weight (NaN when every target is ignored, as eager).
 
+The pick of the target's element is pushed through the ops that made the input, where they are
+add/sub/convert of values of the input's shape or broadcast along the class dim: cross
+entropy's `log_softmax(x)[t]` becomes `(x[t] - max) - log(sum)` (the same operations on the same
+elements, so the same bits), so the [N, C] log-probabilities are never computed when nothing
+else reads them, and the gradient reaches `log(sum)` without a row sum of a one-hot.
+
 Targets outside [0, C) other than ignore_index are not checked: eager raises IndexError, the
 decomposition's result is undefined (as ember's other indexing decompositions, indexing.py).
 
@@ -22,7 +28,9 @@ gradient over the whole row as torch's Python decomposition does).
 
 from __future__ import annotations
 
-from ember.ir import DType, Value
+from typing import Any
+
+from ember.ir import DType, Node, Value
 from ember.prims.decomp.context import DecompContext, DecompositionError, EagerRuntimeError
 from ember.prims.decomp.pointwise import opmath
 from ember.prims.decomp.table import register_decomposition
@@ -75,6 +83,52 @@ class _Layout:
         return ctx.prim("broadcast_in_dim", v, shape=self.shape, broadcast_dims=dims)
 
 
+# ops a pick along the class dim commutes with (elementwise: the op of the picked elements)
+_PICK_THROUGH = ("prims.add", "prims.sub", "prims.convert_element_type")
+
+
+def _producer(ctx: DecompContext, v: Value) -> Node | None:
+    for n in reversed(ctx.b.nodes):
+        if v in n.results:
+            return n
+    return None
+
+
+def _picked(ctx: DecompContext, lay: _Layout, v: Value, depth: int = 0) -> Value:
+    """v[..target..] along the class dim (v of the input's shape), the pick pushed through the
+    add/sub/convert ops that made v down to their operands (a row value broadcast along the
+    class dim is its own pick): see the module docstring."""
+    n = _producer(ctx, v)
+    if n is not None and n.op in _PICK_THROUGH and depth < 16:
+        args: list[Any] = []
+        for a in n.args:
+            if not isinstance(a, Value):
+                args.append(a)  # a number operand
+                continue
+            row = _row_of(ctx, lay, a)
+            if row is not None:
+                args.append(row)
+            elif list(ctx.shape(a)) == lay.shape:
+                args.append(_picked(ctx, lay, a, depth + 1))
+            else:
+                break
+        else:
+            return ctx.b.op(n.op, args, dict(n.kwargs))
+    return lay.pick(ctx, v)
+
+
+def _row_of(ctx: DecompContext, lay: _Layout, v: Value) -> Value | None:
+    """The per-row value (target-shaped) that v broadcasts along the class dim, if it is one."""
+    n = _producer(ctx, v)
+    if n is None or n.op != "prims.broadcast_in_dim" or not isinstance(n.args[0], Value):
+        return None
+    src = n.args[0]
+    dims = [d for d in range(lay.rank) if d != lay.cd]
+    if n.kwargs.get("broadcast_dims") != dims or list(ctx.shape(src)) != lay.tshape:
+        return None
+    return src
+
+
 def _all(ctx: DecompContext, v: Value) -> Value:
     return ctx.prim("sum", v, dims=list(range(ctx.rank(v)))) if ctx.rank(v) else v
 
@@ -85,7 +139,7 @@ def _nll_forward(ctx: DecompContext, self: Value, target: Value, weight: Value |
     out = ctx.out_dtype()
     comp = opmath(out)
     x = ctx.convert(self, comp)
-    picked = lay.pick(ctx, x)
+    picked = _picked(ctx, lay, x)
     if weight is not None:
         w = lay.pick(ctx, lay.along_classes(ctx, ctx.convert(weight, comp)))
         loss = ctx.prim("neg", ctx.prim("mul", picked, w))
