@@ -77,12 +77,20 @@ def bf16_results(node: Node) -> bool:
         isinstance(r.type, TensorType) and r.type.dtype == DType.bf16 for r in node.results)
 
 
-def bf16_math(n: Node, env: dict[Value, str]) -> str | None:
-    """The cheaper f32 text of body op `n` under cuda_math="bf16", or None: sin, and an add of
-    1 to an erf (a gelu's 1 + erf(x), computed from x: relative error in the lower tail)."""
-    if n.op == "prims.sin" and isinstance(n.args[0], Value):
-        return f"_sin_bf16({env[n.args[0]]})"
-    if n.op != "prims.add" or len(n.args) != 2:
+def _scaled(x: Value) -> tuple[Value, float]:
+    """x = y * C (C a positive number) as (y, C), else (x, 1.0)."""
+    m = x.node
+    if m is not None and m.op == "prims.mul" and len(m.args) == 2:
+        y = [a for a in m.args if isinstance(a, Value)]
+        k = [a for a in m.args if isinstance(a, float) and 0 < a < 1e4]
+        if len(y) == 1 and len(k) == 1:
+            return y[0], k[0]
+    return x, 1.0
+
+
+def _erf1p(n: Node | None) -> tuple[Value, float] | None:
+    """n = 1 + erf(y * C) as (y, C) (C folds into _erf1p_bf16's coefficients), else None."""
+    if n is None or n.op != "prims.add" or len(n.args) != 2:
         return None
     erf = [a for a in n.args if isinstance(a, Value) and a.node is not None
            and a.node.op == "prims.erf" and isinstance(a.node.args[0], Value)]
@@ -92,14 +100,28 @@ def bf16_math(n: Node, env: dict[Value, str]) -> str | None:
         return None
     x = erf[0].node.args[0]  # type: ignore[union-attr]
     assert isinstance(x, Value)
-    c = 1.0
-    m = x.node  # erf(y * C), C > 0 (a gelu's 1/sqrt(2)): C goes into the coefficients
-    if m is not None and m.op == "prims.mul" and len(m.args) == 2:
-        y = [a for a in m.args if isinstance(a, Value)]
-        k = [a for a in m.args if isinstance(a, float) and 0 < a < 1e4]
-        if len(y) == 1 and len(k) == 1 and y[0] in env:
-            x, c = y[0], k[0]
-    return f"_erf1p_bf16({env[x]}, {c!r})" if x in env else None
+    return _scaled(x)
+
+
+def bf16_math(n: Node, env: dict[Value, str]) -> str | None:
+    """The cheaper f32 text of body op `n` under cuda_math="bf16", or None: sin; 1 + erf(y C)
+    (from y: relative error in the lower tail); a gelu's (y * 0.5) * (1 + erf(y C)) as
+    y * (1 + erf(y C)) / 2 (two multiplies fewer)."""
+    if n.op == "prims.sin" and isinstance(n.args[0], Value):
+        return f"_sin_bf16({env[n.args[0]]})"
+    e = _erf1p(n)
+    if e is not None:
+        return f"_erf1p_bf16({env[e[0]]}, {e[1]!r})" if e[0] in env else None
+    if n.op != "prims.mul" or len(n.args) != 2 or \
+            not all(isinstance(a, Value) for a in n.args):
+        return None
+    a, b = n.args
+    assert isinstance(a, Value) and isinstance(b, Value)
+    for p, q in ((a, b), (b, a)):
+        e = _erf1p(p.node)
+        if e is not None and e[0] in env and _scaled(q) == (e[0], 0.5):
+            return f"({env[e[0]]} * _gelu_phi_bf16({env[e[0]]}, {e[1]!r}))"
+    return None
 
 
 __all__ = ["LOWP_DEFAULT", "LOWP_MODES", "MATH_MODES", "bf16_math", "bf16_results",

@@ -158,9 +158,21 @@ def _digamma(x):
 # stays between 0 and 2e-8 of the true value). Relative error <= 9.3e-4 for C x >= -4 (a
 # quarter of a bf16 ulp; relative in the lower tail, where 1 + erf is small, unlike
 # 1 + _erf(x)), absolute <= 2e-8 beyond; ~10 instructions against _erf's 18 plus the add
-# and the scaling. 2 at +inf, 0 at -inf, NaN in NaN out (test_triton_bf16_math.py).
+# and the scaling. 2 at +inf, 0 at -inf, NaN in NaN out (test_triton_bf16_math.py). A gelu's
+# (y * 0.5) * (1 + erf(C y)) is y * _gelu_phi_bf16(y, C): half of it, two multiplies fewer
+# (layernorm+gelu bf16 on sm_90: 36.3 SASS instructions per element -> 25.5 with _up_bf16).
 @triton.jit
 def _erf1p_bf16(x, C: tl.constexpr):
+    return libdevice.fast_dividef(2.0, 1.0 + libdevice.exp2(_erf_exponent(x, C)))
+
+
+@triton.jit
+def _gelu_phi_bf16(x, C: tl.constexpr):  # (1 + erf(C x)) / 2: a gelu's y * 0.5 * (1 + erf)
+    return libdevice.fast_dividef(1.0, 1.0 + libdevice.exp2(_erf_exponent(x, C)))
+
+
+@triton.jit
+def _erf_exponent(x, C: tl.constexpr):  # -log2((1 + erf(C x)) / (1 - erf(C x))), fitted
     a = tl.minimum(tl.abs(x), 4.0 / C)
     p = (-0.0009105989593081176 * C * C * C * C * C * C) * a + (
         0.006350887473672628 * C * C * C * C * C)
@@ -168,7 +180,7 @@ def _erf1p_bf16(x, C: tl.constexpr):
     p = p * a - 0.3762096166610718 * C * C * C
     p = p * a + 0.06997891515493393 * C * C
     p = p * a - 3.2734391689300537 * C
-    return libdevice.fast_dividef(2.0, 1.0 + libdevice.exp2(x * p))
+    return x * p
 
 
 # sin(x): x - j*pi (j = x / pi rounded by adding 1.5 * 2**23; two fma steps, Cody-Waite),
