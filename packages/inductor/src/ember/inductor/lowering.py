@@ -68,6 +68,17 @@ class _Lowering:
         self.b = Builder(module, taken=(v.name for v in g.values()))
         self.env: dict[Value, Lazy] = {}
         self.strided: dict[Value, Value] = {}  # a view -> its loop.view node (extern operands)
+        self._readers: dict[Value, list[Node]] | None = None
+
+    def readers(self, v: Value) -> list[Node]:
+        """The nodes of the graph being lowered that read `v`, in order (the map is built
+        once: a rule asking per node would walk the whole graph each time)."""
+        if self._readers is None:
+            self._readers = {}
+            for n in self.g.nodes:
+                for u in dict.fromkeys(n.operands()):
+                    self._readers.setdefault(u, []).append(n)
+        return self._readers.get(v, [])
 
     # ---- index algebra ---------------------------------------------------------------------
     def index_of(self, v: Value, idx: Sequence[Dim], ranges: Ranges) -> tuple[Value, list[Dim]]:

@@ -340,7 +340,7 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     act = "silu" if silu(n.kwargs, CONV_OP) else \
         "hardswish" if hardswish(n.kwargs, CONV_OP) else ""
     relu = bool(n.kwargs.get("relu")) or bool(act)
-    readers = [m for m in lw.g.nodes if res in m.operands()]
+    readers = lw.readers(res)
     # a SiLU or hardswish read by several nodes (a squeeze-excitation's pool and its scale)
     # runs in place once too: in their kernels each reader would recompute its exp (fuse's rule 5)
     inside = relu and res not in lw.g.outputs and bool(readers) \

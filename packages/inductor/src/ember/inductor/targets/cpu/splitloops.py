@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +30,9 @@ import sympy
 
 from ember.inductor.indexing import ivar, parse_index, simplify_index, substitute
 from ember.inductor.schedule import Schedule
-from ember.ir import Graph, Value
-from ember.ir.expr import Dim, FloorDiv, PyMod, symbol
+from ember.ir import Graph, Node, Value
+from ember.ir.expr import Dim, FloorDiv, PyMod, as_sympy, symbol, value_range
+from ember.ir.graph import map_args
 
 MIN_INNER = 16  # iterations the innermost loop keeps (whole vectors of f32 on AVX-512)
 MAX_LOOPS = 8  # loops a split kernel may have
@@ -197,23 +199,77 @@ def _shifted(body: Graph, start: Sequence[int], ext: Sequence[int]) -> Graph:
             n.kwargs = {**n.kwargs, "index": simplify_index(substitute(
                 parse_index(n.kwargs["index"]), shift), rng)}
     out.domain = {f"i{j}": n for j, n in enumerate(ext)}
+    _fold_decided(out, ext)
     return out
 
 
-def _cut(body: Graph, j: int, start: list[int], ext: list[int], depth: int = 0
-         ) -> list[tuple[int, int, Graph]]:
+_DECIDE = {"prims.lt": operator.lt, "prims.le": operator.le, "prims.gt": operator.gt,
+           "prims.ge": operator.ge}
+
+
+def _fold_decided(body: Graph, ext: Sequence[int]) -> None:
+    """Drop what the loops' extents decide: a comparison of a loop index with a constant that
+    holds (or fails) over the whole range, each `where` selecting by one (its result is the
+    operand it picks), then the nodes no longer read. A piece of a concatenation then reads
+    its own input only; otherwise every piece carries every input's load and select (a
+    DenseNet concatenation of k inputs, cut into k pieces: k * k loads for g++ to drop)."""
+    env = {f"i{j}": (0, n - 1) for j, n in enumerate(ext) if n > 0}
+    made = {r: n for n in body.nodes for r in n.results}
+    decided: dict[Value, bool] = {}
+    alias: dict[Value, Value] = {}
+    for n in body.nodes:
+        n.args = [map_args(a, lambda v: alias.get(v, v)) for a in n.args]
+        if n.op in _DECIDE and len(n.args) == 2 and len(n.results) == 1:
+            x, c = n.args
+            src = made.get(x) if isinstance(x, Value) else None
+            if src is None or src.op != "loop.index" or isinstance(c, bool) \
+                    or not isinstance(c, int):
+                continue
+            r = value_range(as_sympy(parse_index(src.kwargs["index"])), env)
+            if r is None or math.isinf(r[0]) or math.isinf(r[1]):
+                continue
+            lo, hi = _DECIDE[n.op](r[0], c), _DECIDE[n.op](r[1], c)
+            if lo == hi:  # (the four are monotonic: both ends agree, so does every point)
+                decided[n.results[0]] = lo
+        elif n.op == "prims.where" and len(n.args) == 3 and n.args[0] in decided:
+            pick = n.args[1] if decided[n.args[0]] else n.args[2]  # type: ignore[index]
+            if isinstance(pick, Value) and pick.type == n.results[0].type:
+                alias[n.results[0]] = pick
+    if not alias:
+        return
+    body.outputs = [alias.get(v, v) for v in body.outputs]
+    live = set(body.outputs)
+    kept: list[Node] = []
+    for n in reversed(body.nodes):  # (pure nodes only: split_kernel takes no other body)
+        if any(r in live for r in n.results):
+            kept.append(n)
+            live.update(n.operands())
+    body.nodes = kept[::-1]
+
+
+def _cut(body: Graph, j: int, start: list[int], ext: list[int], depth: int = 0,
+         room: int = MAX_INNER) -> list[tuple[int, int, Graph]] | None:
     """Loop j's range [start[j], start[j] + ext[j]) as consecutive pieces, cut at its break
     points, and again inside each piece (a clamp inside a clamp: a concatenation inside one);
-    each with its shifted body."""
+    each with its shifted body. None where that is more than `room` pieces: found before the
+    pieces' bodies are made (a DenseNet concatenation of 25 inputs would shift and simplify
+    the whole body once per input, only for the caller to drop them all)."""
     here = _shifted(body, start, ext)
     pts = sorted(p for p in _breaks(here, ivar(j)) if 0 < p < ext[j])
     if not pts or depth >= MAX_DEPTH:
         return [(start[j], ext[j], here)]
+    if len(pts) + 1 > room:
+        return None  # (each piece is one loop at least)
     out: list[tuple[int, int, Graph]] = []
-    for a, b in zip([0, *pts], [*pts, ext[j]], strict=True):
+    bounds = list(zip([0, *pts], [*pts, ext[j]], strict=True))
+    for k, (a, b) in enumerate(bounds):
         sub_start, sub_ext = list(start), list(ext)
         sub_start[j], sub_ext[j] = start[j] + a, b - a
-        out += _cut(body, j, sub_start, sub_ext, depth + 1)
+        # what this piece may take: the room less the pieces made and one for each to come
+        sub = _cut(body, j, sub_start, sub_ext, depth + 1, room - len(out) - (len(bounds) - k - 1))
+        if sub is None:
+            return None
+        out += sub
     return out
 
 
@@ -236,9 +292,8 @@ def _pieces(body: Graph, ranges: Sequence[int]) -> list[Piece] | None:
                                      for c in cuts[:last]]):
         start = [a for a, _ in combo] + [0]
         ext = [b - a for a, b in combo] + [whole[last]]
-        inner = _cut(body, last, start, ext)
-        if len(inner) > MAX_INNER:
-            inner = [(0, whole[last], _shifted(body, start, ext))]
+        cut = _cut(body, last, start, ext)
+        inner = cut if cut is not None else [(0, whole[last], _shifted(body, start, ext))]
         out.append(Piece(ext, start, inner))
     if count == 1 and len(out[0].inner) == 1:
         return None
