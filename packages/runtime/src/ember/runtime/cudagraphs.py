@@ -284,13 +284,20 @@ class _Recording:
         self.ins: list[Any] = [x if i in held else None for i, x in enumerate(ins)]
         self.ptrs = [p for _, p in self.static]
         # (the per-call check of ~400 parameters' addresses, at C speed where it can be)
-        self.take: Callable[[Sequence[Any]], Any] = \
-            operator.itemgetter(*static) if len(static) > 1 else _take(static)
+        self.take: Callable[[Sequence[Any]], Any] = _take(static)
         self.copied = copied
         self.replays = 0
         # per result: ("clone", -) a pool tensor, ("input", i) the caller's static input i
         # (written back in the graph), ("view", i) a view of static input i, ("same", -) as is
         self.plan = plan
+        # (_GraphRunner._outputs) the results to clone, a getter of the inputs returned as
+        # results, the other results, and the permutation putting the three in result order
+        clones = [j for j, (how, _) in enumerate(plan) if how == "clone"]
+        passed = [j for j, (how, _) in enumerate(plan) if how == "input"]
+        others = [j for j, (how, _) in enumerate(plan) if how not in ("clone", "input")]
+        where = {j: k for k, j in enumerate(clones + passed + others)}
+        self.layout = (clones, _take([plan[j][1] for j in passed]), others,
+                       _take([where[j] for j in range(len(plan))]))
 
 
 class CudaGraphs:
@@ -493,36 +500,42 @@ class _GraphRunner:
         return _Recording(key, g, ins, outs, static, copied, plan)
 
     def _outputs(self, r: _Recording, inputs: Sequence[Any]) -> list[Any]:
-        out: list[Any] = []
+        # the results in three groups, each read in one go, then put in order by one C-speed
+        # permutation (a decode step: its logits cloned, ~100 cache tensors passed through:
+        # a Python loop over them was ~40 us of a ~1 ms host step on the CPU)
+        clones, take_inputs, others, order = r.layout
         cloned: dict[int, Any] = {}
         last = self.last.get(r.key)
         if last is None or len(last) != len(r.outs):
             last = self.last[r.key] = [None] * len(r.outs)
-        for j, (o, (how, i)) in enumerate(zip(r.outs, r.plan, strict=True)):
-            if how == "clone":
-                c = cloned.get(id(o))
-                if c is None:
-                    # the tensor this result was cloned into last time, where the caller let
-                    # go of it (nothing else holds it or its storage): written again in place,
-                    # so it keeps its address (a prefill's new static cache lands where the
-                    # last generate()'s was, and the decode step's recording replays as is)
-                    # (no local reference to it while _sole counts them)
-                    if last[j] is not None and _sole(last, j) and last[j].shape == o.shape:
-                        c = last[j]
-                        c.copy_(o)
-                        self.rec.recycled += 1
-                    else:
-                        c = o.clone()
-                    cloned[id(o)] = last[j] = c
-                out.append(c)
-            elif how == "input":
-                out.append(inputs[i])  # the write-back is done: the epilogue sees new is old
-            elif how == "view":
-                x = inputs[i]
-                out.append(x.as_strided(o.shape, o.stride(), o.storage_offset()))
+        outs = r.outs
+        src: list[Any] = []
+        for j in clones:
+            o = outs[j]
+            c = cloned.get(id(o))
+            if c is None:
+                # the tensor this result was cloned into last time, where the caller let go
+                # of it (nothing else holds it or its storage): written again in place, so
+                # it keeps its address (a prefill's new static cache lands where the last
+                # generate()'s was, and the decode step's recording replays as is)
+                # (no local reference to it while _sole counts them)
+                if last[j] is not None and _sole(last, j) and last[j].shape == o.shape:
+                    c = last[j]
+                    c.copy_(o)
+                    self.rec.recycled += 1
+                else:
+                    c = o.clone()
+                cloned[id(o)] = last[j] = c
+            src.append(c)
+        src += take_inputs(inputs)  # the write-backs are done: the epilogue sees new is old
+        for j in others:
+            how, i = r.plan[j]
+            o = outs[j]
+            if how == "view":
+                src.append(inputs[i].as_strided(o.shape, o.stride(), o.storage_offset()))
             else:
-                out.append(o)
-        return out
+                src.append(o)
+        return list(order(src))
 
 
 def _write_back(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -567,7 +580,11 @@ def _nbytes(x: torch.Tensor) -> int:
 
 
 def _take(static: list[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
-    """itemgetter's tuple for 0 or 1 indices (itemgetter(i) returns the item itself)."""
+    """A tuple of the items at these indices: itemgetter's (C speed) for 2 or more, else
+    built here (itemgetter(i) returns the item itself)."""
+    if len(static) > 1:
+        return operator.itemgetter(*static)
+
     def take(xs: Sequence[Any]) -> tuple[Any, ...]:
         return tuple(xs[i] for i in static)
     return take
