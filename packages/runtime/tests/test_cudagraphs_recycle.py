@@ -12,6 +12,7 @@ decode step per generate(). On the CPU, with the stand-in recorder of test_cudag
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import pytest
 import torch
@@ -103,3 +104,34 @@ def test_a_result_the_caller_still_holds_is_not_overwritten(replaying: None, hol
     fourth = make(torch.full((256,), 4.0))  # written into the dropped one: same address
     assert fourth.data_ptr() == ptr
     torch.testing.assert_close(fourth, prefill(torch.full((256,), 4.0)))
+
+
+def test_a_recording_does_not_hold_a_cache_the_backend_wrote_in_place() -> None:
+    """The CUDA target writes a static KV cache's new rows in place and returns the cache
+    itself as the graph's result for it (cache-inplace). The recording kept its results, so
+    it kept that cache alive: the next generate()'s prefill could not write its new cache
+    into the dropped one (still held), the cache moved, and the decode step was recorded
+    again every generate() (seen on the H200 at 51cfd9c). The recording keeps none of it."""
+    import gc
+    import weakref
+
+    from ember.ir import RunResult
+    from ember.runtime.cudagraphs import GraphInfo
+    from ember.runtime.history import History
+
+    def runner(graph: str | None, inputs: Any) -> RunResult:
+        cache, v = inputs
+        cache.add_(v)  # (the backend's in-place write: the result is the input itself)
+        return RunResult([cache, cache.sum(0), cache[:2]])
+
+    graphs = CudaGraphs(ForgetfulRecorder(), device_type="cpu")
+    cache, v = torch.zeros(64, 256), torch.ones(256)
+    run = graphs.wrap(History(), runner, "step", 0, [cache, v],
+                      GraphInfo({0: 0}, frozenset({1, 2})), None)
+    for _ in range(3):  # a warm-up, the recording, a replay
+        outs = run(None, [cache, v]).outputs
+    assert outs[0] is cache and outs[2].data_ptr() == cache.data_ptr()  # (in place; a view)
+    gone = weakref.ref(cache)
+    del cache, outs
+    gc.collect()
+    assert gone() is None

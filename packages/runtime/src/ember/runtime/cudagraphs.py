@@ -276,7 +276,14 @@ class CUDARecorder:
 class _Recording:
     def __init__(self, key: tuple[Any, ...], graph: Any, ins: list[Any], outs: list[Any],
                  static: list[int], copied: list[int], plan: list[tuple[str, int]]):
-        self.key, self.graph, self.outs = key, graph, outs
+        self.key, self.graph = key, graph
+        # the results a replay refreshes (pool memory, scalars); not a result that is the
+        # caller's static input or a view of one (a static KV cache written in place by the
+        # backend): held here, it kept that generate()'s cache alive, so the next cache could
+        # neither land at its address nor be written in place (_outputs); a view's layout only
+        self.outs: list[Any] = [None if how == "input" else
+                                (o.shape, o.stride(), o.storage_offset()) if how == "view"
+                                else o for o, (how, _) in zip(outs, plan, strict=True)]
         self.static = [(i, ins[i].data_ptr()) for i in static]
         # the buffers of the copied inputs only: the caller's static tensors are not kept
         # alive (each replay checks their addresses first: module docstring)
@@ -532,7 +539,7 @@ class _GraphRunner:
             how, i = r.plan[j]
             o = outs[j]
             if how == "view":
-                src.append(inputs[i].as_strided(o.shape, o.stride(), o.storage_offset()))
+                src.append(inputs[i].as_strided(*o))
             else:
                 src.append(o)
         return list(order(src))
