@@ -229,6 +229,11 @@ def scalar_inputs_to_device(m: Module) -> ScalarInputs | None:
         return None
     main = next(k for k in uses if k != "cpu")
     devices = {u.type.device for u in uses[main]}
+    if len(devices) == 1:  # CPU constants moved to the device: made there (device_constants)
+        from ember.inductor.targets.device_constants import constants_to_device
+        moved = constants_to_device(m, top_graphs(m), next(iter(devices)))
+        if moved is not None and not mixed_devices(moved):
+            return ScalarInputs(moved, next(iter(devices)), {})
     if len(devices) != 1 or not all(u.producer == "input" and (u.scalar or _only_moved(
             m, u, main)) for u in uses["cpu"]):
         return None
