@@ -96,23 +96,19 @@ def _producer(ctx: DecompContext, v: Value) -> Node | None:
 
 def _picked(ctx: DecompContext, lay: _Layout, v: Value, depth: int = 0) -> Value:
     """v[..target..] along the class dim (v of the input's shape), the pick pushed through the
-    add/sub/convert ops that made v down to their operands (a row value broadcast along the
-    class dim is its own pick): see the module docstring."""
+    add/sub/convert ops that made v down to the one operand of v's shape (a row value
+    broadcast along the class dim is its own pick): see the module docstring."""
     n = _producer(ctx, v)
     if n is not None and n.op in _PICK_THROUGH and depth < 16:
-        args: list[Any] = []
-        for a in n.args:
-            if not isinstance(a, Value):
-                args.append(a)  # a number operand
-                continue
-            row = _row_of(ctx, lay, a)
-            if row is not None:
-                args.append(row)
-            elif list(ctx.shape(a)) == lay.shape:
-                args.append(_picked(ctx, lay, a, depth + 1))
-            else:
-                break
-        else:
+        # numbers and row values as they are; one operand of the input's shape picked in turn
+        # (with two, each would need a pick of its own: the op's result is picked instead)
+        args: list[Any] = [a if not isinstance(a, Value) else _row_of(ctx, lay, a)
+                           for a in n.args]
+        full = [i for i, a in enumerate(args) if a is None]
+        if len(full) == 1 and list(ctx.shape(n.args[full[0]])) == lay.shape:
+            inner = n.args[full[0]]
+            assert isinstance(inner, Value)
+            args[full[0]] = _picked(ctx, lay, inner, depth + 1)
             return ctx.b.op(n.op, args, dict(n.kwargs))
     return lay.pick(ctx, v)
 
