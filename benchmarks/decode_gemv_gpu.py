@@ -10,7 +10,8 @@ Cases (us per call, the graph's replay time over its calls; dolly-v2-3b shapes, 
 cuBLAS; `pair`: QKV with h_to_4h (bias, and bias + GELU) and dense with 4h_to_h as one
 gemv_pair launch against the two GEMVs and the epilogue kernel they replace; `pdl`: a layer's
 chain of the pair kernels with and without programmatic dependent launch; `rows`: a batch-8
-step's [8, K] products, cuBLAS against gemv_rows. Each line is also a JSON row in
+step's [8, K] products by cuBLAS against one row's. (Run at 51cfd9c+wip, `rows` also timed a
+Triton kernel of [M, BN, BK] blocks, since removed: 5-16x slower than cuBLAS at M=8.) Each line is also a JSON row in
 OUT/decode_gemv.jsonl. Values are checked against torch before timing.
 """
 
@@ -81,7 +82,7 @@ def main() -> int:
         for k, (n, kk) in list(SHAPES.items()):
             SHAPES[k] = (n // 32, kk // 32)
     from ember.inductor.targets.cuda.gemv import config, gemv
-    from ember.inductor.targets.cuda.gemv_fused import gemv_pair, gemv_rows, reference
+    from ember.inductor.targets.cuda.gemv_fused import gemv_pair, reference
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     bf = torch.bfloat16
     torch.manual_seed(0)
@@ -156,14 +157,12 @@ def main() -> int:
                 emit(case="one-block", shape=k, block=[bn, bk, warps],
                      fused_one=timed(lambda i, c=(bn, bk, warps): gemv_pair(
                          x, w[i], None, None, blocks=(c,))))
-    if "rows" in cases:
+    if "rows" in cases:  # a batch-8 step's products: cuBLAS at 1 and 8 rows
         for k, (_, kk) in SHAPES.items():
-            for m in (1, 8) if k != "lm_head" else (8,):
+            for m in (1, 8):
                 xm = torch.randn(m, kk, device=dev, dtype=bf)
                 w = W[k]
-                e = err(gemv_rows(xm, w[0]), xm @ w[0].t())
-                emit(case="rows", shape=k, m=m, err=e, cublas=timed(lambda i: xm @ w[i].t()),
-                     gemv_rows=timed(lambda i: gemv_rows(xm, w[i])))
+                emit(case="rows", shape=k, m=m, cublas=timed(lambda i: xm @ w[i].t()))
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         with (Path(out) / "decode_gemv.jsonl").open("a") as f:

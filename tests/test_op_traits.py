@@ -131,6 +131,9 @@ FRESH_CASES: dict[str, list[Case]] = {
                       "mask": m}) for m in ([True, False], [False, True], [True, True])],
     # the CUDA target's one-row GEMV (gemv.py; torch.mm off the GPU)
     "loop.gemv": [lambda: ([_r(1, 8), _r(5, 8)], {}), lambda: ([_r(1, 1), _r(1, 1)], {})],
+    # two of them in one launch with bias/GELU epilogues (gemv_group.py)
+    "loop.gemv_group": [lambda: ([_r(1, 8), _r(5, 8), _r(5), _r(1, 6), _r(3, 6)],
+                                 {"epilogues": ["bias+gelu", "none"]})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],

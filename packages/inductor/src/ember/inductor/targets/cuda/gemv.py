@@ -33,12 +33,10 @@ from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
 
 OP = "loop.gemv"
-# decode-gemv's default for `group` (gemv_group.py): off until measured on the device
-GROUP = False
-# the most rows x may have for decode-gemv to take a product (a batch-B decode step's [B, K]
-# against the weight: gemv_fused.gemv_rows reads the weight once for all rows); 1 where cuBLAS
-# is as fast for more rows
-ROWS_MAX = 1
+# decode-gemv's default for `group` (gemv_group.py): on the H200 a GPT-NeoX layer's GEMVs as
+# two launches with their epilogues took 24.2 + 19.0 us against 29.5 + 23.7 for four GEMVs and
+# the epilogue kernel (benchmarks/results/2026-12-02-h200-decode-gemv-group.md)
+GROUP = True
 LOWP = (DType.bf16, DType.f16)
 
 
@@ -88,12 +86,9 @@ def _kernel() -> Any:
 def gemv(x: torch.Tensor, w: torch.Tensor, *, triton: bool | None = None) -> torch.Tensor:
     """x [1, K] @ w.T for w [N, K] (rows contiguous): [1, N] in x's dtype."""
     N, K = w.shape
-    if x.dim() != 2 or not 1 <= x.shape[0] <= 16 or x.shape[1] != K:
-        raise ValueError(f"gemv: x must be [M <= 16, {K}] for a [{N}, {K}] weight, got "
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != K:
+        raise ValueError(f"gemv: x must be [1, {K}] for a [{N}, {K}] weight, got "
                          f"{list(x.shape)}")
-    if x.shape[0] > 1:
-        from ember.inductor.targets.cuda.gemv_fused import gemv_rows
-        return gemv_rows(x, w, triton=triton)
     use = triton if triton is not None else (x.is_cuda or
                                              os.environ.get("TRITON_INTERPRET") == "1")
     if not use or w.stride(1) != 1:
@@ -111,15 +106,10 @@ def _infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
         raise OpTypeError(f"{OP}: takes (x [1, K], w [N, K]) tensors")
     x, w = (a.type for a in args)  # type: ignore[union-attr]
     assert isinstance(x, TensorType) and isinstance(w, TensorType)
-    if x.rank != 2 or w.rank != 2 or not _rows_ok(x.shape[0], 16) \
-            or x.shape[1] != w.shape[1] or x.dtype != w.dtype:
-        raise OpTypeError(f"{OP}: x must be [M <= 16, K] and w [N, K] of one dtype, got {x}, "
-                          f"{w}")
-    return [TensorType(x.dtype, (x.shape[0], w.shape[0]), None, x.device)]
-
-
-def _rows_ok(m: Any, most: int) -> bool:
-    return isinstance(m, int) and 1 <= m <= most
+    if x.rank != 2 or w.rank != 2 or x.shape[0] != 1 or x.shape[1] != w.shape[1] \
+            or x.dtype != w.dtype:
+        raise OpTypeError(f"{OP}: x must be [1, K] and w [N, K] of one dtype, got {x}, {w}")
+    return [TensorType(x.dtype, (1, w.shape[0]), None, x.device)]
 
 
 def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
@@ -127,7 +117,7 @@ def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
 
 
 if default_registry().lookup(OP) is None:
-    register_op(OP, "x [M, K] @ w.T for a weight w [N, K], M <= 16: a Triton GEMV (gemv.py; emitted "
+    register_op(OP, "x [1, K] @ w.T for a weight w [N, K]: a Triton GEMV (gemv.py; emitted "
                 "by decode-gemv)", _infer, _run, aliasing="fresh")
 
 
@@ -184,7 +174,7 @@ def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
             continue
         xt, bt = x.type, b.type
         if not isinstance(xt, TensorType) or not isinstance(bt, TensorType) \
-                or xt.rank != 2 or not _rows_ok(xt.shape[0], ROWS_MAX) or xt.dtype not in LOWP:
+                or xt.rank != 2 or xt.shape[0] != 1 or xt.dtype not in LOWP:
             continue
         p = b.node
         if p.op != "prims.permute" or p.kwargs.get("dims") != [1, 0] \

@@ -1,5 +1,5 @@
 """Decode-step GEMVs with fewer launches: two independent products in one kernel, the bias and
-erf-GELU epilogues in the kernel, and the rows of a small batch against one read of the weight.
+erf-GELU epilogues in the kernel.
 
 A batch-1 decode step's layer runs four GEMVs (QKV, attention dense, h_to_4h, 4h_to_h) and
 small pointwise kernels between them. On the H200 each launch inside a CUDA graph costs ~2-3 us
@@ -20,8 +20,9 @@ weight chunk before `gdc_wait` (the weights are never written by the kernel befo
 weight stream starts while the previous kernel drains; every kernel here also signals its
 dependents early.
 
-`gemv_rows` is x [M, K] @ w.T for M <= 16 (a batch-8 decode step): each program's weight tile
-is read once for all M rows.
+A batch-8 step's [8, K] products stay cuBLAS's: on the H200 it runs them as fast as one row
+(12.1 us for QKV at M=8 against 12.5 at M=1), where a Triton kernel summing a [M, BN, BK] block
+per program was 5-16x slower (benchmarks/results/2026-12-02-h200-decode-gemv-group.md).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ ACTS = {None: 0, "gelu": 1}
 @functools.cache
 def _kernels() -> dict[str, Any]:
     from ember.inductor.targets.cuda import gemv_fused_kernels as k
-    return {"pair": k.gemv_pair_kernel, "rows": k.gemv_rows_kernel}
+    return {"pair": k.gemv_pair_kernel}
 
 
 def _use_triton(x: torch.Tensor, triton: bool | None) -> bool:
@@ -114,30 +115,4 @@ def gemv_pair(x1: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, act1:
     return tuple(outs)
 
 
-def rows_config(m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps) of gemv_rows: all M rows in one program (the weight
-    read once), the [BM, BN, BK] product within ~16k f32 values per program."""
-    bm = max(1, 1 << (m - 1).bit_length())
-    bn = 4 if n <= 4096 else 8
-    bk = max(32, min(1 << (k - 1).bit_length(), 16384 // (bm * bn)))
-    return bm, bn, bk, 8
-
-
-def gemv_rows(x: torch.Tensor, w: torch.Tensor, *, triton: bool | None = None,
-              blocks: tuple[int, int, int, int] | None = None) -> torch.Tensor:
-    """x [M, K] @ w.T for w [N, K] (rows contiguous), M <= 16: [M, N] in x's dtype."""
-    N, K = w.shape
-    if x.dim() != 2 or x.shape[1] != K or not 1 <= x.shape[0] <= 16:
-        raise ValueError(f"gemv_rows: x must be [M <= 16, {K}] for a [{N}, {K}] weight, got "
-                         f"{list(x.shape)}")
-    M = x.shape[0]
-    if not _use_triton(x, triton) or w.stride(1) != 1:
-        return torch.mm(x, w.t())
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps = blocks if blocks is not None else rows_config(M, N, K)
-    _kernels()["rows"][(-(-N // bn),)](x, w, y, M, N, x.stride(0), w.stride(0), y.stride(0),
-                                       K=K, BM=bm, BN=bn, BK=bk, num_warps=warps)
-    return y
-
-
-__all__ = ["ACTS", "gemv_pair", "gemv_rows", "reference", "rows_config"]
+__all__ = ["ACTS", "gemv_pair", "reference"]

@@ -50,23 +50,3 @@ def gemv_pair_kernel(  # type: ignore[no-untyped-def]
             _seg(pid - P1, x2, w2, b2, y2, N2, sx2, sw2, K2, BN2, BK2, HB2, ACT2, PDL)
     else:
         _seg(pid, x1, w1, b1, y1, N1, sx1, sw1, K1, BN1, BK1, HB1, ACT1, PDL)
-
-@triton.jit
-def gemv_rows_kernel(x_ptr, w_ptr, y_ptr, M, N, sxm, sw, sym,  # type: ignore[no-untyped-def]
-                     K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                     BK: tl.constexpr):
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
-    m = tl.arange(0, BM)
-    nm = n < N
-    mm = m < M
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        k = k0 + tl.arange(0, BK)
-        km = k < K
-        w = tl.load(w_ptr + n[:, None] * sw + k[None, :], mask=nm[:, None] & km[None, :],
-                    other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + m[:, None] * sxm + k[None, :], mask=mm[:, None] & km[None, :],
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], 2)
-    tl.store(y_ptr + m[:, None] * sym + n[None, :], acc.to(y_ptr.dtype.element_ty),
-             mask=mm[:, None] & nm[None, :])
