@@ -12,7 +12,8 @@ edited and replayed:
 - `sched_parallel`: the dims OpenMP splits, a prefix of the order (its length is the collapse
   depth); `[]` runs the kernel on one thread.
 - `sched_vector`: the dim whose loop is `omp simd` (the innermost loop), or `[]`.
-- `sched_plan`: the reduction plan, `plain`, `column`, `split`, `rescale` or `split+rescale`.
+- `sched_plan`: the reduction plan, `plain`, `column`, `split`, `rescale`, `split+rescale` or
+  `column+rows` (the column plan with each block's rows split over threads, `sched_parallel=[]`).
 - `sched_blocks`: the column plan's `[block, count]` (columns per block, blocks), or `"auto"`
   where they are computed per call (symbolic sizes) or by the default rule.
 - `sched_threshold`: the work (element-steps) below which threads are not started: per call
@@ -34,8 +35,8 @@ from ember.ir.passes import PipelineError
 
 KEYS = ("sched_order", "sched_parallel", "sched_vector", "sched_plan", "sched_blocks",
         "sched_threshold")
-PLAN_STEPS = ("column", "split", "rescale")
-PLANS = ("plain", "column", "split", "rescale", "split+rescale")
+PLAN_STEPS = ("column", "split", "rescale", "rows")
+PLANS = ("plain", "column", "split", "rescale", "split+rescale", "column+rows")
 AUTO = "auto"
 
 
@@ -118,7 +119,7 @@ def check_schedule_attrs(op: str, kw: Mapping[str, Arg], rank: int) -> None:
                           f"{plan!r}")
     if "sched_blocks" in kw:
         b = kw["sched_blocks"]
-        if plan != "column":
+        if "column" not in plan.split("+"):
             raise OpTypeError(f"{op}: sched_blocks= is the column plan's; sched_plan is "
                               f"{plan!r}")
         if b != AUTO and not (isinstance(b, list) and len(b) == 2

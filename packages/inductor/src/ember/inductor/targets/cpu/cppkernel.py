@@ -72,6 +72,7 @@ COL_BLOCK = 1024  # columns per block of an outer reduction (its accumulators st
 COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, where it can be
 COL_BYTES = 64 << 10  # stack bytes of a block's column arrays (accumulators, results)
 COL_ROWS = 256  # rows a column's float lane sum takes before it is added into its double
+ROWS_KINDS = ("sum", "amax", "amin")  # the reductions the column plan's rows step splits
 MAX_THREADS = 64  # per-thread partials of a split reduction
 # output bytes from which its pages are asked to be 2 MB ones: glibc's malloc serves buffers
 # above its largest mmap threshold (32 MB) from fresh mappings, faulted in again every call;
@@ -139,6 +140,7 @@ class _Writer:
         self.reduces: dict[Key, _Reduce] = {}  # insertion order is a dependency order
         self.col: _Col | None = None
         self.split = True  # the schedule's split plan: full SIMD reductions over threads
+        self.rows = False  # the column plan's rows step: each block's rows split over threads
         self.threshold = PARALLEL_WORK  # the schedule's sched_threshold
 
     def hint(self, d: Dim) -> int:
@@ -380,11 +382,70 @@ class _Writer:
                *["  " + s for s in [*stmts, *step]], "}"]
         if flush:
             row += [f"if (++rows == {COL_ROWS}) {{", "  rows = 0;", *_lanes(flush, "  "), "}"]
-        body = loops("r", g[0].red, row)
         init = ["for (int64_t l = 0; l < ie - ib; ++l) {", *["  " + s for s in zero], "}"]
+        if self.rows:
+            return self.col_rows(g, [*decl, *init, *(["int64_t rows = 0;"] if flush else [])],
+                                 row)
+        body = loops("r", g[0].red, row)
         return [*self.header(g), "{", *["  " + s for s in [  # (g++ makes memsets of init)
             *decl, *init, *(["int64_t rows = 0;"] if flush else []), *body,
             *_lanes(final)]], "}"]
+
+    def col_rows(self, g: list[_Reduce], start: list[str], row: list[str]) -> list[str]:
+        """`col_group`'s pass with the rows split over threads (the rows step, for blocks too
+        few to keep the threads busy: BatchNorm's 16..64 channels over N*H*W): each thread
+        runs `start` (its own column arrays) and the rows of its run of the outermost reduced
+        loop, then keeps its per-column partials; after the region they are combined in
+        thread order (deterministic for a thread count). Sums, amax and amin only
+        (`ROWS_KINDS`)."""
+        c = self.col
+        assert c is not None
+        b, r0 = c.block, g[0].red[0]
+        parts, keep, zero, comb, final = [], [], [], [], []
+        for r in g:
+            j, cls = r.j, dclass(r.elem)
+            ct, rct = ctypes_of(r.elem)[1], ctypes_of(r.rdt)[1]
+            # (C type, this thread's partial of column l, the combined value's start, combine)
+            states: list[tuple[str, str, str, str]]
+            if r.kind == "sum":
+                acc_t = "double" if cls == "f" else "int64_t"
+                mine = f"acc{j}[l] + a{j}[l]" if cls == "f" else f"acc{j}[l]"
+                states = [(acc_t, mine, "0", "{s} += {p};")]
+                final.append(f"{r.var}[l] = {_round(r.rdt, f'({rct})cs{j}')};")
+            else:
+                cmp = ">" if r.kind == "amax" else "<"
+                start0 = ACC_INIT[r.kind][cls].format(S=ct)
+                states = [(ct, f"acc{j}[l]", start0, f"{{s}} = {{s}} {cmp} {{p}} ? {{s}} : {{p}};")]
+                if cls == "f":
+                    states.append(("int", f"nan{j}[l]", "0", "{s} |= {p};"))
+                    final.append(f"{r.var}[l] = {_round(r.rdt, f'cn{j} ? ({ct})NAN : cs{j}')};")
+                else:
+                    final.append(f"{r.var}[l] = cs{j};")
+            for k, (t, mine, init, op) in enumerate(states):
+                name = f"p{j}_{k}"
+                parts.append(f"{t} {name}[{MAX_THREADS * b}];")
+                keep.append(f"{name}[t * {b} + l] = {mine};")
+                sv = f"cn{j}" if k == 1 else f"cs{j}"
+                zero.append(f"{t} {sv} = {init};")
+                comb.append(op.format(s=sv, p=f"{name}[t * {b} + l]"))
+        n0 = f"{r0}LL" if isinstance(r0, int) else cexpr(r0)
+        rows = [f"for (int64_t r0 = {n0} * t / nt; r0 < {n0} * (t + 1) / nt; ++r0) {{",
+                *["  " + s for s in loops("r", g[0].red[1:], row, first=1)], "}"]
+        # one block: its bounds as constants in the region (g++ then keeps the columns'
+        # accumulators in vector registers; bounds it reads from the caller's frame cost 3-4x)
+        one = c.nblocks == 1 and not c.decls
+        region = ["const int t = omp_get_thread_num(), nt = omp_get_num_threads();",
+                  "if (t == 0) nt_used = nt;",
+                  *([f"const int64_t ib = 0, ie = {c.extent};"] if one else []),
+                  *start, *rows, *_lanes(keep)]
+        combine = ["for (int64_t l = 0; l < ie - ib; ++l) {", *["  " + s for s in zero],
+                   "  for (int t = 0; t < nt_used; ++t) {", *["    " + s for s in comb], "  }",
+                   *["  " + s for s in final], "}"]
+        return [*self.header(g), "{", *["  " + s for s in [
+            *parts, "int nt_used = 1;",
+            f"#pragma omp parallel num_threads(std::min(omp_get_max_threads(), {MAX_THREADS}))"
+            + ("" if one else " firstprivate(ib, ie)"),
+            "{", *["  " + s for s in region], "}", *combine]], "}"]
 
     def scalar(self, r: _Reduce) -> list[str]:
         j = r.j

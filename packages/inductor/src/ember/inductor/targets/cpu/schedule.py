@@ -34,7 +34,9 @@ from ember.inductor.targets.cpu.cppkernel import (
     COL_KINDS,
     COL_TASKS,
     COLLAPSE_MIN,
+    MAX_THREADS,
     PARALLEL_WORK,
+    ROWS_KINDS,
     _Col,
     _depth,
     _hints,
@@ -48,6 +50,7 @@ from ember.ir.expr import Dim, simplify_dim
 from ember.ir.passes import register_pass
 
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
+ROWS_BYTES = 128 << 10  # stack bytes of a rows step's per-thread column partials
 
 
 @register_pass("schedule-cpu", "write the CPU schedule (loop order, OpenMP, SIMD, reduction "
@@ -100,6 +103,10 @@ def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
     work = _work(w, ranges)
     # symbolic work: the threads are started per call where it is large enough (_par_if)
     parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
+    if col is not None and parallel and (rows := _rows_plan(w, ranges, col)) is not None:
+        w.col = None
+        return Schedule(tuple(range(n)), (), (n - 1,), "column+rows",
+                        (rows.block, rows.nblocks), PARALLEL_WORK)
     n_par = col.d if col is not None else _collapse(w, ranges, _par_limit(w, ranges))
     vector = (n - 1,) if n and (col is not None or _depth(w) < n) else ()
     blocks = (col.block, col.nblocks) if col is not None and not col.decls else None
@@ -131,6 +138,16 @@ def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
                          "amax, amin, argmax or argmin over ints or floats, per element of "
                          "the same outer dims")
         w.col = _col_blocks(w, d, ranges, s.blocks, refuse)
+    w.rows = "rows" in s.steps
+    if w.rows:
+        if w.col is None:
+            raise refuse("sched_plan rows is a step of the column plan (column+rows)")
+        why = _rows_veto(w, w.col)
+        if why is not None:
+            raise refuse(f"sched_plan column+rows: {why}")
+        if s.parallel:
+            raise refuse(f"sched_parallel={list(s.parallel)}: under column+rows the threads "
+                         f"split each block's rows; the outer loops stay on one thread ([])")
     if w.split and not any(r.k == 0 and r.simd for r in w.reduces.values()):
         raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
                      "ints or floats to one value)")
@@ -220,6 +237,48 @@ def _col_blocks(w: _Writer, d: int, ranges: Sequence[Dim], blocks: tuple[int, in
     nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
     block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
     return _Col(d, extent, block, _cdiv(extent, block))
+
+
+def _rows_states(w: _Writer) -> int:
+    """The per-thread partial arrays a rows step keeps per column: one per reduction, and a
+    NaN flag per float amax/amin."""
+    return sum(1 + (r.kind != "sum" and dclass(r.elem) == "f") for r in w.reduces.values())
+
+
+def _rows_veto(w: _Writer, col: _Col) -> str | None:
+    """Why the rows step cannot render the column plan `col` (None: it can)."""
+    if any(r.kind not in ROWS_KINDS or dclass(r.elem) not in ("f", "i")
+           for r in w.reduces.values()):
+        return f"every reduction must be a {', '.join(ROWS_KINDS)} over ints or floats"
+    if col.decls:
+        return "the column blocks of symbolic sizes are computed per call"
+    if MAX_THREADS * col.block * _rows_states(w) * 8 > ROWS_BYTES:
+        return (f"a block of {col.block} columns needs more than {ROWS_BYTES} bytes of "
+                f"per-thread partials ({MAX_THREADS} threads)")
+    return None
+
+
+def _rows_plan(w: _Writer, ranges: Sequence[Dim], col: _Col) -> _Col | None:
+    """The column plan with each block's rows split over threads, where the default plan has
+    fewer tasks (outer iterations times column blocks) than COL_TASKS and the rows can be
+    split (the outermost reduced loop has 2+ iterations): BatchNorm over 16..64 channels of
+    N*H*W rows ran on one or two threads. Its blocks are as wide as the partial arrays allow
+    (the threads share the rows, not the columns); None: keep the default plan."""
+    outer = w.hint(simplify_dim(math.prod(ranges[:col.d - 1])))
+    red0 = [w.hint(r.red[0]) if r.red else 1 for r in w.reduces.values()]
+    # (a kernel with loops inside the columns' (d < rank) keeps its parallel pointwise part)
+    if col.decls or col.d != len(ranges) or outer * col.nblocks >= COL_TASKS or min(red0) < 2:
+        return None
+    per = MAX_THREADS * _rows_states(w) * 8
+    widest = min(COL_BLOCK, ROWS_BYTES // per) // 16 * 16
+    extent = col.extent
+    assert isinstance(extent, int)
+    if widest < 16:
+        return None
+    nblocks = _cdiv(extent, widest)
+    block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)
+    rows = _Col(col.d, extent, block, _cdiv(extent, block))
+    return rows if _rows_veto(w, rows) is None else None
 
 
 def _symbolic_col(d: int, extent: Dim, outer: Dim, widest: int) -> _Col:
