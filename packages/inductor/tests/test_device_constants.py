@@ -21,7 +21,7 @@ def _captured(fn: Any, *args: torch.Tensor) -> Any:
     with torch.no_grad():
         c = capture(fn, args, {})
     assert getattr(c, "module", None) is not None, c
-    return c.module
+    return c.module  # type: ignore[union-attr]
 
 
 def made_then_moved(x: torch.Tensor) -> torch.Tensor:

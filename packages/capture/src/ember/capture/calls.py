@@ -85,6 +85,13 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
         # the cache only saves recomputation, which capture does once anyway
         wsrc = AttrSource(fn.source, "__wrapped__") if fn.source is not None else None
         return call_function(tx, tx.wrap(fn.value.__wrapped__, wsrc), args, kwargs)
+    if isinstance(fn, ObjectVar) and isinstance(fn.value, torch.jit.ScriptFunction) and \
+            isinstance(getattr(fn.value, "_torchdynamo_inline", None), types.FunctionType):
+        # a torch.jit.script function (transformers 4's DeBERTa-v2): its Python original is
+        # traced, which torch.jit.script keeps for compilers (TorchDynamo inlines it too)
+        isrc = AttrSource(fn.source, "_torchdynamo_inline") if fn.source is not None else None
+        return call_function(tx, tx.wrap(fn.value._torchdynamo_inline, isrc),  # type: ignore[attr-defined]
+                             args, kwargs)
     if isinstance(fn, ObjectVar | NewObjectVar):
         call = lookup_type_attr(fn.python_type(), "__call__")
         if isinstance(call, types.FunctionType):
