@@ -98,16 +98,18 @@ _ERF = ("= _erf(", "= tl.erf(")
 _EXP = ("= libdevice.fast_expf(", "= tl.exp(")
 _RECIP = ("= libdevice.fast_dividef(1.0, ", "= (1.0 / ")
 _ROWDIV = ("* (1.0 / ", "/ (")  # x * (1 / row value) back to x / row value
-# cuda_math="bf16"'s cheaper 1 + erf and sin (prelude.py) back to the accurate ones
-_ERF1P = ("= _erf1p_bf16(", "= 1.0 + _erf(")
-_SIN = ("= _sin_bf16(", "= tl.sin(")
+# cuda_math="bf16"'s cheaper 1 + erf and gelu (prelude.py) back to the accurate _erf
+_ERF1P = ("    return libdevice.fast_dividef(2.0, 1.0 + libdevice.exp2(_erf_exponent(x, C)))",
+          "    return 1.0 + _erf(x * C)")
+_PHI = ("    return libdevice.fast_dividef(1.0, 1.0 + libdevice.exp2(_erf_exponent(x, C)))",
+        "    return 0.5 * (1.0 + _erf(x * C))")
 # bf16 loads upcast by cvt.f32.bf16 in place of the prelude's 16-bit shift
 _UP = ("return (v.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)",
        "return v.to(tl.float32)")
 MATH_VARIANTS: list[tuple[str, list[tuple[str, str]]]] = [
     ("libdevice_erf", [_ERF]), ("tl_exp", [_EXP]), ("div_full", [_RECIP]),
     ("row_div", [_ROWDIV]), ("before", [_ERF, _EXP, _RECIP, _ROWDIV]),
-    ("accurate_erf1p", [_ERF1P]), ("accurate_sin", [_SIN]), ("cvt_upcast", [_UP])]
+    ("accurate_erf", [_ERF1P, _PHI]), ("cvt_upcast", [_UP])]
 
 
 def candidates(rows: bool, row_len: int, few: bool = False) -> list[dict[str, int]]:

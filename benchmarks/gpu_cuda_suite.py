@@ -11,7 +11,8 @@ short still reports what it did; `--budget S` stops starting new work after S se
 
 1. **copy**: the device-to-device copy bandwidth (1 GiB read + 1 GiB written), the ceiling.
 2. **kernels**: memory-bound cases (softmax, layernorm+gelu, a pointwise chain, a row sum;
-   16384 x 4096 and each at its 1 GiB-class anchor size, ANCHOR_SHAPES; f32 and bf16): eager, torch.compile and ember, each checked against eager
+   16384 x 4096 and each at its 1 GiB-class anchor size, ANCHOR_SHAPES; bf16 and f32):
+   eager, torch.compile and ember, each checked against eager
    and timed by triton.testing.do_bench (CUDA events, median); ember's kernel alone too (its
    loaded launch() on preallocated outputs); bytes = each input read once, each output
    written once; TB/s and % of copy.
@@ -949,7 +950,7 @@ def main() -> int:
     sources: dict[tuple[str, torch.dtype], str] = {}
     if "kernels" in sections:
         for case in KERNEL_CASES:  # each at the suite's 16384x4096 and its 1 GiB anchor
-            for dtype in (torch.float32, torch.bfloat16):
+            for dtype in (torch.bfloat16, torch.float32):
                 for size in a.kernel_sizes.split(","):
                     shape = ANCHOR_SHAPES[case] if size == "anchor" else (ROWS, COLS)
                     if elapsed() > a.budget:

@@ -49,7 +49,7 @@ def test_evict_hints_on_a_one_pass_row() -> None:
 
 
 def test_no_hints_where_a_pass_reads_a_row_again() -> None:
-    x = torch.randn(3, 5000)  # a looped softmax: three passes over each row
+    x = torch.randn(3, 20000)  # a looped softmax (past PMAX_ROW): three passes over each row
     text = str(run_pipeline(capture(lambda a: torch.softmax(a, -1), (x,), {}).module,  # type: ignore[arg-type]
                             "decompose,cse,dce,lower-loops,fuse,schedule-cuda"))
     m = run_pipeline(parse(text.replace("cuda_warps=", "cuda_evict=1, cuda_warps=")),
@@ -70,7 +70,7 @@ def test_autotune_times_the_hints_for_one_pass_rows_only() -> None:
 @pytest.mark.parametrize(("fn", "cols", "hinted"), [
     (lambda a: a.sum(-1), 256, True), (lambda a: a.amax(-1) * 2, 256, True),
     (lambda a: a.argmax(-1), 256, True),  # persistent: the row loaded once for both passes
-    (lambda a: a.argmax(-1), 5000, False),  # looped: the index pass reads the row again
+    (lambda a: a.argmax(-1), 20000, False),  # looped: the index pass reads the row again
 ], ids=["sum", "amax", "argmax", "argmax-looped"])
 def test_row_reductions(fn, cols: int, hinted: bool) -> None:  # type: ignore[no-untyped-def]
     x = torch.randn(4, cols)

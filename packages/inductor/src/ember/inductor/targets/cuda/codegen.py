@@ -188,7 +188,7 @@ def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results:
                "(cuda_xblock, cuda_warps, cuda_persistent, cuda_rblock; cuda_lowp on kernels "
                "of f16/bf16 values: lowp=f32 computes them in f32, lowp=per-op rounds each "
                "op's result as eager; cuda_math=bf16 on kernels of bf16 results only: "
-               "cheaper sin and 1 + erf): they dump, can be edited, and codegen-triton renders "
+               "cheaper 1 + erf and gelu): they dump, can be edited, and codegen-triton renders "
                "them")
 def schedule_cuda(module: Module, *, lowp: str = LOWP_DEFAULT) -> Module:
     """The default schedule of every loop kernel, as its node's cuda_* attributes; a node that
@@ -217,7 +217,7 @@ def schedule_cuda(module: Module, *, lowp: str = LOWP_DEFAULT) -> Module:
                                   "cuda_warps": sched["num_warps"]}
             if has_lowp_values(n, body, out.items):
                 kw["cuda_lowp"] = lowp
-                if lowp == "f32" and bf16_results(n):  # bf16 stores only: cheaper sin, 1 + erf
+                if lowp == "f32" and bf16_results(n):  # bf16 stores only: cheaper 1 + erf
                     kw["cuda_math"] = "bf16"
             if "persistent" in sched:  # a rows kernel
                 kw["cuda_persistent"] = sched["persistent"]

@@ -94,5 +94,4 @@ atan2 = _binary(np.arctan2)
 fast_dividef = _binary(np.divide)  # div.approx on the GPU (2 ulp where |b| < 2**126)
 copysign = _binary(np.copysign)
 fast_expf = _unary(np.exp)  # ex2.approx.ftz on the GPU
-sin = _unary(np.sin)
 exp2 = _unary(np.exp2)  # ex2.approx.ftz on the GPU

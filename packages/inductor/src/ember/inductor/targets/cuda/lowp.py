@@ -56,8 +56,8 @@ def has_lowp_values(node: Node, body: Graph, items: dict[str, Any]) -> bool:
 
 # cuda_math: which f32 math a kernel's body uses. "accurate" (the default, and every kernel
 # that stores an f32/f16 value): the OPS table's. "bf16" (schedule-cuda writes it on kernels
-# whose every result is bf16, computed under cuda_lowp=f32): the prelude's cheaper sin and
-# 1 + erf, whose errors are a small part of a bf16 ulp (prelude.py states each bound).
+# whose every result is bf16, computed under cuda_lowp=f32): the prelude's cheaper 1 + erf
+# and gelu, whose errors are a small part of a bf16 ulp (prelude.py states the bound).
 MATH_MODES = ("accurate", "bf16")
 
 
@@ -104,11 +104,9 @@ def _erf1p(n: Node | None) -> tuple[Value, float] | None:
 
 
 def bf16_math(n: Node, env: dict[Value, str]) -> str | None:
-    """The cheaper f32 text of body op `n` under cuda_math="bf16", or None: sin; 1 + erf(y C)
-    (from y: relative error in the lower tail); a gelu's (y * 0.5) * (1 + erf(y C)) as
+    """The cheaper f32 text of body op `n` under cuda_math="bf16", or None: 1 + erf(y C) (from
+    y: relative error in the lower tail); a gelu's (y * 0.5) * (1 + erf(y C)) as
     y * (1 + erf(y C)) / 2 (two multiplies fewer)."""
-    if n.op == "prims.sin" and isinstance(n.args[0], Value):
-        return f"_sin_bf16({env[n.args[0]]})"
     e = _erf1p(n)
     if e is not None:
         return f"_erf1p_bf16({env[e[0]]}, {e[1]!r})" if e[0] in env else None

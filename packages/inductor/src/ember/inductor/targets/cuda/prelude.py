@@ -151,7 +151,10 @@ def _digamma(x):
     return tl.where(x == 0, -1.0 / x, r)  # -inf at +0, inf at -0
 
 # bf16 outputs only (render.py's cuda_math="bf16"): cheaper math whose error is a small part
-# of a bf16 ulp (2**-8 relative spacing), never used where an f32/f16 value is stored.
+# of a bf16 ulp (2**-8 relative spacing), never used where an f32/f16 value is stored. (A bf16
+# sin, a polynomial after a two-step reduction with libdevice's sinf for any block holding
+# |x| > 2**20, measured slower on the H200: the block-wide max and its barrier cost more than
+# the ~12 instructions an element it saved; pointwise chain bf16 85.8% of copy vs 88.9.)
 # 1 + erf(C * x) (a gelu's, C = 1/sqrt(2) folded into the coefficients at compile time):
 # 2 / (1 + 2 ** (-C x R(C |x|))), R a degree-5 minimax fit of log2((1 + erf)/(1 - erf)) / x
 # in |x| on [0, 4] (|C x| clamped there: beyond it the exponent grows linearly and 1 + erf
@@ -181,27 +184,6 @@ def _erf_exponent(x, C: tl.constexpr):  # -log2((1 + erf(C x)) / (1 - erf(C x)))
     p = p * a + 0.06997891515493393 * C * C
     p = p * a - 3.2734391689300537 * C
     return x * p
-
-
-# sin(x): x - j*pi (j = x / pi rounded by adding 1.5 * 2**23; two fma steps, Cody-Waite),
-# then a degree-5 odd minimax polynomial on |r| <= 1.641, its sign flipped for odd j (the
-# low bit of the rounded value): relative error <= 1.5e-4 on the reduced argument, absolute
-# <= 2.5e-7 from the reduction for |x| <= 2**20; ~10 instructions against libdevice sinf's
-# ~25. A block holding any |x| > 2**20 (or inf) takes libdevice's sinf instead (its
-# Payne-Hanek reduction), decided once per block. NaN in NaN out (test_triton_bf16_math.py).
-@triton.jit
-def _sin_bf16(x):
-    t = tl.fma(x, 0.31830987334251404, 12582912.0)  # fma: each step rounds once
-    j = t - 12582912.0
-    r = tl.fma(j, -3.1415927410125732, x)
-    r = tl.fma(j, 8.742277657347586e-08, r)
-    s = r * r
-    p = (0.007536573801189661 * s - 0.16582202911376953) * s + 0.9998573660850525
-    v = ((r * p).to(tl.int32, bitcast=True) ^ (t.to(tl.int32, bitcast=True) << 31)).to(
-        tl.float32, bitcast=True)
-    if tl.max(tl.abs(x)) > 1048576.0:
-        v = libdevice.sin(x)
-    return v
 
 
 # bf16 -> f32 of a load: the bits shifted up 16 (exact). cvt.f32.bf16 of a packed pair's upper

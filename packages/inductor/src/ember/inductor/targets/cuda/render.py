@@ -11,7 +11,7 @@ into the source (so a dumped module replays with the same blocks and warps); for
 - rows (a `loop.reduction`, or a `loop.pointwise` whose body holds fused `loop.reduce`s): a 2-D
   grid block [XBLOCK, RBLOCK] — XBLOCK rows (the outer loop variables), and per reduction an
   RBLOCK over its reduced elements: persistent (RBLOCK = next power of two of the row, one
-  block) when the row fits in RMAX elements, else a loop over RBLOCK chunks with an
+  block) when the row fits in PMAX_ROW elements, else a loop over RBLOCK chunks with an
   elementwise accumulator. Every reduction is computed once per row, before the body that
   reads it; argmax/argmin are the first index where the body equals amax/amin (NaN first, as
   eager). A row pointwise body then runs over its inner elements in IBLOCK chunks.
@@ -43,7 +43,10 @@ from ember.inductor.targets.cuda.prelude import prelude
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
 
-RMAX = 4096  # largest persistent reduction row (elements); longer rows loop over chunks
+RMAX = 4096  # rows kernels' block budget (elements)
+# longest persistent row (and at most 64 KB of the widest input); H200, 16384x16384 softmax:
+# 52% of copy looped (rows read 3 times), 96-98 persistent (results/...-bf16-anchors.md)
+PMAX_ROW = 16384
 PMAX = 1024  # pointwise elements per program
 INT32_LIMIT = 2**31
 
@@ -169,6 +172,11 @@ def _dims(dims: Sequence[Any]) -> list[Any]:
             raise CodegenError(f"size {short(str(d))} is not a number or an expression")
         out.append(d)
     return out
+
+
+def _widest_bytes(node: Node) -> int:  # of the kernel's inputs (4 where it has none)
+    return max([_tensor(v).dtype.torch.itemsize for v in node.args[1:]
+                if isinstance(v, Value)] or [4])
 
 
 def _is_static(e: Any) -> bool:
@@ -334,9 +342,9 @@ class _Writer:
                     "'evict_first'" if self.evict <= names else "'evict_last'")
             load = f"tl.load({env[buf]} + ({off}) + tl.zeros({shape}, tl.int32), " \
                    f"mask={mask}, other=0{hint})"
-            if dt == DType.bf16:  # a 16-bit shift (prelude's _up_bf16): one instruction
-                return f"_up_bf16({load})"
-            return f"{load}.to(tl.float32)" if dt == DType.f16 else load
+            # bf16: a 16-bit shift (prelude's _up_bf16), one instruction a value
+            return {DType.bf16: f"_up_bf16({load})", DType.f16: f"{load}.to(tl.float32)"
+                    }.get(dt, load)
         if n.op == "loop.index":
             e = pyexpr(parse_index(n.kwargs["index"]), self.rtag, self.alias)
             return f"(tl.zeros({shape}, tl.int64) + {e})"
@@ -364,8 +372,7 @@ class _Writer:
         tmpl = tmpl or table.get(dclass(odt))
         if tmpl is None:
             raise CodegenError(f"{n.op} has no Triton template for {odt.name}")
-        fast = bf16_math(n, env) if self.bf16 and odt != DType.f64 else None
-        if fast is not None:
+        if self.bf16 and odt != DType.f64 and (fast := bf16_math(n, env)) is not None:
             return fast
         ops = [env[a] if isinstance(a, Value) else self.number(a, odt) for a in n.args]
         if n.op == "prims.div" and dclass(odt) == _F and odt != DType.f64 and ops[0] == "1.0":
@@ -662,7 +669,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         widest = 1
         for k, red in enumerate(order):
             rn = _numel(red.rranges)
-            red.persistent = _is_static(rn) and bool(user.get("cuda_persistent", rn <= RMAX))
+            red.persistent = _is_static(rn) and bool(user.get("cuda_persistent", rn <= RMAX or (
+                rn <= PMAX_ROW and rn * _widest_bytes(node) <= 65536)))
             red.block = next_pow2(rn) if red.persistent else user.get("cuda_rblock", RMAX // 4)
             red.name = f"red{k}"
             widest = max(widest, red.block)
@@ -678,15 +686,14 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         # sum is a pointwise kernel rounding its fused reduction's value)
         plain = len(order) == 1 and ni == 1 and order[0].reduction not in ("argmax", "argmin")
         warps = 8 if elems > 4096 else 4 if elems >= 1024 else 2 if elems >= 256 else 1
-        if 1024 <= elems <= 4096:
+        if 1024 <= elems <= PMAX_ROW:
             # by bytes a thread loads (the widest input): on the H200 at 16384x4096 a plain
             # row reduction streams best at 32 a thread (sum: bf16 8 warps 86.8% of copy
             # against 74.4 with 4, f32 16 warps 94.5 against 90.9 with 4, both with eviction
             # hints), a row with a body at 64 (layernorm+gelu: bf16 4 warps 72.8 against 65.5
             # with 8, f32 8 warps 93.0 against 91.8 with 4; softmax within a point)
             # (benchmarks/results/2026-12-02-h200-memory-bound-math.md)
-            nbytes = elems * max([_tensor(v).dtype.torch.itemsize for v in node.args[1:]
-                                  if isinstance(v, Value)] or [4])
+            nbytes = elems * _widest_bytes(node)
             warps = min(16, max(4, nbytes // (32 * (32 if plain else 64))))
         sched = {"XBLOCK": xblock, "num_warps": user.get("cuda_warps", warps),
                  "grid": math.ceil(xn / xblock) if static else -1}
