@@ -83,15 +83,17 @@ def _channels_last_producers(g: Graph) -> None:
     permute of that result. Lowered, the kernel writes the NHWC buffer the convolution reads
     as it is, and the other readers index it through the permute, where before the NCHW
     buffer was written and then copied to NHWC for the convolution (a whole extra pass over
-    the activation). A single-reader input needs none of this: it fuses into the copy."""
+    the activation). A single-reader input needs none of this: it fuses into the copy. So
+    are the multi-reader values such an input is computed from (`_roots`)."""
     readers: dict[Value, int] = {}
     for n in g.nodes:
         for v in set(n.operands()):
             readers[v] = readers.get(v, 0) + 1
     names = {r.name for n in g.nodes for r in n.results} | {p.name for p in g.params}
     swap: dict[int, list[Node]] = {}
-    for c in g.nodes:
-        x = c.args[0] if c.op == CONV_OP and c.args else None
+    inputs = [c.args[0] for c in g.nodes if c.op == CONV_OP and c.args
+              and isinstance(c.args[0], Value)]
+    for x in [r for v in inputs for r in _roots(v, readers)]:
         p = x.node if isinstance(x, Value) else None
         if not isinstance(x, Value) or p is None or id(p) in swap or len(p.results) != 1 \
                 or readers.get(x, 0) < 2 or x in g.outputs \
@@ -122,6 +124,42 @@ def _channels_last_producers(g: Graph) -> None:
         swap[id(p)] = nodes
     if swap:
         g.nodes = [m for n in g.nodes for m in swap.get(id(n), [n])]
+
+
+ROOT_DEPTH = 8  # single-reader nodes walked back from a convolution's input
+
+
+def _roots(x: Value, readers: dict[Value, int]) -> list[Value]:
+    """`x`, then the values read by several nodes that reach `x` through single-reader
+    elementwise prims and channel concatenations (a DenseNet layer's BatchNorm and ReLU before
+    its convolution, on the concatenation of the block's earlier outputs: its max pool's
+    result, read by every layer of the block, is such a root). The kernel computing `x` loops
+    channels-last (the convolution reads it NHWC), so a root computed NCHW is read with the
+    channels, its innermost loop, strided by the image size in each of those kernels."""
+    out = [x]
+    todo, seen = [(x, 0)], {x}
+    while todo:
+        v, depth = todo.pop()
+        p = v.node
+        if p is None or depth >= ROOT_DEPTH or len(p.results) != 1 or v.type is None:
+            continue
+        prim = PRIMS_BY_OP.get(p.op)
+        cat = p.op == "prims.concatenate" and p.kwargs.get("dim") == 1 and len(p.args) == 1 \
+            and isinstance(p.args[0], list)
+        if not cat and (prim is None or not prim.elementwise):
+            continue
+        vt = v.type
+        for a in (p.args[0] if cat else p.args):  # type: ignore[union-attr]
+            if not isinstance(a, Value) or a in seen or not isinstance(a.type, TensorType) \
+                    or not isinstance(vt, TensorType) or a.type.rank != 4 \
+                    or (not cat and list(a.type.shape) != list(vt.shape)):
+                continue
+            seen.add(a)
+            if readers.get(a, 0) >= 2:
+                out.append(a)
+            else:
+                todo.append((a, depth + 1))
+    return out
 
 
 def _permuted(v: Value, dims: list[int], at: Node, nodes: list[Node], names: set[str],
