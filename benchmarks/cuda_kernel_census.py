@@ -11,6 +11,9 @@ comparison.
 
     python3 benchmarks/cuda_kernel_census.py --models hf/gpt2,timm/deit_tiny_patch16_224 --kernels
 
+`--decode-gemv group|nogroup` adds decode-gemv before lower-loops, as compile() does under
+mode="reduce-overhead" (with or without its grouping of the GEMVs and their epilogues).
+
 `--decode N` takes instead the decode step of the dolly-v2-3b-shaped GPT-NeoX of
 generate_gpu.py with N layers (bf16, static cache; issue 20): a greedy generate() of 3 tokens
 runs eagerly, its last decode step is captured, and the runtime's backend module of it (its
@@ -172,6 +175,10 @@ def main() -> int:
                     "model's line also names its attention ops as captured")
     ap.add_argument("--decode", type=int, default=0, help="N: the decode step of the "
                     "dolly-shaped GPT-NeoX with N layers (static cache) instead of --models")
+    ap.add_argument("--decode-gemv", default="", choices=["", "group", "nogroup"],
+                    help="add decode-gemv before lower-loops as mode='reduce-overhead' does "
+                    "(group: one-row GEMVs with their epilogues two to a launch; nogroup: one "
+                    "GEMV per launch)")
     ap.add_argument("--dump", default="", help="a directory: each model's scheduled loop IR")
     ap.add_argument("--passes", default="", help="the CUDA passes after the front end, in place "
                     "of inductor-cuda's up to schedule-cuda (e.g. the pipeline before "
@@ -185,6 +192,10 @@ def main() -> int:
     from ember.inductor.targets.cuda import FRONT, register_cuda_target
     register_cuda_target()
     cuda_pl = f"{FRONT},{a.passes or cuda_pipeline_upto_schedule()}"
+    if a.decode_gemv:
+        cuda_pl = cuda_pl.replace(
+            "lower-loops", f"decode-gemv{{group={str(a.decode_gemv == 'group').lower()}}},"
+            "lower-loops", 1)
     for name in [f"dolly-decode-{a.decode}-layers"] if a.decode else a.models.split(","):
         t0 = time.perf_counter()
         kwargs: dict[str, Any] = {}

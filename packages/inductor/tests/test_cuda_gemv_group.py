@@ -121,6 +121,10 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
     assert eps == [["bias", "bias+gelu"], ["bias", "bias"]] * 2, eps
     assert [n.kwargs.get("op") for n in m.graph().nodes if n.op == "kernels.extern"
             and n.kwargs.get("op") == gemv.OP] == [gemv.OP]  # the lm_head: nothing to absorb
+    # no kernel is left writing an absorbed value (the bias's f32 convert) nothing reads
+    calls = sum(n.op == "kernels.call" for n in m.graph().nodes)
+    ungrouped = run_pipeline(plain, PIPE.split(",", 1)[1])
+    assert calls == sum(n.op == "kernels.call" for n in ungrouped.graph().nodes) - 2, calls
     ins = list(c.input_examples)
     snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
     with torch.no_grad():

@@ -202,9 +202,15 @@ def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
                "GEMVs to a launch), an f32 product over a contraction of 1 a broadcast "
                "multiply; explain=true says which")
 def decode_gemv(module: Module, *, explain: bool = False, group: bool = GROUP) -> Module:
+    from ember.ir.passes.utils import live_values
     out = module.clone()
+    reg = default_registry()
     for g in out.graphs.values():
-        _rewrite(g, explain, group)
+        if _rewrite(g, explain, group) and group:
+            # the epilogues' absorbed nodes (the bias's f32 convert) would still be lowered
+            # as kernels writing what nothing reads: no dce runs before lower-loops
+            live = live_values(g, reg, out)
+            g.nodes = [n for n in g.nodes if any(r in live for r in n.results)]
     return out
 
 
