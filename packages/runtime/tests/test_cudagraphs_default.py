@@ -83,3 +83,36 @@ def test_default_mode_on_cpu_records_nothing() -> None:
     with torch.no_grad():
         c(torch.randn(2, 8), torch.randn(8, 8))
     assert er.explain(c).cuda_graphs == []
+
+
+class Normed(torch.nn.Module):
+    """Small buffers read every call (BatchNorm's running statistics, in eval)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift: torch.Tensor
+        self.register_buffer("shift", torch.randn(8))
+        self.w = torch.nn.Parameter(torch.randn(8, 8) / 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(8):
+            x = torch.tanh(x @ self.w - self.shift)
+        return x
+
+
+def test_module_buffers_are_read_in_place_not_copied(cpu_recorded: None) -> None:
+    import gc
+
+    from ember.runtime.cudagraphs import _Recording
+    before = {id(o) for o in gc.get_objects() if isinstance(o, _Recording)}
+    m = Normed()
+    c = er.compile(m, dynamic=False)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 8)
+            torch.testing.assert_close(c(x), m(x))
+        m.shift.add_(1.0)  # read where it is: the next replay sees the new values
+        torch.testing.assert_close(c(x), m(x))
+    (r,) = [o for o in gc.get_objects() if isinstance(o, _Recording) and id(o) not in before]
+    static = {i for i, _ in r.static}
+    assert len(static) == 2 and r.copied == [next(i for i in range(3) if i not in static)]

@@ -76,6 +76,9 @@ class GraphInfo:
 
     updates: dict[int, int] = field(default_factory=dict)
     visible: frozenset[int] | None = None
+    # inputs the capture read from a module's parameters or buffers (long-lived tensors:
+    # read in place like parameters; BatchNorm's small running stats were copied every call)
+    members: frozenset[int] = frozenset()
 
 
 def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
@@ -90,7 +93,10 @@ def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
         r = getattr(e, "result", None)
         if r is not None:
             visible.add(r)
-    return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible))
+    from ember.capture.sources import ModuleMemberSource
+    members = frozenset(i for i, src in enumerate(getattr(cap, "input_sources", []))
+                        if isinstance(src, ModuleMemberSource))
+    return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible), members)
 
 
 def moved_examples(scalars: Any, module: Any, examples: Sequence[Any]) -> Sequence[Any]:
@@ -425,6 +431,7 @@ class _GraphRunner:
             static = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)
                       and self.moves.get(i, 0) < 2
                       and (isinstance(x, torch.nn.Parameter) or i in updated or i in again
+                           or i in self.info.members
                            or (first[i] == addrs[i] and _nbytes(x) > SMALL_INPUT))]
             got = self._record(graph, key, inputs, static)
             if got is None:
