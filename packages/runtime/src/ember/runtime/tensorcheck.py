@@ -221,10 +221,20 @@ def checker() -> Any:
         from ember.inductor.targets.cpu import cache
 
         counts = cache.STATS.hits, cache.STATS.builds
+        # Python's own headers include each other by paths relative to its include directory
+        # (3.13's cpython/pyatomic.h): that directory on g++'s path for this one build (the
+        # kernel cache's flags are fixed; the source names the headers, so it keys the entry)
+        inc = str(Path(str(_python_h())).parent)
+        old = os.environ.get("CPLUS_INCLUDE_PATH")
+        os.environ["CPLUS_INCLUDE_PATH"] = inc + (os.pathsep + old if old else "")
         try:
             path = cache.build(src)
         finally:  # (not a kernel: the kernel cache's counts stay the kernels')
             cache.STATS.hits, cache.STATS.builds = counts
+            if old is None:
+                os.environ.pop("CPLUS_INCLUDE_PATH", None)
+            else:
+                os.environ["CPLUS_INCLUDE_PATH"] = old
         mod = _load(path)
         why = self_test(mod)
     except Exception as e:  # no compiler, no libtorch_cpu, a build error: Python checks
