@@ -232,7 +232,7 @@ def _fold_decided(body: Graph, ext: Sequence[int]) -> None:
             if lo == hi:  # (the four are monotonic: both ends agree, so does every point)
                 decided[n.results[0]] = lo
         elif n.op == "prims.where" and len(n.args) == 3 and n.args[0] in decided:
-            pick = n.args[1] if decided[n.args[0]] else n.args[2]  # type: ignore[index]
+            pick = n.args[1] if decided[n.args[0]] else n.args[2]
             if isinstance(pick, Value) and pick.type == n.results[0].type:
                 alias[n.results[0]] = pick
     if not alias:
