@@ -34,6 +34,11 @@ def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=True) + 1
 
 
+def by_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.aten.scaled_dot_product_attention(q, k, v, scale=0.3)
+    return out * 2
+
+
 def masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
 
@@ -66,7 +71,7 @@ def cpu_as_cuda(monkeypatch: Any) -> dict[str, int]:
 
 @pytest.mark.parametrize("choice", [sc.CUDNN, sc.EFFICIENT, sc.FLASH],
                          ids=["cudnn", "efficient", "flash"])
-@pytest.mark.parametrize("fn", [attn, causal], ids=["plain", "causal"])
+@pytest.mark.parametrize("fn", [attn, causal, by_op], ids=["plain", "causal", "aten-op"])
 def test_the_real_choice_is_recorded_and_computes_sdpa(cpu_as_cuda: dict[str, int], choice: int,
                                                         fn: Any) -> None:
     cpu_as_cuda["choice"] = choice
@@ -80,7 +85,7 @@ def test_the_real_choice_is_recorded_and_computes_sdpa(cpu_as_cuda: dict[str, in
     # the CUDA form's decomposition (packages/prims) computes what eager's sdpa does
     from ember.ir import Interpreter
     run = Interpreter(run_pipeline(m, "decompose,cse,dce")).run(list(args))
-    torch.testing.assert_close(run.outputs[0], fn(*args))
+    torch.testing.assert_close(run.outputs[0], attn(*args) if fn is by_op else fn(*args))
 
 
 def test_a_math_choice_or_a_mask_leaves_sdpa_as_it_was(cpu_as_cuda: dict[str, int]) -> None:

@@ -24,6 +24,10 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 SDPA = torch._C._nn.scaled_dot_product_attention
+# sdpa as code may reach it: F.scaled_dot_product_attention (that builtin, or a Python wrapper
+# of it, depending on the torch version) and the aten operator itself
+_SDPA_FORMS = (SDPA, torch.ops.aten.scaled_dot_product_attention,
+               torch.ops.aten.scaled_dot_product_attention.default)
 _NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _DEFAULTS: dict[str, Any] = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False,
                              "scale": None, "enable_gqa": False}
@@ -70,7 +74,7 @@ def as_real_choice(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     a call of that kernel with the arguments sdpa's composite gives it (aten/native/
     transformers/attention.cpp: the log-sum-exp only where autograd needs it, flash's scale
     computed from the head dim, the output the first result)."""
-    if fn is not SDPA:
+    if not any(fn is f for f in _SDPA_FORMS):
         return fn
     b = _bind(args, kwargs)
     if b is None or not _plain(b):
