@@ -30,7 +30,9 @@ from ember.capture import (
     OutTensor,
     Source,
 )
+from ember.capture.guards import SymIntMeta, SymTensorMeta
 from ember.capture.sources import LocalSource, prefixes, rebase
+from ember.capture.symbolic import SymInt, py_var, pyexpr
 from ember.runtime.fastguards import fast_check
 
 CHECK_ERROR = -2  # evaluating a guard raised: treated as a failed guard
@@ -104,7 +106,13 @@ class CallCode:
                  "    except Exception:", f"        return {CHECK_ERROR}", ""]
         if output is not None:
             lines.append("def output(O, S, A, K):")
-            lines.append(f"    return {_out(output, ref)}")
+            syms: set[str] = set()
+            ret = _out(output, ref, syms)
+            # a size symbol the output returns (a side effect's `layer.batch_size = s0`):
+            # bound again here from the input that binds it in the guards
+            lines += [f"    {py_var(n)} = {b}" for n, b in _symbol_reads(guards, ref).items()
+                      if n in syms]
+            lines.append(f"    return {ret}")
         self.source = "\n".join(lines) + "\n"
         self.guards = guards
         self.inputs = list(inputs)
@@ -152,11 +160,31 @@ class CallCode:
         return g.mismatch(actual)
 
 
-def _out(spec: OutSpec, ref: Any) -> str:
+def _symbol_reads(guards: list[Guard], ref: Any) -> dict[str, str]:
+    """Per size symbol, a Python expression over S/A/K reading it: the dim (or int argument)
+    whose guard binds it."""
+    out: dict[str, str] = {}
+    for g in guards:
+        e = g.expected
+        if g.source is None or not getattr(e, "binds", None):
+            continue
+        if isinstance(e, SymTensorMeta):
+            for d, x in enumerate(e.shape):
+                if not isinstance(x, int) and x.is_Symbol and x.name not in out:
+                    out[x.name] = f"{g.source.expr(ref)}.shape[{d}]"
+        elif isinstance(e, SymIntMeta) and e.expr.is_Symbol:
+            out.setdefault(e.expr.name, g.source.expr(ref))
+    return out
+
+
+def _out(spec: OutSpec, ref: Any, syms: set[str] | None = None) -> str:
     if isinstance(spec, OutTensor):
         return f"O[{spec.index}]"
     if isinstance(spec, OutConst):
         v = spec.value
+        if isinstance(v, SymInt) and syms is not None:  # (an int subclass: before int's repr)
+            syms.update(x.name for x in v.expr.free_symbols)
+            return f"int({pyexpr(v.expr)})"
         if v is None or isinstance(v, (bool, int, str)) or (
                 isinstance(v, float) and v == v and v not in (float("inf"), float("-inf"))):
             return repr(v)
@@ -164,7 +192,7 @@ def _out(spec: OutSpec, ref: Any) -> str:
     if isinstance(spec, OutSource):
         return str(spec.source.expr(ref))
     if isinstance(spec, OutSeq):
-        items = [_out(i, ref) for i in spec.items]
+        items = [_out(i, ref, syms) for i in spec.items]
         if spec.cls is tuple:
             return "(" + "".join(i + ", " for i in items) + ")"
         if spec.cls is list:
@@ -173,13 +201,13 @@ def _out(spec: OutSpec, ref: Any) -> str:
             return f"{ref(spec.cls, 'T')}(" + ", ".join(items) + ")"
         return f"{ref(spec.cls, 'T')}((" + "".join(i + ", " for i in items) + "))"
     if isinstance(spec, OutDict):
-        pairs = ", ".join(f"({ref(k, 'Key')}, {_out(v, ref)})"
+        pairs = ", ".join(f"({ref(k, 'Key')}, {_out(v, ref, syms)})"
                           for k, v in zip(spec.keys, spec.items, strict=True))
         return f"{ref(spec.cls, 'T')}([{pairs}])"
     if isinstance(spec, OutObject):
-        attrs = ", ".join(f"{k!r}: {_out(v, ref)}" for k, v in spec.attrs)
+        attrs = ", ".join(f"{k!r}: {_out(v, ref, syms)}" for k, v in spec.attrs)
         if spec.items is None:
             return f"_new({ref(spec.cls, 'T')}, {{{attrs}}})"
-        entries = ", ".join(f"({ref(k, 'Key')}, {_out(v, ref)})" for k, v in spec.items)
+        entries = ", ".join(f"({ref(k, 'Key')}, {_out(v, ref, syms)})" for k, v in spec.items)
         return f"_new({ref(spec.cls, 'T')}, {{{attrs}}}, [{entries}])"
     raise TypeError(f"unknown output spec {spec!r}")
