@@ -213,6 +213,14 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         mine = [(c, bb) for c, bb in cases if bb == b]
         order += [(c, v) for c in mine for v in args.variants if v not in tail]
         order += [(c, v) for v in tail for c in mine]
+    if args.cases:  # an explicit order: VARIANT:BATCH[:CACHE] (a short run keeps the first)
+        order = []
+        for c in args.cases:
+            v, b, *rest = c.split(":")
+            if v not in VARIANTS or not b.isdigit() or int(b) not in prompts:
+                raise SystemExit(f"--cases: {c!r} is not VARIANT:BATCH[:CACHE] of "
+                                 f"{', '.join(VARIANTS)} and --batches {args.batches}")
+            order.append(((rest[0] if rest else "static", int(b)), v))
     rows: list[dict[str, Any]] = []
     for (cache, batch), variant in order:
         row = one_case(args, model, variant, cache, batch, prompts[batch], compiled,
@@ -455,6 +463,10 @@ def main() -> int:
                     help="time one decode step alone per ember variant (static cache)")
     ap.add_argument("--profile-first", action="store_true",
                     help="sample the first call's Python stack per compiled variant")
+    ap.add_argument("--cases", nargs="+", default=None,
+                    help="run these cases in this order, each VARIANT:BATCH[:CACHE] (cache "
+                         "static by default); eager's case of a batch must come before the "
+                         "others' for their tokens to be checked")
     ap.add_argument("--tiny", action="store_true",
                     help="a small model of the same architecture (a CPU smoke run)")
     args = ap.parse_args()
