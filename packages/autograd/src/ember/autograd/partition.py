@@ -17,7 +17,8 @@ always kept (the backward has no seed), so forward and backward see the same dro
   inputs only where that is smaller. A value the forward would not write at all (every forward
   reader fuses with it) costs twice its bytes, as in AOTAutograd: saving it adds a write to the
   forward, where saving a matmul's output only holds a buffer that exists anyway. Any cut is a
-  valid partition, save-all's included, so the min-cut never saves more bytes than save-all.
+  valid partition, save-all's included, so the min-cut's weighted cost never exceeds save-all's
+  (its bytes can, by a row statistic: cross-entropy saves the logits and row max, not exp(x - max)).
 """
 
 from __future__ import annotations
