@@ -50,9 +50,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="calls to profile (CUDA only)")
     ap.add_argument("--pipeline", default="", help="compile(options={'pipeline': ...}); "
-                    "'decode-attention', 'no-decode-attention', optionally +'decode-gemv' or "
-                    "+'decode-gemv-ungrouped': the CUDA target's with "
-                    "cache-inplace{attention=true|false} (and decode-gemv, group=true|false)")
+                    "'decode-attention', 'no-decode-attention', optionally +'decode-gemv', "
+                    "+'decode-gemv-ungrouped' or +'decode-gemv-rope': the CUDA target's with "
+                    "cache-inplace{attention=true|false} (and decode-gemv, group=true|false, "
+                    "rope=true)")
     a = ap.parse_args()
     import ember.runtime as er
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -60,13 +61,15 @@ def main() -> int:
     ids = torch.randint(2, 50000, (1, 32), generator=torch.Generator().manual_seed(1)).to(device)
     opts: dict[str, Any] = {}
     if a.pipeline and set(a.pipeline.split("+")) <= {"no-decode-attention", "decode-attention",
-                                                     "decode-gemv", "decode-gemv-ungrouped"}:
+                                                     "decode-gemv", "decode-gemv-ungrouped",
+                                                     "decode-gemv-rope"}:
         import re
 
         from ember.inductor.targets.cuda import FRONT, INDUCTOR_CUDA
         passes = ["cache-inplace{attention=false}" if "no-decode-attention" in a.pipeline
                   else "cache-inplace{attention=true}"]
         passes += ["decode-gemv{group=false}"] if "decode-gemv-ungrouped" in a.pipeline else \
+            ["decode-gemv{group=true,rope=true}"] if "decode-gemv-rope" in a.pipeline else \
             ["decode-gemv{group=true}"] if "decode-gemv" in a.pipeline else []
         stages = [",".join(passes) if p.startswith("cache-inplace") else p
                   for p in re.split(r",(?![^{]*})", f"{FRONT},{INDUCTOR_CUDA}")]

@@ -143,3 +143,65 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.testing.assert_close(got[u.result], b, rtol=0,
                                    atol=float(b.abs().max()) * 0.02 + 1e-6)
 
+
+
+def test_neox_decode_step_rope_in_the_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode-gemv{rope=true}: the tiny bf16 NeoX's rotary of q and the new key row runs in the
+    decode attention kernel (loop.decode_attention_rope, one Triton kernel fewer per layer);
+    the caches within one bf16 rounding of the pipeline without it (the interpreter truncates
+    a bf16 cast where the device rounds to nearest even, as the kernel's rotary does), the
+    logits within bf16 rounding."""
+    pytest.importorskip("transformers")
+    from ember.inductor.targets.cuda import decode_rope
+    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
+    from ember.runtime.testing import tiny_hf_model
+    cpu = targets()["cpu"].lowerings
+    for op, rule in {**gemv.LOWERINGS, **inplace.LOWERINGS}.items():
+        monkeypatch.setitem(cpu, op, rule)
+    model: Any = tiny_hf_model("neox")[0].to(BF)
+    c, real, args, kwargs = _decode_step(model)
+    front = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)),
+                         f"{FRONT},cuda-attention,matmul-lowp,cache-inplace{{attention=true}},dce")
+    mods = {r: run_pipeline(front, PIPE.replace("group=true", f"group=true,rope={r}"))
+            for r in ("true", "false")}
+    ext = {r: [n.kwargs.get("op") for n in m.graph().nodes if n.op == "kernels.extern"]
+           for r, m in mods.items()}
+    assert ext["true"].count(decode_rope.OP) == 2 and inplace.ATTENTION_OP not in ext["true"]
+    calls = {r: sum(n.op == "kernels.call" for n in m.graph().nodes) for r, m in mods.items()}
+    assert calls["true"] < calls["false"], calls
+    ins = list(c.input_examples)
+    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    outs = {}
+    for r, m in mods.items():
+        with torch.no_grad():
+            for x, s in zip(ins, snap, strict=True):
+                if isinstance(x, torch.Tensor):
+                    x.copy_(s)
+            outs[r] = [o.clone() if isinstance(o, torch.Tensor) else o
+                       for o in compiled_runner(m)(None, ins).outputs]
+    for u in c.updates:
+        a, b = outs["true"][u.result], outs["false"][u.result]
+        torch.testing.assert_close(a, b, rtol=0, atol=float(b.abs().max()) * 2 ** -7 + 1e-6)
+    with torch.no_grad():
+        want = real(*args, **kwargs).logits[:, -1].float()
+    torch.testing.assert_close(outs["true"][0].reshape(want.shape).float(), want, rtol=0,
+                               atol=float(want.abs().max()) * 0.05)
+
+
+@pytest.mark.parametrize("rot", [2, 6, 20])
+def test_decode_attention_rope_caches_bit_for_bit(rot: int) -> None:
+    """The kernel's rotary (decode_attention.py, rope=) against transformers' form in torch:
+    the new key row written into the cache bit for bit, the output within bf16 rounding."""
+    from ember.inductor.targets.cuda.decode_attention import decode_attention_
+    g = torch.Generator().manual_seed(rot)
+    kc, vc = (torch.randn(1, 3, 13, 20, generator=g).to(BF) for _ in range(2))
+    q, kn, vn = (torch.randn(1, 3, 1, 20, generator=g).to(BF) for _ in range(3))
+    cos, sin = (torch.randn(1, 1, rot, generator=g).to(BF) for _ in range(2))
+    pos = torch.tensor([5])
+    k1, v1, k2, v2 = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    want = decode_attention_(q, k1, v1, pos, kn, vn, None, triton=False, rope=(cos, sin))
+    got = decode_attention_(q, k2, v2, pos, kn, vn, None, triton=True, rope=(cos, sin))
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    with pytest.raises(ValueError, match="R even"):
+        decode_attention_(q, k2, v2, pos, kn, vn, None, rope=(cos[..., :1], sin[..., :1]))

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from ember.inductor.targets.cuda.decode_rope import LOWERINGS as ROPE_LOWERINGS
+from ember.inductor.targets.cuda.decode_rope import fold_rope
 from ember.inductor.targets.cuda.gemv_group import LOWERINGS as GROUP_LOWERINGS
 from ember.inductor.targets.cuda.gemv_group import group_gemvs
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
@@ -37,6 +39,9 @@ OP = "loop.gemv"
 # two launches with their epilogues took 24.2 + 19.0 us against 29.5 + 23.7 for four GEMVs and
 # the epilogue kernel (benchmarks/results/2026-12-02-h200-decode-gemv-group.md)
 GROUP = True
+# decode-gemv's default for `rope` (decode_rope.py: GPT-NeoX's rotary of q and the new key row
+# in the decode attention kernel): off until measured on the device
+ROPE = False
 LOWP = (DType.bf16, DType.f16)
 
 
@@ -199,14 +204,17 @@ def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
 @register_pass("decode-gemv", "CUDA: a one-row f16/bf16 product against a transposed [N, K] "
                "weight becomes a Triton GEMV extern (loop.gemv; with group=true "
                "loop.gemv_group: its bias and erf-GELU epilogues absorbed, two independent "
-               "GEMVs to a launch), an f32 product over a contraction of 1 a broadcast "
-               "multiply; explain=true says which")
-def decode_gemv(module: Module, *, explain: bool = False, group: bool = GROUP) -> Module:
+               "GEMVs to a launch; with rope=true transformers' rotary of q and the new key "
+               "row in the decode attention kernel, loop.decode_attention_rope), an f32 "
+               "product over a contraction of 1 a broadcast multiply; explain=true says "
+               "which")
+def decode_gemv(module: Module, *, explain: bool = False, group: bool = GROUP,
+                rope: bool = ROPE) -> Module:
     from ember.ir.passes.utils import live_values
     out = module.clone()
     reg = default_registry()
     for g in out.graphs.values():
-        if _rewrite(g, explain, group) and group:
+        if (_rewrite(g, explain, group) and group) | (rope and fold_rope(g, explain) > 0):
             # the epilogues' absorbed nodes (the bias's f32 convert) would still be lowered
             # as kernels writing what nothing reads: no dce runs before lower-loops
             live = live_values(g, reg, out)
@@ -231,7 +239,7 @@ def lower_gemv(lw: Any, n: Node) -> None:
     lw.passthrough(n, n.op)
 
 
-LOWERINGS = {OP: lower_gemv, **GROUP_LOWERINGS}
+LOWERINGS = {OP: lower_gemv, **GROUP_LOWERINGS, **ROPE_LOWERINGS}
 
 __all__ = ["LOWERINGS", "MEASURED", "OP", "config", "decode_gemv", "gemv", "lower_gemv",
            "with_decode_gemv"]
