@@ -14,8 +14,11 @@ guarded, else from `object.__getattribute__(x, '__dict__')` read once per call.
 The rewriting is decided on the first call whose full check passes, from the values that check
 read (`fast_check`): a read is rewritten only where the dict entry is the very object the full
 expression gives, and the fast check is kept only where it returns the same inputs. Every guard
-is still checked, in the same order; on any failure (or exception) the fast check returns what
-the full check returns, so recompilation reasons and failing-guard indexes are unchanged.
+is still checked, in the same order but for the tensor guards, which run last, all in one C
+call where the C checker is available (tensorcheck.py; a guard expression only reads, so the
+order decides nothing but which failure is met first); on any failure (or exception) the fast
+check returns what the full check returns, so recompilation reasons and failing-guard indexes
+are unchanged.
 
 What the fast check does not see (documented limits, as torch.compile's dict-version guards
 have theirs): a data descriptor added to a class after compiling under a name an instance holds
