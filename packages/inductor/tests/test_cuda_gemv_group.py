@@ -205,3 +205,32 @@ def test_decode_attention_rope_caches_bit_for_bit(rot: int) -> None:
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     with pytest.raises(ValueError, match="R even"):
         decode_attention_(q, k2, v2, pos, kn, vn, None, rope=(cos[..., :1], sin[..., :1]))
+
+
+PAIR_IR = """ember.ir 1.0
+
+graph @f(%x: bf16[1, 8], %w1: bf16[4, 8], %w2: bf16[6, 8], %c: bf16[1, 8], %i: i64[1], %s: bf16[1, 1]) -> (bf16[1, 4], bf16[1, 6]{extra}) {{
+  %t1 = prims.permute(%w1, dims=[1, 0]) : bf16[8, 4]
+  %y1 = prims.matmul(%x, %t1) : bf16[1, 4]
+{write}  %u = prims.mul(%c, 2.0) : bf16[1, 8]
+  %t2 = prims.permute(%w2, dims=[1, 0]) : bf16[8, 6]
+  %y2 = prims.matmul(%u, %t2) : bf16[1, 6]
+  return (%y1, %y2{ret})
+}}
+"""
+
+
+def test_pairing_hoists_pure_nodes_but_never_above_an_in_place_write() -> None:
+    """Two independent GEMVs become one launch, the second's input computation moved above the
+    first; not when that computation reads a tensor an in-place op between them writes."""
+    from ember.ir import parse
+    plain = PAIR_IR.format(extra="", write="", ret="")
+    m = run_pipeline(parse(plain), "decode-gemv{group=true}")
+    ops = [n.op for n in m.graph().nodes]
+    assert ops.count(gemv_group.OP) == 1 and gemv.OP not in ops, ops
+    written = PAIR_IR.format(
+        extra=", bf16[1, 8]", ret=", %c2",
+        write="  %c2 = loop.index_copy_inplace(%c, %i, %s, dim=1) : bf16[1, 8]\n")
+    m = run_pipeline(parse(written), "decode-gemv{group=true}")
+    ops = [n.op for n in m.graph().nodes]
+    assert gemv_group.OP not in ops and ops.count(gemv.OP) == 2, ops
