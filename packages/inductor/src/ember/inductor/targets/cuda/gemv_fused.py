@@ -100,7 +100,8 @@ def gemv_pair(x1: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, act1:
     progs = [-(-w.shape[0] // c[0]) for (_, w, _, _), c in zip(pairs, cfg, strict=False)]
     args: list[Any] = []
     for (x, w, b, _), y in zip(pairs, outs, strict=True):
-        args += [x, w, b if b is not None else y, y, w.shape[0], x.stride(1), w.stride(0)]
+        bias = b.contiguous() if b is not None else y  # the kernel reads it at unit stride
+        args += [x, w, bias, y, w.shape[0], x.stride(1), w.stride(0)]
     if not two:
         args += args[:]
     args.append(progs[0])
