@@ -556,6 +556,13 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: 
             row["ember_speedup"] = round(row["eager_ms"] / row["ember_ms"], 3)
             graphs = recorded_graphs(cf)
             row["cuda_graphs"] = len(graphs)
+            # the outputs of a call as timed (a replay, where ember recorded): right too
+            timed = cf(*args)
+            again = rel_err(timed, want)
+            row["ember_timed_vs_eager"] = again
+            row["ember_correct"] = row.get("ember_correct", False) and correct(
+                again, rel_err(timed, ref32) if ref32 is not None else None,
+                row.get("eager_vs_f32"))
             if graphs:  # the same compiled code launched kernel by kernel, for comparison
                 for rec in graphs:
                     rec.skipped = "timed without its recording (gpu_cuda_suite)"
