@@ -28,7 +28,7 @@ interpreter, with the reason).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,8 +174,8 @@ def _dims(dims: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _widest_bytes(node: Node) -> int:  # of the kernel's inputs (4 where it has none)
-    return max([_tensor(v).dtype.torch.itemsize for v in node.args[1:]
+def _widest_bytes(node: Node, how: Callable[[list[int]], int] = max) -> int:  # inputs
+    return how([_tensor(v).dtype.torch.itemsize for v in node.args[1:]
                 if isinstance(v, Value)] or [4])
 
 
@@ -670,7 +670,8 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         for k, red in enumerate(order):
             rn = _numel(red.rranges)
             red.persistent = _is_static(rn) and bool(user.get("cuda_persistent", rn <= RMAX or (
-                rn <= PMAX_ROW and rn * _widest_bytes(node) <= 65536)))
+                rn <= PMAX_ROW and rn * _widest_bytes(node) <= 65536
+                and rn * _widest_bytes(node, sum) <= 131072)))  # (registers: all inputs)
             red.block = next_pow2(rn) if red.persistent else user.get("cuda_rblock", RMAX // 4)
             red.name = f"red{k}"
             widest = max(widest, red.block)
