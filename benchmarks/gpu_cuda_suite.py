@@ -479,7 +479,7 @@ def eager_notes(r: dict[str, Any]) -> list[str]:
     out = [*r.get("fallbacks", []), *(f"graph break: {b}" for b in r.get("graph_breaks", []))]
     out += r.get("eager_notes", [])
     out += [f"on the reference: {k}" for k in r.get("on_reference", {})]
-    if r.get("compiled") is False and not out:
+    if r.get("compiled") is False:  # said even next to the breaks that caused it
         out.append("NOT COMPILED")
     return out
 

@@ -74,16 +74,21 @@ def test_timeout_interrupts_and_escapes_broad_excepts(suite: ModuleType) -> None
 def test_report_lists_failed_models_and_geomeans_the_rest(suite: ModuleType) -> None:
     rows = [
         {"section": "models", "model": "a", "eager_ms": 2.0, "tc_ms": 1.0, "ember_ms": 1.0,
-         "tc_speedup": 2.0, "ember_speedup": 2.0},
+         "tc_speedup": 2.0, "ember_speedup": 2.0, "ember_correct": True, "tc_correct": True},
         {"section": "models", "model": "b", "eager_ms": 2.0, "tc_ms": 1.0, "tc_speedup": 2.0,
          "ember_error": "RuntimeError: no"},
         {"section": "models", "model": "c", "error": "timeout: timed out after 90 s"},
         {"section": "models", "model": "d", "eager_ms": 1.0, "tc_ms": 0.5, "ember_ms": 2.0,
-         "tc_speedup": 2.0, "ember_speedup": 0.5, "error": "timeout: timed out after 90 s"},
+         "tc_speedup": 2.0, "ember_speedup": 0.5, "error": "timeout: timed out after 90 s",
+         "ember_correct": True, "tc_correct": True},
+        # timed but wrong: left out of the geomean
+        {"section": "models", "model": "e", "eager_ms": 2.0, "tc_ms": 1.0, "ember_ms": 0.1,
+         "tc_speedup": 2.0, "ember_speedup": 20.0, "ember_correct": False, "tc_correct": True},
     ]
     md = suite.markdown(rows, {"gpu": "none"}, 4.0)
     assert "| c | error: timeout: timed out after 90 s |" in md
     assert "RuntimeError: no" in md
     line_d = next(ln for ln in md.splitlines() if ln.startswith("| d |"))
     assert "timed out" in line_d and line_d.count("|") == 16
-    assert "(2 of 4 models, those both compilers ran): torch.compile 2.00x, ember 1.00x" in md
+    assert ("(2 of 5 models, those both compilers ran and got right): torch.compile 2.00x, "
+            "ember 1.00x") in md

@@ -6,7 +6,7 @@ small pointwise kernels between them. On the H200 each launch inside a CUDA grap
 beyond its bytes (launch, ramp-up, DRAM latency, tail: the 13 MB dense GEMV takes 6 us where
 4.2 TB/s would be 3.1), so launches, not bandwidth, are what is left to cut. `gemv_pair` runs
 two products y1 = x1 @ w1.T (+ b1, GELU), y2 = x2 @ w2.T (+ b2, GELU) as one launch: programs
-[0, P1) take w1's rows, the rest w2's, each with its own block sizes (gemv.py's `config`). The
+[0, P1) take w1's rows, the rest w2's, each with its own block sizes (gemv_blocks.py's `config`). The
 `decode-gemv` pass pairs a GEMV with a later one whose input does not depend on it (a GPT-NeoX
 layer's QKV with h_to_4h, which reads the other layernorm of the same residual; the dense with
 4h_to_h) and absorbs the bias add and an erf GELU that read only its result.
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ember.inductor.targets.cuda.gemv import config
+from ember.inductor.targets.cuda.gemv_blocks import config
 
 ACTS = {None: 0, "gelu": 1}
 
@@ -81,7 +81,7 @@ def gemv_pair(x1: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, act1:
     """(x1 @ w1.T + b1 [GELU], x2 @ w2.T + b2 [GELU]) in one launch (the second product
     optional: then one GEMV with its epilogue). x [1, K], w [N, K] with unit stride along K,
     b [N] or None, act None or "gelu". `blocks`: (BLOCK_N, BLOCK_K, warps) per product
-    (default gemv.config's); the kernel takes the larger warp count."""
+    (default gemv_blocks.config's); the kernel takes the larger warp count."""
     two = w2 is not None
     _check(x1, w1, b1, act1)
     if two:
