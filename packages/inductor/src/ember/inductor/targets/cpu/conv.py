@@ -99,10 +99,8 @@ def _channels_last_producers(g: Graph) -> None:
                 or readers.get(x, 0) < 2 or x in g.outputs \
                 or not isinstance(x.type, TensorType) or x.type.rank != 4:
             continue
-        prim = PRIMS_BY_OP.get(p.op)
-        cat = p.op == "prims.concatenate" and p.kwargs.get("dim") == 1 and len(p.args) == 1 \
-            and isinstance(p.args[0], list)
-        if not cat and (prim is None or not prim.elementwise):
+        cat = _channel_cat(p)
+        if not cat and not _elementwise(p):
             continue
         operands = p.args[0] if cat else p.args
         assert isinstance(operands, list)
@@ -126,6 +124,17 @@ def _channels_last_producers(g: Graph) -> None:
         g.nodes = [m for n in g.nodes for m in swap.get(id(n), [n])]
 
 
+def _channel_cat(p: Node) -> bool:
+    """A concatenation of a list of values along the channels (dim 1)."""
+    return p.op == "prims.concatenate" and p.kwargs.get("dim") == 1 and len(p.args) == 1 \
+        and isinstance(p.args[0], list)
+
+
+def _elementwise(p: Node) -> bool:
+    prim = PRIMS_BY_OP.get(p.op)
+    return prim is not None and prim.elementwise
+
+
 ROOT_DEPTH = 8  # single-reader nodes walked back from a convolution's input
 
 
@@ -143,10 +152,8 @@ def _roots(x: Value, readers: dict[Value, int]) -> list[Value]:
         p = v.node
         if p is None or depth >= ROOT_DEPTH or len(p.results) != 1 or v.type is None:
             continue
-        prim = PRIMS_BY_OP.get(p.op)
-        cat = p.op == "prims.concatenate" and p.kwargs.get("dim") == 1 and len(p.args) == 1 \
-            and isinstance(p.args[0], list)
-        if not cat and (prim is None or not prim.elementwise):
+        cat = _channel_cat(p)
+        if not cat and not _elementwise(p):
             continue
         vt = v.type
         for a in (p.args[0] if cat else p.args):  # type: ignore[union-attr]
