@@ -16,6 +16,17 @@ graph breaks with reasons and frames it failed on). Then warm-up calls and `--re
 repetitions interleaved round robin (order rotating; tiny calls batched to >= 5 ms per sample).
 The worker writes one JSON line per step, so a timeout still reports the steps that finished.
 
+Cold compile is reported as wall seconds and as CPU seconds: the worker's own CPU plus its
+children's (`os.times`: g++ runs it waited for) plus what its still-running descendants used
+meanwhile (read from /proc: torch.compile's compile-worker pool, ember's build processes).
+
+`--clock thread` (the census mode for a loaded machine) times each call by the calling thread's
+CPU time (`time.thread_time`) instead of wall time: with `--threads 1` (every kernel, OpenMP
+included, runs on that thread) it is the call's own work, little moved by other processes on
+the machine, where wall time under load is mostly waiting. With more threads it would count
+only the main thread (and its OpenMP spin-waits): use it with `--threads 1`.
+    python benchmarks/zoo.py --threads 1 --clock thread --reps 5 --no-warm --shard 1/2
+
 Correct = `torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-3 * max(1, max|eager|),
 equal_nan=True)` on the logits (or last hidden state) — an absolute tolerance relative to the
 output's scale, since random-weight deep nets have outputs of very different magnitudes.
@@ -195,15 +206,55 @@ class Ember:
         return info
 
 
-def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float) -> int:
-    t = time.perf_counter()
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def _descendants_cpu() -> dict[int, float]:
+    """CPU seconds (own + reaped children's) of every live descendant process, by pid, from
+    /proc (empty where there is no /proc)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            # after the command's ")": state, ppid, ... utime stime cutime cstime at 11..14
+            parent[int(d.name)] = int(rest[1])
+            cpu[int(d.name)] = sum(int(x) for x in rest[11:15]) / tick
+    me, out = os.getpid(), {}
+    for pid in cpu:
+        p, seen = parent.get(pid), 0
+        while p is not None and p > 1 and seen < 64:
+            if p == me:
+                out[pid] = cpu[pid]
+                break
+            p, seen = parent.get(p), seen + 1
+    return out
+
+
+def _cpu_mark() -> tuple[float, dict[int, float]]:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system, _descendants_cpu()
+
+
+def _cpu_since(mark: tuple[float, dict[int, float]]) -> float:
+    """CPU seconds since `mark`: this process, children it reaped, and live descendants."""
+    own, desc = _cpu_mark()
+    return own - mark[0] + sum(c - mark[1].get(pid, 0.0) for pid, c in desc.items())
+
+
+def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float,
+               clock: Callable[[], float] = time.perf_counter) -> int:
+    t = clock()
     f(*args)
-    once = max(time.perf_counter() - t, 1e-7)
+    once = max(clock() - t, 1e-7)
     return max(1, min(10_000, math.ceil(min_sample_s / once)))
 
 
 def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
-           warm: bool, check_only: bool = False, ember_backend: str = "inductor") -> int:
+           warm: bool, check_only: bool = False, ember_backend: str = "inductor",
+           clock_name: str = "wall") -> int:
+    clock = CLOCKS[clock_name]
     try:
         import importlib
         importlib.import_module(LIBRARY[model.family])
@@ -237,10 +288,12 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
             tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
             try:
                 c.cold(tmp)
+                mark = _cpu_mark()
                 t = time.perf_counter()
                 compiled = c.make(fn)
                 got = compiled(*args)
                 cold_s = time.perf_counter() - t
+                cold_cpu_s = _cpu_since(mark)
                 c.after_cold()
                 check = compare(got, want)
                 if check_only and check == "ok":  # a second call: guards, caches, recompiles
@@ -253,7 +306,8 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
                     compiled = c.make(fn)
                     compiled(*args)
                     warm_s = time.perf_counter() - t
-                emit("compiled", who=who, cold_s=cold_s, warm_s=warm_s, check=check,
+                emit("compiled", who=who, cold_s=cold_s, cold_cpu_s=cold_cpu_s,
+                     warm_s=warm_s, check=check,
                      info=c.describe(compiled))
                 runs[who] = compiled
             except Exception as e:  # noqa: BLE001  (the compiler failed: its result, not ours)
@@ -267,17 +321,17 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
             except Exception as e:  # noqa: BLE001
                 emit("run_error", who=n, error=_short(e))
                 del runs[n]
-        number = _calibrate(fn, args, 0.005)
+        number = _calibrate(fn, args, 0.005, clock)
         samples: dict[str, list[float]] = {n: [] for n in runs}
         names = list(runs)
         for r in range(reps):
             k = r % len(names)
             for n in names[k:] + names[:k]:
                 f = runs[n]
-                t = time.perf_counter()
+                t = clock()
                 for _ in range(number):
                     f(*args)
-                samples[n].append((time.perf_counter() - t) / number * 1e3)
+                samples[n].append((clock() - t) / number * 1e3)
         timings = {}
         for n, s in samples.items():
             q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
@@ -341,7 +395,7 @@ def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdi
            "--events", str(ev_path), "--threads", str(a.threads), "--reps", str(a.reps),
            "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
         + ([] if a.warm else ["--no-warm"]) + (["--check-only"] if a.check_only else []) \
-        + ["--ember-backend", a.ember_backend]
+        + ["--ember-backend", a.ember_backend, "--clock", a.clock]
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
 
     def pin() -> None:  # (inherited by g++ and inductor's compile workers)
@@ -507,6 +561,12 @@ def _cell(rec: dict[str, Any], who: str) -> str:
     return ", ".join(bits)
 
 
+def _compile_cell(c: dict[str, Any]) -> str:
+    """'cold (CPU) / warm' seconds; the CPU seconds where the run recorded them."""
+    cpu = f" ({_f(c['cold_cpu_s'])} CPU)" if c.get("cold_cpu_s") is not None else ""
+    return f"{_f(c.get('cold_s'))}{cpu} / {_f(c.get('warm_s'))}"
+
+
 def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str]) -> str:
     m, v, s = meta["machine"], meta["versions"], summary(records, compilers)
     out = [f"# ember model zoo, {meta['date']}", "",
@@ -532,7 +592,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
         if " / " in k:
             out.append(f"- geomean of {k} speedups: {_f(x, '×')}")
     head = ["model", "eager ms"] + [f"{w} ms" for w in compilers] + [f"{w} ×" for w in compilers] \
-        + [f"{w} cold / warm s" for w in compilers] + compilers
+        + [f"{w} cold (CPU) / warm s" for w in compilers] + compilers
     out += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         con = r["contenders"]
@@ -541,8 +601,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
         cells = [r["name"], _f(con.get("eager", {}).get("ms"))]
         cells += [_f(con.get(w, {}).get("ms")) for w in compilers]
         cells += [_f(_speedup(r, w), "×") for w in compilers]
-        cells += [f"{_f(con.get(w, {}).get('cold_s'))} / {_f(con.get(w, {}).get('warm_s'))}"
-                  for w in compilers]
+        cells += [_compile_cell(con.get(w, {})) for w in compilers]
         cells += [_cell(r, w) if r["status"] == "done" else
                   f"{r['status'].upper()}: {_cell(r, w)}" for w in compilers]
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
@@ -587,9 +646,14 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             "slots": slots(a), "tiny": a.tiny, "shard": a.shard,
             "check_only": a.check_only, "ember_backend": a.ember_backend,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
+            "clock": a.clock,
             "method": f"each model in its own process; {a.reps} interleaved repetitions per "
-                      f"contender (round robin, order rotating), median ms; cold s = first call "
-                      f"with empty caches in a fresh process, warm s = first call of a new "
+                      f"contender (round robin, order rotating), median ms of "
+                      + ("the calling thread's CPU time (time.thread_time) per call; " if
+                         a.clock == "thread" else "wall time per call; ")
+                      + f"cold s = first call "
+                      f"with empty caches in a fresh process (wall; CPU = the process, its "
+                      f"children and its live descendants), warm s = first call of a new "
                       f"compiled object with the disk caches kept; correct = assert_close vs "
                       f"eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's output)); "
                       f"inference under torch.no_grad(), f32, random weights."
@@ -681,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
                          "compiled function is called twice and both outputs checked")
     ap.add_argument("--ember-backend", default="inductor",
                     help="ember's backend (e.g. eager: capture's graph breaks without codegen)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="time calls by wall time, or by the calling thread's CPU time "
+                         "(thread: for a loaded machine, with --threads 1)")
     ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
     ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
     ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
@@ -700,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
         m = model_named(a.worker)
         assert m is not None, a.worker
         return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
-                      a.warm, a.check_only, a.ember_backend)
+                      a.warm, a.check_only, a.ember_backend, a.clock)
     models = select(a)
     if a.list:
         for m in models:
