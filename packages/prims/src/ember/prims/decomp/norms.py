@@ -116,6 +116,17 @@ def normalize(ctx: DecompContext, x: Value, dims: Sequence[int], eps: float
     return ctx.prim("mul", xc, expand_back(ctx, rstd, ctx.shape(x), dims)), mean, rstd, m2
 
 
+def _last_dims(ctx: DecompContext, input: Value, normalized_shape: Sequence[Any]) -> list[int]:
+    """The dims a layer or RMS norm normalizes over: the last len(normalized_shape) of input's
+    (their sizes are the input's, so symbolic sizes need no literal)."""
+    rank = ctx.rank(input)
+    axis = rank - len(normalized_shape)
+    if not normalized_shape or axis < 0:
+        raise DecompositionError(f"{ctx.node.op}: normalized_shape {normalized_shape} does not "
+                                 f"fit {ctx.ttype(input)}")
+    return list(range(axis, rank))
+
+
 @register_decomposition("aten.native_layer_norm.default")
 def native_layer_norm(ctx: DecompContext, input: Value, normalized_shape: list[Any],
                       weight: Value | None, bias: Value | None, eps: float
@@ -123,11 +134,7 @@ def native_layer_norm(ctx: DecompContext, input: Value, normalized_shape: list[A
     """Normalizes over the last len(normalized_shape) dims (their sizes are the input's, so
     symbolic sizes need no literal); mean and rstd keep those dims as size 1."""
     rank = ctx.rank(input)
-    axis = rank - len(normalized_shape)
-    if not normalized_shape or axis < 0:
-        raise DecompositionError(f"{ctx.node.op}: normalized_shape {normalized_shape} does not "
-                                 f"fit {ctx.ttype(input)}")
-    dims = list(range(axis, rank))
+    dims = _last_dims(ctx, input, normalized_shape)
     x = ctx.convert(input, opmath(ctx.dtype(input)))
     y, mean, rstd, _ = normalize(ctx, x, dims, eps)
     y = _affine(ctx, y, weight, bias, dims)
@@ -144,11 +151,7 @@ def _fused_rms_norm(ctx: DecompContext, input: Value, normalized_shape: list[Any
     (as eager's composite rms_norm); eps None is the opmath type's epsilon. Returns (output,
     rstd kept as size-1 dims)."""
     rank = ctx.rank(input)
-    axis = rank - len(normalized_shape)
-    if not normalized_shape or axis < 0:
-        raise DecompositionError(f"{ctx.node.op}: normalized_shape {normalized_shape} does not "
-                                 f"fit {ctx.ttype(input)}")
-    dims = list(range(axis, rank))
+    dims = _last_dims(ctx, input, normalized_shape)
     comp = opmath(ctx.dtype(input))
     if eps is None:
         eps = float(torch.finfo(comp.torch).eps)
