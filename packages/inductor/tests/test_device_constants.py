@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from ember.capture import capture
@@ -51,3 +52,77 @@ def test_a_cpu_value_the_caller_gets_back_stays_refused() -> None:
     m = _captured(returned_on_cpu, torch.randn(2, 3, device="meta"))
     assert scalar_inputs_to_device(m) is None
     assert set(mixed_devices(m)) == {"cpu", "meta"}
+
+
+def scaled_attention(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    # HF deberta-v2's `scaled_size_sqrt`: a CPU constant, a 0-dim mul and sqrt on the CPU, read
+    # by the device's div as a scalar operand (found on the H200: "tensors on several devices")
+    scale = torch.sqrt(torch.tensor(q.size(-1), dtype=torch.float) * 2)
+    return torch.softmax(q @ (k.transpose(-1, -2) / scale), -1)
+
+
+def randomly_scaled(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rand(())
+
+
+def _deberta_on(device: str) -> tuple[Any, tuple[torch.Tensor, torch.Tensor]]:
+    q, k = torch.randn(2, 4, 8, device=device), torch.randn(2, 4, 8, device=device)
+    return _captured(scaled_attention, q, k), (q, k)
+
+
+def test_zero_dim_cpu_values_read_as_scalars_are_computed_on_the_device() -> None:
+    m, _ = _deberta_on("meta")
+    cpu = {u.producer for u in mixed_devices(m)["cpu"]}
+    assert cpu == {"input", "aten.mul.Tensor", "aten.sqrt.default"}
+    moved = scalar_inputs_to_device(m)
+    assert moved is not None
+    g = moved.module.graph()
+    (at,) = moved.positions[g.name]  # the lifted constant, moved per call (once: same tensor)
+    assert g.params[at].type.shape == () and g.params[at].type.device == "meta"
+    sqrt = next(n for n in g.nodes if n.op == "aten.sqrt.default")
+    assert sqrt.results[0].type.device == "meta"
+    assert not mixed_devices(moved.module)
+    verify(parse(str(moved.module)))
+
+
+def test_a_random_cpu_value_stays_refused() -> None:
+    # the CPU's generator and the device's give different numbers: not moved
+    m = _captured(randomly_scaled, torch.randn(2, 3, device="meta"))
+    assert "cpu" in mixed_devices(m)
+    assert scalar_inputs_to_device(m) is None
+
+
+def test_the_cuda_target_compiles_the_scalar_chain_into_its_kernels() -> None:
+    # code generation only (no GPU): the retyped graph on cuda:0 through inductor-cuda; the
+    # sqrt of the moved constant is computed in a Triton kernel that takes it as an argument
+    pytest.importorskip("triton", reason="the Triton target needs the triton package")
+    import ember.inductor.targets.cuda  # noqa: F401  (the inductor-cuda pipelines)
+    from ember.inductor.targets import module_devices
+    from ember.ir.passes import run_pipeline
+
+    m, _ = _deberta_on("meta")
+    moved = scalar_inputs_to_device(m)
+    assert moved is not None
+    text = str(moved.module).replace("@meta", "@cuda:0").replace('"meta"', '"cuda:0"')
+    on_cuda = parse(text)
+    assert module_devices(on_cuda) == {"cuda:0"}  # one device: what target_for accepts
+    out = run_pipeline(on_cuda, "decompose,cse,dce,inductor-cuda")
+    g = out.graph()
+    (c,) = [p for p in g.params if p.name.startswith("c_")]
+    assert c.type.device == "cuda:0" and c.type.shape == ()
+    (call,) = [n for n in g.nodes if n.op == "kernels.call" and c in n.args]
+    name = call.args[0].name
+    kernel = str(out).split(f"kernel @{name} ", 1)[1].split('"""', 2)[1]
+    assert "tl.sqrt_rn(" in kernel and f"%{c.name}.load" in kernel
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_deberta_scale_compiles_on_cuda_without_a_fallback() -> None:
+    import ember.runtime as er
+
+    q, k = torch.randn(2, 4, 8, device="cuda"), torch.randn(2, 4, 8, device="cuda")
+    c = er.compile(scaled_attention)
+    for _ in range(3):
+        torch.testing.assert_close(c(q, k), scaled_attention(q, k))
+    rep = er.explain(c)
+    assert not rep.fallbacks, rep.fallback_summary

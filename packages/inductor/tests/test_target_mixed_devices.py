@@ -94,13 +94,20 @@ def test_zero_dim_cpu_inputs_are_retyped_onto_the_graphs_device() -> None:
         assert target_for(moved.module).device_kind == "cuda"
 
 
-def test_only_zero_dim_cpu_inputs_are_moved() -> None:
-    # a CPU vector, or a CPU value a node makes, is a real mixed graph: refused, named
-    assert scalar_inputs_to_device(parse(_MIXED)) is None
+def test_cpu_values_eager_would_accept_are_moved_others_refused() -> None:
+    # a 0-dim CPU value a node makes from a CPU input (eager reads it as a scalar operand),
+    # and an unused CPU input, are computed on / moved to the device (device_constants.py)
+    assert scalar_inputs_to_device(parse(_MIXED)) is not None
     made = _SCALAR.replace("%s: f32[]) ->", "%s: f32[3]) ->").replace(
         "%y = aten.mul.Tensor(%x, %s)", "%t = aten.sum.default(%s) : f32[]\n"
         "  %y = aten.mul.Tensor(%x, %t)")
-    assert scalar_inputs_to_device(parse(made)) is None
+    moved = scalar_inputs_to_device(parse(made))
+    assert moved is not None and moved.positions == {"forward": (1,)}
+    verify(moved.module)
+    assert mixed_devices(moved.module) == {}
+    # a CPU vector read by a device op without a copy (eager refuses it too): refused, named
+    vector = _SCALAR.replace("%s: f32[]) ->", "%s: f32[4]) ->")
+    assert scalar_inputs_to_device(parse(vector)) is None
     assert scalar_inputs_to_device(parse(_ONE)) is None  # one device: nothing to do
 
 
@@ -110,6 +117,19 @@ def test_move_puts_the_scalar_inputs_on_the_device_once_per_call() -> None:
     out = moved.move("forward", [x, s])
     assert out[0] is x and out[1].device.type == "meta" and s.device.type == "cpu"
     assert moved.move("other", [x, s]) == [x, s]
+
+
+def test_the_same_unchanged_cpu_input_is_moved_once() -> None:
+    # a constant lifted to an input is the same tensor every call: one copy to the device;
+    # a new tensor, or the same one changed in place, is moved again
+    moved = ScalarInputs(parse(_SCALAR), "meta", {"forward": (1,)})
+    x, s = torch.ones(4), torch.tensor(2.0)
+    first = moved.move("forward", [x, s])[1]
+    assert moved.move("forward", [x, s])[1] is first
+    s.add_(1)
+    again = moved.move("forward", [x, s])[1]
+    assert again is not first
+    assert moved.move("forward", [x, torch.tensor(2.0)])[1] is not again
 
 
 _MOVED_CONSTANT = """ember.ir 1.0
@@ -129,8 +149,12 @@ def test_a_cpu_constant_only_copied_to_the_device_is_moved_too() -> None:
     assert moved is not None and moved.positions == {"forward": (1,)}
     verify(moved.module)
     assert mixed_devices(moved.module) == {}
-    # a CPU input used by anything else stays a refused mixed graph
+    # a CPU value computed from it and returned (the caller expects it on the CPU) stays a
+    # refused mixed graph
     used = _MOVED_CONSTANT.replace("[%d, %x], 0) : f32[2, 3]@cuda:0",
                                    "[%d, %x], 0) : f32[2, 3]@cuda:0\n"
-                                   "  %e = aten.neg.default(%c) : f32[0, 3]")
+                                   "  %e = aten.neg.default(%c) : f32[0, 3]").replace(
+        "-> (f32[2, 3]@cuda:0)", "-> (f32[2, 3]@cuda:0, f32[0, 3])").replace(
+        "return (%y)", "return (%y, %e)")
+    verify(parse(used))
     assert scalar_inputs_to_device(parse(used)) is None

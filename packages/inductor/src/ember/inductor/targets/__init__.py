@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ember.inductor.body import body_names
-from ember.ir import Graph, Module, Node, TensorType, Value
+from ember.ir import Graph, Module, Node, TensorType
 from ember.ir.passes import PipelineError
 
 # lowering.Rule, spelled loosely here: targets/ is imported by lowering.py
@@ -184,14 +184,18 @@ def mixed_reason(uses: Mapping[str, list[DeviceUse]], shown: int = 4) -> str:
 
 @dataclass(frozen=True)
 class ScalarInputs:
-    """CPU inputs of a graph otherwise on one device, retyped onto it: 0-dim ones (eager reads
-    such a tensor as a scalar operand of a CUDA op; torch.compile moves it likewise) and ones
-    only ever copied to the device. The caller moves them there once per call. `positions`:
-    per graph, the parameters to move."""
+    """CPU inputs of a graph otherwise on one device, retyped onto it (targets/
+    device_constants.py: 0-dim ones, eager's scalar operands of device ops, and ones the graph
+    computes from or copies to the device). The caller moves them there per call; an input
+    seen before, the same tensor unchanged (a constant lifted to an input, the same object
+    every call), is moved once. `positions`: per graph, the parameters to move."""
 
     module: Module
     device: str
     positions: dict[str, tuple[int, ...]]
+    # (graph, position) -> (the CPU tensor, its version, its copy on the device)
+    _moved: dict[tuple[str, int], tuple[torch.Tensor, int, torch.Tensor]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def move(self, graph: str, inputs: Sequence[Any]) -> Sequence[Any]:
         at = self.positions.get(graph)
@@ -201,55 +205,34 @@ class ScalarInputs:
         for i in at:
             x = out[i]
             if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+                seen = self._moved.get((graph, i))
+                if seen is not None and seen[0] is x and seen[1] == x._version:
+                    out[i] = seen[2]
+                    continue
                 out[i] = x.to(self.device, non_blocking=True)
+                self._moved[(graph, i)] = (x, x._version, out[i])
         return out
 
 
-def _only_moved(m: Module, u: DeviceUse, kind: str) -> bool:
-    """Every use of input `u` copies it to a device of `kind`: a constant the model built with
-    `torch.tensor([], device=...)` is made on the CPU and moved (the lifted constant is the
-    CPU tensor; a DynamicCache's first keys on transformers 5.17)."""
-    g = m.graph(u.graph)
-    users = [n for n in g.nodes
-             if any(isinstance(a, Value) and a.name == u.name
-                    for a in [*n.args, *n.kwargs.values()])]
-    return bool(users) and all(
-        n.op == "aten._to_copy.default" and isinstance(n.kwargs.get("device"), str)
-        and device_kind(str(n.kwargs["device"])) == kind for n in users)
-
-
 def scalar_inputs_to_device(m: Module) -> ScalarInputs | None:
-    """Where every value off the module's main device is a CPU graph input that is 0-dim or
-    only copied to the device, and the main device is one non-CPU device: a copy of the
-    module with those inputs typed on it (a node that mixes a 0-dim one with a device tensor
-    is typed on the device already; with no CPU node result, no node reads one alone on the
-    CPU). None otherwise: a real mixed graph, refused by `target_for` with its values named."""
+    """Where every value off the module's main device (one non-CPU device) is a CPU value
+    computed on that device just as well (`cpu_values_to_device`): a copy of the module with
+    them typed on it, and the CPU inputs to move. None otherwise: a real mixed graph, refused
+    by `target_for` with its values named."""
+    from ember.inductor.targets.device_constants import cpu_values_to_device
+
     uses = mixed_devices(m)
-    if set(uses) - {"cpu"} == set() or len(uses) != 2 or "cpu" not in uses:
+    if len(uses) != 2 or "cpu" not in uses:
         return None
     main = next(k for k in uses if k != "cpu")
     devices = {u.type.device for u in uses[main]}
-    if len(devices) == 1:  # CPU constants moved to the device: made there (device_constants)
-        from ember.inductor.targets.device_constants import constants_to_device
-        moved = constants_to_device(m, top_graphs(m), next(iter(devices)))
-        if moved is not None and not mixed_devices(moved):
-            return ScalarInputs(moved, next(iter(devices)), {})
-    if len(devices) != 1 or not all(u.producer == "input" and (u.scalar or _only_moved(
-            m, u, main)) for u in uses["cpu"]):
+    if len(devices) != 1:
         return None
     device = next(iter(devices))
-    out = m.clone()
-    positions: dict[str, tuple[int, ...]] = {}
-    for g in top_graphs(out):
-        at = []
-        for i, p in enumerate(g.params):
-            t = p.type
-            if isinstance(t, TensorType) and device_kind(t.device) == "cpu":
-                p.type = TensorType(t.dtype, t.shape, t.strides, device)
-                at.append(i)
-        if at:
-            positions[g.name] = tuple(at)
-    return ScalarInputs(out, device, positions)
+    moved = cpu_values_to_device(m, top_graphs(m), device)
+    if moved is None or mixed_devices(moved[0]):
+        return None
+    return ScalarInputs(moved[0], device, moved[1])
 
 
 def target_for(m: Module, graphs: Iterable[Graph] | None = None) -> Target:

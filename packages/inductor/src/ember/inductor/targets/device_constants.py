@@ -1,14 +1,20 @@
-"""CPU constants of a device graph computed on the device: `~torch.zeros(shape).to(device)`.
+"""The CPU values of a device graph computed on the device: what eager would have moved.
 
-A model that builds a tensor without a device and moves it (timm's edgenext: its positional
-encoding's mask is `torch.zeros(shape).to(device=weight.device)`) is captured with that tensor
-made on the CPU: a CUDA graph holding CPU values, which no target compiles ("tensors on several
-devices"). Where those CPU values come from no graph input (factory ops and what is computed
-from them alone), are no result of the graph, and reach the device only through copies to it,
-computing them on the device gives the same values (the ops are the same, on the same
-dtypes): `constants_to_device` retypes them onto the graph's device, and the copies become
-same-device copies. Anything else off the device stays as it was (refused with its values
-named, or moved per call by `ScalarInputs` when it is an input).
+A model captured with CUDA inputs can still hold CPU tensors, made without a device:
+- timm's edgenext builds `~torch.zeros(shape).to(device=weight.device)`: a CPU factory result
+  reaching the device only through a copy;
+- HF deberta-v2 scales attention by `torch.sqrt(torch.tensor(q.size(-1), dtype=float) * s)`:
+  a 0-dim CPU constant (lifted to a graph input), a 0-dim `mul` and `sqrt` on the CPU, read
+  by a CUDA `div` as a scalar operand (eager allows 0-dim CPU operands of CUDA ops; so does
+  torch.compile);
+- transformers' caches make `torch.tensor([], device=...)`: a CPU input only copied to the
+  device; a static cache's `cumulative_length` is a 0-dim CPU input.
+A graph holding them is a CUDA graph with CPU values, which no target compiles ("tensors on
+several devices"). Where every CPU value is of those kinds, computing it on the device gives
+the values eager would have (the same ops on the same dtypes; only random ops differ by
+device, and they stay refused): `cpu_values_to_device` retypes the CPU nodes onto the graph's
+device and names the CPU inputs the caller moves there (`ScalarInputs`, which moves an input
+it saw before, unchanged, once). Anything else stays refused with its values named.
 """
 
 from __future__ import annotations
@@ -16,65 +22,88 @@ from __future__ import annotations
 from ember.ir import Graph, Module, Node, TensorType, Value
 
 _COPY = "aten._to_copy.default"
+# ops whose values depend on the device's generator: computed elsewhere, they would differ
+_RANDOM = ("rand", "bernoulli", "normal", "dropout", "multinomial", "exponential", "poisson",
+           "uniform", "cauchy", "geometric", "philox")
 
 
 def _device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def _on_cpu(v: Value) -> bool:
+    return isinstance(v.type, TensorType) and _device_kind(v.type.device) == "cpu"
+
+
+def _operands(n: Node) -> list[Value]:
+    return [a for a in [*n.args, *n.kwargs.values()] if isinstance(a, Value)]
+
+
 def _cpu_results(n: Node) -> bool:
-    return any(isinstance(r.type, TensorType) and _device_kind(r.type.device) == "cpu"
-               for r in n.results)
+    return any(_on_cpu(r) for r in n.results)
 
 
-def _movable(g: Graph, device: str) -> list[Node] | None:
-    """The nodes of `g` that compute CPU values from no input, when every such value is used
-    only by such nodes or by copies to `device` and none is returned; None when some CPU
-    value of `g` is not of that kind."""
-    params = {p for p in g.params if isinstance(p.type, TensorType)}
-    if any(_device_kind(p.type.device) == "cpu" for p in params  # type: ignore[union-attr]
-           ):
-        return None
-    cpu = [n for n in g.nodes if _cpu_results(n)]
-    made = {r for n in cpu for r in n.results}
-    if not cpu or any(o in made for o in g.outputs):
-        return None
-    for n in cpu:  # computed from constants only: every tensor operand is such a CPU value
-        for a in [*n.args, *n.kwargs.values()]:
-            if isinstance(a, Value) and isinstance(a.type, TensorType) and a not in made:
-                return None
+def _why_not(g: Graph, device: str) -> str | None:
+    """Why `g`'s CPU values cannot all be computed on `device` (None: they can). They can
+    where: none is returned; every node with a CPU result has only CPU tensor results, reads
+    only CPU tensors, is not random and names no other device; and every other node reading
+    one is a copy to `device`, or reads only 0-dim ones (eager's scalar operands) into tensor
+    results."""
+    cpu = {p for p in g.params if _on_cpu(p)}
+    for n in g.nodes:
+        if not _cpu_results(n):
+            continue
+        if not all(_on_cpu(r) for r in n.results if isinstance(r.type, TensorType)) or \
+                not all(isinstance(r.type, TensorType) for r in n.results):
+            return f"{n.op} has results on the CPU and elsewhere"
+        if any(isinstance(a.type, TensorType) and a not in cpu for a in _operands(n)):
+            return f"{n.op} reads a {device} tensor into a CPU one (a copy back to the host)"
+        if any(w in n.op for w in _RANDOM):
+            return f"{n.op} is random (its values depend on the device's generator)"
         dev = n.kwargs.get("device")
         if dev is not None and not (isinstance(dev, str) and _device_kind(dev) == "cpu"):
-            return None
-    for n in g.nodes:  # ... and read on the device only through a copy to it
-        if n in cpu:
+            return f"{n.op} names device {dev!r}"
+        cpu.update(n.results)
+    if not cpu:
+        return "it holds no CPU value"
+    if any(o in cpu for o in g.outputs):
+        return "a CPU value is a result of the graph"
+    for n in g.nodes:
+        if _cpu_results(n):
             continue
-        reads = [a for a in [*n.args, *n.kwargs.values()] if isinstance(a, Value) and a in made]
-        if reads and not (n.op == _COPY and n.kwargs.get("device") == device):
-            return None
-    return cpu
+        reads = [a for a in _operands(n) if a in cpu]
+        if not reads or (n.op == _COPY and n.kwargs.get("device") == device):
+            continue
+        if any(isinstance(a.type, TensorType) and a.type.shape for a in reads):
+            return f"{n.op} reads a CPU tensor that is not 0-dim without copying it"
+        if not n.results or not all(isinstance(r.type, TensorType) for r in n.results):
+            return f"{n.op} reads a 0-dim CPU tensor into a host value"
+    return None
 
 
-def constants_to_device(m: Module, graphs: list[Graph], device: str) -> Module | None:
-    """A copy of `m` with the CPU constants of `graphs` (their names) computed on `device`,
-    or None where some graph holds a CPU value of another kind (or none at all)."""
-    names = [g.name for g in graphs]
-    found = {name: _movable(m.graph(name), device) for name in names}
-    if not any(found.values()) or any(
-            v is None and any(_cpu_results(n) for n in m.graph(k).nodes)
-            for k, v in found.items()):
+def cpu_values_to_device(m: Module, graphs: list[Graph], device: str
+                         ) -> tuple[Module, dict[str, tuple[int, ...]]] | None:
+    """A copy of `m` with the CPU values of `graphs` (the module's top graphs) on `device`,
+    and per graph the positions of the CPU parameters the caller moves there; None where a
+    graph holds a CPU value of another kind, or no graph holds one."""
+    why = {g.name: _why_not(g, device) for g in graphs}
+    if all(w is not None for w in why.values()) or any(
+            w is not None and w != "it holds no CPU value" for w in why.values()):
         return None
     out = m.clone()
-    for name in names:
+    positions: dict[str, tuple[int, ...]] = {}
+    for name in (g.name for g in graphs):
         g = out.graph(name)
+        at = tuple(i for i, p in enumerate(g.params) if _on_cpu(p))
+        if at:
+            positions[name] = at
+        for v in [*g.params, *(r for n in g.nodes for r in n.results)]:
+            t = v.type
+            if isinstance(t, TensorType) and _device_kind(t.device) == "cpu":
+                v.type = TensorType(t.dtype, t.shape, t.strides, device)
         for n in g.nodes:
-            if not _cpu_results(n):
-                continue
-            for r in n.results:
-                if isinstance(r.type, TensorType):
-                    t = r.type
-                    r.type = TensorType(t.dtype, t.shape, t.strides, device)
-            if isinstance(n.kwargs.get("device"), str):
+            if isinstance(n.kwargs.get("device"), str) and \
+                    _device_kind(str(n.kwargs["device"])) == "cpu":
                 n.kwargs["device"] = device
         g.result_types = [o.type for o in g.outputs]
-    return out
+    return out, positions
