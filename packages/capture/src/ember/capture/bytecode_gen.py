@@ -148,8 +148,11 @@ _LOCAL_PAIRS = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
 def _split_local_pairs(bc: Bytecode) -> None:
     """Replace 3.13's two-local superinstructions by their two instructions. They pack both
     local indices in 4 bits each; a resume function's stack arguments come first and push the
-    indices past 15, and the `bytecode` package (0.19) splits them only past 16: it packs 16
-    into the 4-bit field, which reads a wrong local."""
+    indices past 15, and the `bytecode` package splits them only past 16 (`> 16` where 4 bits
+    end at 15): it packs 16 into the 4-bit field, which reads a wrong local. Still so in 0.19.1,
+    the newest release, and on its main branch (checked 2026-12-02);
+    test_resume_bytecode.py's `test_the_bytecode_package_still_mispacks_local_16` says when an
+    installed `bytecode` packs it right and this can go."""
     i = 0
     while i < len(bc):
         ins = bc[i]
