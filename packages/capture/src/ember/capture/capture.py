@@ -137,8 +137,9 @@ _ATTEMPTS = 8  # restarts of a dynamic capture (a range narrowed, a symbol made 
 def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      code: types.CodeType | None, policy: Policy) -> Captured | None:
     """The capture with the policy's dims symbolic, recorded twice at different probe sizes
-    (both must give the same graph); None where it has no symbol or does not capture whole
-    (the caller captures with static shapes, graph breaks included)."""
+    (both must give the same graph); the one static recording where no dim became a symbol;
+    None where it does not capture whole (the caller captures with static shapes, graph
+    breaks included)."""
     learnt = Restarts()
     for _ in range(_ATTEMPTS):
         runs: list[Captured] = []
@@ -153,7 +154,9 @@ def _capture_dynamic(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     reset_policy(tokens[1])
                     reset_env(tokens[0])
                 if not env.symbols and not env.unbacked:
-                    return None
+                    # no dim became a symbol: this recording is the static capture (the
+                    # caller would record the same graph again; a first call always is)
+                    return cap
                 runs.append(finish(cap, env, tx.recorder.sym_layouts))
         except Specialize as e:
             if learnt.tie(e.fact, env.symbols):
