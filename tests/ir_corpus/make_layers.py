@@ -138,16 +138,21 @@ def header(p: Program, stage: str) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
+def dumps(p: Program) -> dict[str, str]:
+    """Each stage's file as today's passes and printer write it (what `main` saves)."""
+    src = one_graph(p.source, p.graph)
+    verify(src)
+    return {stage: header(p, stage) + str(run_pipeline(src, pipeline))
+            for stage, pipeline in STAGES.items()}
+
+
 def main(names: list[str] | None = None) -> None:
     LAYERS.mkdir(exist_ok=True)
     for p in programs():
         if names and p.name not in names:
             continue
-        src = one_graph(p.source, p.graph)
-        verify(src)
-        for stage, pipeline in STAGES.items():
-            m = run_pipeline(src, pipeline)
-            (LAYERS / f"{p.name}.{stage}.ir").write_text(header(p, stage) + str(m))
+        for stage, text in dumps(p).items():
+            (LAYERS / f"{p.name}.{stage}.ir").write_text(text)
         expected = p.eager(**{k: v.clone() for k, v in p.inputs.items()})
         stem = LAYERS / p.name
         save_file({k: v.contiguous() for k, v in p.inputs.items()}, f"{stem}.in.safetensors")
