@@ -16,7 +16,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ember.inductor.targets.cuda.inplace import ATTENTION_OP, _attention_infer
+from ember.inductor.targets.cuda.inplace import ATTENTION_OP, _attention_infer, emit_extern
 from ember.ir import DType, Graph, Node, TensorType, Value
 from ember.ir.graph import Arg
 from ember.ir.registry import OpTypeError, default_registry, register_op
@@ -158,6 +158,14 @@ def _identity_views(v: Any) -> Any:
     return v if perm is None or perm == sorted(perm) else None
 
 
+def swap_node(g: Graph, i: int, op: str, args: list[Arg], kwargs: dict[str, Arg]) -> None:
+    """g's node i becomes op(args, kwargs) with the same results (and location)."""
+    n = g.nodes[i]
+    g.nodes[i] = Node(op, args, kwargs, list(n.results), n.loc)
+    for r in n.results:
+        r.node = g.nodes[i]
+
+
 def fold_rope(g: Graph, explain: bool = False) -> int:
     """Rewrite each decode attention whose q and new key row are transformers' rotary of rows
     of one cos/sin into loop.decode_attention_rope; the count."""
@@ -173,9 +181,7 @@ def fold_rope(g: Graph, explain: bool = False) -> int:
                       f"transformers' form on q and k with one cos/sin)", file=sys.stderr)
             continue
         args = [q[0], *n.args[1:4], k[0], n.args[5], q[1], q[2], *n.args[6:]]
-        g.nodes[i] = Node(OP, args, dict(n.kwargs), list(n.results), n.loc)
-        for r in n.results:
-            r.node = g.nodes[i]
+        swap_node(g, i, OP, args, dict(n.kwargs))
         done += 1
         if explain:
             print(f"decode-gemv: @{g.name} %{n.results[0].name}: rotary ({q[3]} dims) in "
@@ -185,13 +191,9 @@ def fold_rope(g: Graph, explain: bool = False) -> int:
 
 def lower_decode_attention_rope(lw: Any, n: Node) -> None:
     """An extern on its operands as they are (strided views of the QKV projection)."""
-    args = [lw.extern_operand(a) for a in n.args if isinstance(a, Value)]
-    outs = lw.b.emit("loop.extern", args, {"op": n.op, **n.kwargs},
-                     types=[r.type for r in n.results], names=[r.name for r in n.results],
-                     loc=n.loc)
-    lw.env.update(zip(n.results, outs, strict=True))
+    emit_extern(lw, n, [lw.extern_operand(a) for a in n.args if isinstance(a, Value)])
 
 
 LOWERINGS = {OP: lower_decode_attention_rope}
 
-__all__ = ["LOWERINGS", "OP", "fold_rope", "lower_decode_attention_rope"]
+__all__ = ["LOWERINGS", "OP", "fold_rope", "lower_decode_attention_rope", "swap_node"]

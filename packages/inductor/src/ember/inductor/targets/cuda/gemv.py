@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ember.inductor.targets.cuda.decode_rope import LOWERINGS as ROPE_LOWERINGS
-from ember.inductor.targets.cuda.decode_rope import fold_rope
+from ember.inductor.targets.cuda.decode_rope import fold_rope, swap_node
 from ember.inductor.targets.cuda.gemv_blocks import MEASURED, config
 from ember.inductor.targets.cuda.gemv_group import LOWERINGS as GROUP_LOWERINGS
 from ember.inductor.targets.cuda.gemv_group import group_gemvs
@@ -170,9 +170,7 @@ def _rewrite(g: Graph, explain: bool, group: bool = True) -> int:
                       f"a transposed [N, K] tensor)", file=sys.stderr)
             continue
         w = p.args[0]
-        g.nodes[i] = Node(OP, [x, w], {}, list(n.results), n.loc)
-        for r in n.results:
-            r.node = g.nodes[i]
+        swap_node(g, i, OP, [x, w], {})
         done += 1
         if explain:
             print(f"decode-gemv: @{g.name} %{n.results[0].name}: Triton GEMV "

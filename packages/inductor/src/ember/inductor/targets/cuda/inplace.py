@@ -367,6 +367,15 @@ def cache_inplace(module: Module, *, explain: bool = False, attention: bool = Fa
     return out
 
 
+def emit_extern(lw: Any, n: Node, args: list[Value]) -> None:
+    """n as a `loop.extern` of its op on `args` (the lowered operands) and its kwargs, its
+    results renamed fresh (the externs of this target and decode_rope.py)."""
+    outs = lw.b.emit("loop.extern", args, {"op": n.op, **n.kwargs},
+                     types=[r.type for r in n.results], names=[r.name for r in n.results],
+                     loc=n.loc)
+    lw.env.update(zip(n.results, outs, strict=True))
+
+
 def lower_inplace(lw: Any, n: Node) -> None:
     """The op as an extern on the input itself and the index; its rows (src) a buffer of their
     own, written by a copy kernel where they are a view (a slice of the qkv projection), which
@@ -374,22 +383,15 @@ def lower_inplace(lw: Any, n: Node) -> None:
     own, and the projection's bias add is not written for a strided read."""
     x, idx, src = n.args
     assert isinstance(x, Value) and isinstance(idx, Value) and isinstance(src, Value)
-    rows = lw.materialize(src)
-    outs = lw.b.emit("loop.extern", [lw.extern_operand(x), lw.extern_operand(idx), rows],
-                     {"op": n.op, **n.kwargs}, types=[r.type for r in n.results],
-                     names=[r.name for r in n.results], loc=n.loc)
-    lw.env.update(zip(n.results, outs, strict=True))
+    rows = lw.materialize(src)  # (first: the order its kernel and the views are emitted in)
+    emit_extern(lw, n, [lw.extern_operand(x), lw.extern_operand(idx), rows])
 
 
 def lower_decode_attention(lw: Any, n: Node) -> None:
     """An extern on q, the caches, the position and the bias as they are (strided views), the
     new rows as buffers of their own (the rotary kernel writes them, as for lower_inplace)."""
-    args = [lw.materialize(a) if i in (4, 5) else lw.extern_operand(a)
-            for i, a in enumerate(n.args) if isinstance(a, Value)]
-    outs = lw.b.emit("loop.extern", args, {"op": n.op, **n.kwargs},
-                     types=[r.type for r in n.results], names=[r.name for r in n.results],
-                     loc=n.loc)
-    lw.env.update(zip(n.results, outs, strict=True))
+    emit_extern(lw, n, [lw.materialize(a) if i in (4, 5) else lw.extern_operand(a)
+                        for i, a in enumerate(n.args) if isinstance(a, Value)])
 
 
 LOWERINGS = {OP: lower_inplace, ATTENTION_OP: lower_decode_attention}
