@@ -119,7 +119,7 @@ def joint_graph(module: Module, graph: str | None = None, *,
     tangents = _select("output", g.outputs, outputs)
     rg = _requires_grad(g, want)
     b = Builder(module, taken=(v.name for v in g.values()))
-    ctx = VJPContext(b)
+    ctx = VJPContext(b, rg)
     ct_params = [Value(b.fresh(f"ct_{g.outputs[i].name}"), _plain(g.outputs[i].type))
                  for i in tangents]
     grads: dict[Value, Value] = {}

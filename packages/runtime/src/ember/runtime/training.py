@@ -82,7 +82,9 @@ def plan_training(module: Module, example_inputs: Sequence[Any], no_grad_results
     eager computes outside autograd (running-stat updates). Raises VJPError where an op has no
     VJP rule, DecompositionError where one has no decomposition."""
     with using_decompositions(training_table(table or active_table())):
-        prims = run_pipeline(module, "decompose{keep_attention=true},cse,dce")
+        # torch's fused attention, CPU and CUDA forms, stays one op forward and backward
+        prims = run_pipeline(module, "decompose{keep_attention=true,keep_cuda_attention=true},"
+                                     "cse,dce")
     g = prims.graph()
     wrt = _grad_inputs(example_inputs)
     rg = requires_grad_values(g, wrt)

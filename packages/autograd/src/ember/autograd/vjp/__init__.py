@@ -16,6 +16,7 @@ from ember.autograd.vjp.nondiff import NO_DERIVATIVE
 
 # The rule families; each registers into VJP_RULES on import.
 from ember.autograd.vjp import contraction as _contraction  # noqa: E402,F401  isort: skip
+from ember.autograd.vjp import attention_cuda as _attention_cuda  # noqa: E402,F401  isort: skip
 from ember.autograd.vjp import elementwise as _elementwise  # noqa: E402,F401  isort: skip
 from ember.autograd.vjp import structure as _structure  # noqa: E402,F401  isort: skip
 

@@ -56,8 +56,16 @@ def is_float_tensor(v: Any) -> bool:
 class VJPContext:
     """Emits the backward prims of one forward node."""
 
-    def __init__(self, builder: Builder):
+    def __init__(self, builder: Builder, requires_grad: set[Value] | None = None):
         self.b = builder
+        # the forward values a gradient is wanted for (None: unknown, take all): for a rule
+        # whose kernel has no derivative for an operand torch does not differentiate either
+        self.requires_grad = requires_grad
+
+    def needs_grad(self, v: Any) -> bool:
+        """Whether a gradient of forward value `v` is wanted (a float tensor, and on the path
+        from the inputs that get gradients where that is known)."""
+        return is_float_tensor(v) and (self.requires_grad is None or v in self.requires_grad)
 
     def p(self, name: str, *args: Any, **kwargs: Any) -> Value:
         """Emit `prims.<name>(args, kwargs)`, one result."""

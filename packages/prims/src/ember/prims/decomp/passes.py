@@ -40,6 +40,13 @@ FUSED_ATTENTION_CUDA_DROPOUT = {"aten._scaled_dot_product_flash_attention.defaul
                                 "aten._scaled_dot_product_efficient_attention.default": 5,
                                 "aten._scaled_dot_product_cudnn_attention.default": 5}
 FUSED_ATTENTION_CUDA = tuple(FUSED_ATTENTION_CUDA_DROPOUT)
+# Their backward kernels, what the forms' VJP rules emit on the training path
+# (autograd/vjp/attention_cuda.py): kept with the forward by keep_cuda_attention=true (the CUDA
+# target lowers them to extern calls); op -> dropout_p's position.
+FUSED_ATTENTION_CUDA_BACKWARD_DROPOUT = {
+    "aten._scaled_dot_product_flash_attention_backward.default": 10,
+    "aten._scaled_dot_product_efficient_attention_backward.default": 9,
+    "aten._scaled_dot_product_cudnn_attention_backward.default": 13}
 
 # torch's own operator namespaces; an operator of any other (a `torch.library` custom op) has
 # no decomposition unless a table gives one: it stays one opaque op, typed by its fake kernel,
@@ -103,11 +110,14 @@ def decompose_module(module: Module, table: DecompositionTable, *,
 def _kept_cuda_attention(n: Node) -> bool:
     static = all(isinstance(d, int) for v in n.operands() if isinstance(v.type, TensorType)
                  for d in v.type.shape)
-    return static and n.op in FUSED_ATTENTION_CUDA_DROPOUT and _kept_attention(n)
+    return static and (n.op in FUSED_ATTENTION_CUDA_DROPOUT
+                       or n.op in FUSED_ATTENTION_CUDA_BACKWARD_DROPOUT) \
+        and _kept_attention(n)
 
 
 def _kept_attention(n: Node) -> bool:
-    at = FUSED_ATTENTION_DROPOUT.get(n.op, FUSED_ATTENTION_CUDA_DROPOUT.get(n.op))
+    at = FUSED_ATTENTION_DROPOUT.get(n.op, FUSED_ATTENTION_CUDA_DROPOUT.get(
+        n.op, FUSED_ATTENTION_CUDA_BACKWARD_DROPOUT.get(n.op)))
     if at is None:
         return False
     at = _dropout_position(n.op, at)

@@ -36,7 +36,14 @@ from ember.prims.decomp.passes import FUSED_ATTENTION_CUDA
 FLASH = "aten._scaled_dot_product_flash_attention.default"
 EFFICIENT = "aten._scaled_dot_product_efficient_attention.default"
 CUDNN = "aten._scaled_dot_product_cudnn_attention.default"
-BIAS_AT = {EFFICIENT: 3, CUDNN: 3}  # the attn_bias argument's position
+# their backward kernels (the forms' VJP rules, autograd/vjp/attention_cuda.py, emit them on
+# the training path), kept by the same front end
+FLASH_BACKWARD = "aten._scaled_dot_product_flash_attention_backward.default"
+EFFICIENT_BACKWARD = "aten._scaled_dot_product_efficient_attention_backward.default"
+CUDNN_BACKWARD = "aten._scaled_dot_product_cudnn_attention_backward.default"
+BACKWARD = (FLASH_BACKWARD, EFFICIENT_BACKWARD, CUDNN_BACKWARD)
+# the attn_bias argument's position
+BIAS_AT = {EFFICIENT: 3, CUDNN: 3, EFFICIENT_BACKWARD: 4, CUDNN_BACKWARD: 8}
 # the bias's rows padded to this many elements (16 bytes or more for every float dtype; eager's
 # pad_bias uses 16 as well)
 ALIGN = 16
@@ -94,7 +101,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
     out: list[Node] = []
     kept = 0
     for n in g.nodes:
-        if n.op in FUSED_ATTENTION_CUDA:
+        if n.op in FUSED_ATTENTION_CUDA or n.op in BACKWARD:
             extra, why = _align_bias(n, taken)
             out += extra
             kept += 1
@@ -239,6 +246,103 @@ def lower_attention(lw: Any, n: Node) -> None:
     lw.env.update(zip(n.results[1:], outs[1:], strict=True))
 
 
+# The backward kernels return grad_q/k/v in the stride order of q/k/v (flash and cuDNN
+# allocate them `empty_like` their operand, the memory-efficient kernel `empty_strided` like
+# it, each on the [B, L, H, E] transpose it works on): for the usual operand, a head split of a
+# projection ([B, H, L, E] view of a [B, L, H, E] buffer), that is a [B, H, L, E] view of a
+# [B, L, H, E] buffer. An extern's result is a contiguous buffer, so each gradient was copied
+# to [B, H, L, E] order, and the next kernel (the head merge into the projection's gradient)
+# read it across the heads again. The extern is this op instead: the same kernel, the
+# gradients whose operand is laid out heads-last (heads_last=) returned as the [B, L, H, E]
+# buffers the kernel writes (no copy), read as permuted views. Where a kernel writes another
+# layout the transpose is a copy, the values the same.
+GRADS = "loop.cuda_attention_grads"
+_GRADS_OWN = ("kernel", "heads_last")
+
+
+def _grads_layout(t: Type, heads_last: bool) -> Type:
+    if not heads_last:
+        return t
+    if not isinstance(t, TensorType) or t.rank != 4:
+        raise OpTypeError(f"{GRADS}: a heads-last gradient must be 4-d, got {t}")
+    B, H, L, E = t.shape
+    return dataclasses.replace(t, shape=(B, L, H, E), strides=None)
+
+
+def _grads_flags(kw: Mapping[str, Arg], n: int) -> list[bool]:
+    flags = kw.get("heads_last")
+    if not isinstance(flags, list) or len(flags) > n or not all(isinstance(f, bool)
+                                                                  for f in flags):
+        raise OpTypeError(f"{GRADS}: heads_last= must be a list of at most {n} bools, got "
+                          f"{flags!r}")
+    return [*flags, *([False] * (n - len(flags)))]
+
+
+def _grads_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    name = kw.get("kernel")
+    reg = ctx.registry
+    target = reg.lookup(name) if isinstance(name, str) and reg is not None else None
+    if name not in BACKWARD or target is None:
+        raise OpTypeError(f"{GRADS}: kernel= must name a CUDA attention backward op "
+                          f"({', '.join(BACKWARD)}), got {name!r}")
+    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in _GRADS_OWN})
+    flags = _grads_flags(kw, len(types))
+    return [_grads_layout(t, f) for t, f in zip(types, flags, strict=True)]
+
+
+def _grads_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+    target = interp.registry.lookup(kw["kernel"])
+    assert target is not None
+    res = target.reference(interp, args, {k: v for k, v in kw.items() if k not in _GRADS_OWN})
+    res = list(res) if isinstance(res, (list, tuple)) else [res]
+    flags = _grads_flags(kw, len(res))
+    return tuple(r.transpose(1, 2) if f else r for r, f in zip(res, flags, strict=True))
+
+
+if default_registry().lookup(GRADS) is None:
+    register_op(GRADS, "a CUDA fused attention backward op (kernel=) with the gradients of "
+                "heads-last operands (heads_last=) returned as the [B, L, H, E] buffers the "
+                "kernel writes (an extern's op)", _grads_infer, _grads_run, aliasing="fresh")
+
+
+def _heads_last_operand(lw: Any, v: Any) -> bool:
+    """Whether operand v (a [B, H, L, E] value) is laid out with its heads inside its rows:
+    its L stride above its H stride, as a head split of a projection is."""
+    if not isinstance(v, Value) or not isinstance(v.type, TensorType) or v.type.rank != 4:
+        return False
+    got = _strides(lw, v)
+    return got is not None and got[0][2] > got[0][1] and v.type.shape[1] != 1
+
+
+def lower_attention_backward(lw: Any, n: Node) -> None:
+    """The kept CUDA attention backward: one extern call of the same torch op on strided views
+    of its operands (one the kernel would refuse copied first, contiguous); grad_q/k/v of a
+    heads-last q/k/v read as permuted views of the [B, L, H, E] buffers the kernel writes."""
+    at = BIAS_AT.get(n.op)
+    out_at = 5 if n.op == EFFICIENT_BACKWARD else 4
+    for i in (0, 1, 2, 3, out_at, *(() if at is None else (at,))):
+        a = n.args[i] if len(n.args) > i else None
+        if isinstance(a, Value) and isinstance(a.type, TensorType) \
+                and not _accepted(lw, a, bias=i == at):
+            lw.materialize(a)
+    flags = [_heads_last_operand(lw, a) for a in n.args[1:4]]
+    args = [map_args(a, lw.extern_operand) for a in n.args]
+    kwargs = {k: map_args(a, lw.extern_operand) for k, a in n.kwargs.items()}
+    flags += [False] * (len(n.results) - len(flags))
+    types = [_grads_layout(r.type, f) for r, f in zip(n.results, flags, strict=True)]
+    names = [f"{r.name}.heads_last" if f else r.name
+             for r, f in zip(n.results, flags, strict=True)]
+    for r, f in zip(n.results, flags, strict=True):
+        if not f:
+            lw.b.taken.discard(r.name)
+    outs = lw.b.emit("loop.extern", args, {"op": GRADS, "kernel": n.op,
+                                           "heads_last": flags[:3], **kwargs},
+                     types=types, names=names, loc=n.loc)
+    for r, o, f in zip(n.results, outs, flags, strict=True):
+        assert isinstance(r.type, TensorType)
+        lw.env[r] = View(o, (ivar(0), ivar(2), ivar(1), ivar(3)), r.type) if f else o
+
+
 # ---- CPU-only verification ------------------------------------------------------------------
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu.default"
@@ -284,8 +388,9 @@ def cuda_form_of_cpu_attention(module: Module) -> Module:
     return module
 
 
-LOWERINGS = {op: lower_attention for op in FUSED_ATTENTION_CUDA}
+LOWERINGS = {**{op: lower_attention for op in FUSED_ATTENTION_CUDA},
+             **{op: lower_attention_backward for op in BACKWARD}}
 
-__all__ = ["ALIGN", "CUDNN", "EFFICIENT", "FLASH", "HEADS_LAST", "LOWERINGS", "cuda_attention",
-           "cuda_form_of_cpu_attention",
-           "lower_attention"]
+__all__ = ["ALIGN", "BACKWARD", "CUDNN", "CUDNN_BACKWARD", "EFFICIENT", "EFFICIENT_BACKWARD",
+           "FLASH", "FLASH_BACKWARD", "GRADS", "HEADS_LAST", "LOWERINGS", "cuda_attention",
+           "cuda_form_of_cpu_attention", "lower_attention", "lower_attention_backward"]

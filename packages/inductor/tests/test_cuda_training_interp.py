@@ -1,0 +1,253 @@
+"""Training through the CUDA target, without a GPU (issue 16 item 6; the GPU twin is
+packages/runtime/tests/test_training_cuda.py).
+
+`ember.runtime.compile` trains small models with the Triton target in place of the CPU's (its
+kernels run in Triton's interpreter, TRITON_INTERPRET=1) and the CUDA target's lowering rules:
+torch's fused CUDA attention and its backward kernel as externs, convolution gradients as
+`aten.convolution_backward`. Capture records the attention form sdpa dispatches to on a GPU
+(the real choice is patched to flash, memory-efficient or cuDNN), and the CUDA kernels, which
+have no CPU implementation, get CPU stand-ins in the op registry: the forward's math with a
+real logsumexp laid out as each kernel lays it out; the backward's gradients from autograd of
+that math, after checking that the output and logsumexp it was handed are the forward's (the
+partition saved the right values). Checked against eager over SGD steps: losses, parameters.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+
+import copy  # noqa: E402
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
+
+import ember.capture.sdpa_choice as sdpa_choice  # noqa: E402
+import ember.inductor  # noqa: E402,F401
+import ember.inductor.targets.cuda as cuda  # noqa: E402
+from ember.inductor.targets import FusionHooks, add_target, targets, unregister_target  # noqa: E402
+from ember.inductor.targets.cuda.attention import (  # noqa: E402
+    BACKWARD,
+    CUDNN,
+    CUDNN_BACKWARD,
+    EFFICIENT,
+    EFFICIENT_BACKWARD,
+    FLASH,
+    GRADS,
+    HEADS_LAST,
+    LOWERINGS,
+)
+from ember.ir import Graph  # noqa: E402
+from ember.ir.registry import default_registry  # noqa: E402
+from ember.ir.torch_ops import torch_opdef  # noqa: E402
+
+KERNELS = {"flash": (sdpa_choice.FLASH, FLASH), "efficient": (sdpa_choice.EFFICIENT, EFFICIENT),
+           "cudnn": (sdpa_choice.CUDNN, CUDNN)}
+
+
+def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None,
+          causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention's output and logsumexp, as the fused kernels define them (top-left causal)."""
+    s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if bias is not None:
+        s = s + bias
+    if causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def _forward_stand_in(name: str) -> Any:
+    real = torch_opdef(name)
+    assert real is not None
+
+    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+        q, k, v = args[:3]
+        bias = None if name == FLASH else args[3]
+        at = 4 if name == FLASH else 6
+        causal = args[at] if len(args) > at else kw.get("is_causal", False)
+        out, lse = _math(q, k, v, bias, causal, kw.get("scale"))
+        L, S = q.shape[2], k.shape[2]
+        i64 = torch.zeros((), dtype=torch.int64)
+        if name == FLASH:
+            return (out, lse, L, S, torch.zeros(2, dtype=torch.uint64),
+                    torch.zeros((), dtype=torch.uint64), torch.zeros(0))
+        if name == EFFICIENT:  # its logsumexp rows are padded to a multiple of 32
+            return out, F.pad(lse, (0, -(-L // 32) * 32 - L)), i64, i64
+        return out, lse.unsqueeze(-1), L, S, i64, i64.clone()
+    return dataclasses.replace(real, reference=run, torch_op=None)
+
+
+CALLS: list[str] = []
+
+
+def _backward_stand_in(name: str) -> Any:
+    real = torch_opdef(name)
+    assert real is not None
+
+    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+        g, q, k, v = args[:4]
+        mask = [True] * 3
+        if name == EFFICIENT_BACKWARD:
+            bias, out, lse, mask, causal = args[4], args[5], args[6], args[10], args[11]
+        elif name == CUDNN_BACKWARD:
+            out, lse, bias, causal = args[4], args[5], args[8], args[14]
+        else:
+            out, lse, bias, causal = args[4], args[5], None, args[11]
+        CALLS.append(name)
+        with torch.enable_grad():
+            ins = [t.detach().requires_grad_() for t in (q, k, v)]
+            b = bias
+            if len(mask) > 3 and mask[3]:
+                b = bias.detach().requires_grad_()
+                ins.append(b)
+            o, lse_want = _math(*ins[:3], b, causal, kw.get("scale"))
+            # what the forward saved for this call: its output and logsumexp
+            torch.testing.assert_close(out, o.detach(), rtol=1e-4, atol=1e-4)
+            L = lse_want.shape[-1]
+            torch.testing.assert_close(lse.reshape(*lse.shape[:3])[..., :L], lse_want.detach(),
+                                       rtol=1e-4, atol=1e-4)
+            grads = torch.autograd.grad(o, ins, g)
+        return tuple(grads)  # (as declared: no grad_bias result where none was asked)
+    return dataclasses.replace(real, reference=run, torch_op=None)
+
+
+@pytest.fixture
+def cuda_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Triton target (interpreted) with the CUDA target's lowering rules in the CPU's
+    place, CPU stand-ins for the CUDA attention kernels, all restored after."""
+    reg = default_registry()
+    ops = (FLASH, EFFICIENT, CUDNN, *BACKWARD)
+    for op in ops:
+        reg.register((_forward_stand_in if op in (FLASH, EFFICIENT, CUDNN)
+                      else _backward_stand_in)(op))
+    cpu = targets()["cpu"]
+    unregister_target("cpu")
+    add_target(dataclasses.replace(
+        cpu, pipeline="inductor-cuda-interpret", loader="triton",
+        lowerings={**LOWERINGS, **cuda.EXTERNS}, front=cuda.FRONT, fusion=FusionHooks(),
+        description="the CUDA target's rules, Triton in the interpreter (a test)"))
+    monkeypatch.setattr(sdpa_choice, "DEVICES", ("cuda", "cpu"))
+    CALLS.clear()
+    try:
+        yield
+    finally:
+        unregister_target("cpu")
+        add_target(cpu)
+        for op in ops:
+            reg.unregister(op)
+
+
+class Block(nn.Module):
+    """Embedding, RMSNorm, a causal attention layer with rotary q/k, SwiGLU, a vocab head."""
+
+    def __init__(self, vocab: int = 32, d: int = 32, heads: int = 2, seq: int = 8) -> None:
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up, self.down = nn.Linear(d, 48), nn.Linear(d, 48), nn.Linear(48, d)
+        self.head = nn.Linear(d, vocab)
+        f = torch.outer(torch.arange(seq).float(), 1.0 / 100 ** (torch.arange(0, self.hd, 2)
+                                                                 / self.hd))
+        self.register_buffer("cos", torch.cat([f, f], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([f, f], -1).sin(), persistent=False)
+
+    def rope(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, -1)
+        return x * self.cos + torch.cat([-b, a], -1) * self.sin
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, s, d = x.shape
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(n).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        x = x + self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.head(x)  # type: ignore[no-any-return]
+
+
+def _xent(m: nn.Module, ids: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    logits = m(ids)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
+
+
+def _train(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any, ...],
+           steps: int = 2) -> tuple[Any, list[torch.Tensor], nn.Module]:
+    """`steps` SGD steps of ember (backend inductor) against eager's from the same weights:
+    the losses and parameters must agree; returns the compiled function, losses, model."""
+    import ember.runtime as er
+
+    out = []
+    for make in (lambda f: f, lambda f: er.compile(f, backend="inductor", dynamic=False)):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        fn = make(lambda *a, m=m: loss(m, *a))
+        losses = []
+        for _ in range(steps):
+            y = fn(*args)
+            y.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(y.detach())
+        out.append((fn, losses, m))
+    (_, want, me), (fn, got, mc) = out
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(list(mc.parameters()), list(me.parameters()), rtol=1e-4,
+                               atol=1e-4)
+    return fn, got, mc
+
+
+def _compiled(fn: Any) -> tuple[Graph, Graph]:
+    """The compiled (kernels.*) @forward and @backward graphs of a training compile: one
+    graph, no fallback, every loop kernel rendered as Triton."""
+    from ember.runtime.training import TrainingRunner
+
+    assert not fn.history.fallbacks, [f"{f.kind}: {f.reason}" for f in fn.history.fallbacks]
+    (entry,) = fn.entries
+    runner = entry.runner
+    assert isinstance(runner, TrainingRunner)
+    out = []
+    for run in (runner.forward, runner.backward):
+        m = run.__dict__["compiled"]
+        assert m.kernels and {k.lang for k in m.kernels.values()} == {"triton"}
+        assert not [n.op for g in m.graphs.values() for n in g.nodes
+                    if n.op.startswith("loop.")]
+        out.append(m.graph())
+    return out[0], out[1]
+
+
+def _externs(g: Graph) -> list[str]:
+    return [str(n.kwargs.get("op")) for n in g.nodes if n.op == "kernels.extern"
+            and n.kwargs.get("op") not in ("loop.view", "prims.reshape")]
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_attention_trains_through_its_backward_kernel(cuda_on_cpu: None,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      kernel: str) -> None:
+    choice, op = KERNELS[kernel]
+    monkeypatch.setattr(sdpa_choice, "real_choice", lambda *a, **k: choice)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 32, (2, 8))
+    fn, _, _ = _train(Block(), _xent, (ids, torch.roll(ids, -1, 1)))
+    fwd, bwd = _compiled(fn)
+    # kept whole both ways: the fused kernel forward, its backward kernel backward (no score
+    # matrix, no softmax); the backward's gradients of heads-last q/k/v read as they are
+    assert _externs(fwd).count(HEADS_LAST) == 1
+    assert _externs(bwd).count(GRADS) == 1
+    (call,) = [n for n in bwd.nodes if n.kwargs.get("op") == GRADS]
+    assert call.kwargs["kernel"] == op.replace(".default", "_backward.default")
+    assert call.kwargs["heads_last"] == [False, False, True]  # v: a view of the qkv GEMM
+    # one backward kernel call per step, the forward's output and logsumexp handed to it
+    assert CALLS == [op.replace(".default", "_backward.default")] * 2
