@@ -234,7 +234,7 @@ def run_kernel_case(case: str, dtype: torch.dtype, copy_tbs: float,
             row["ok"] = True
         except AssertionError as e:
             row["ok"], row["error"] = False, str(e).splitlines()[:3]
-        tc = torch.compile(fn, dynamic=False)  # static at each size, as ember's
+        tc = fresh_torch_compile(fn, dynamic=False)  # static at each size, as ember's
         t0 = time.perf_counter()
         tc(*args)
         torch.cuda.synchronize()
@@ -484,6 +484,25 @@ def eager_notes(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def dynamo_graphs() -> int:
+    """The graphs torch.compile (TorchDynamo) has compiled in this process so far (its own
+    counter; `torch._dynamo.reset()` leaves it alone, so a difference counts one model's)."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+def fresh_torch_compile(fn: Any, **kwargs: Any) -> Any:
+    """torch.compile of `fn` as in a fresh process. Dynamo keeps its cache entries and
+    recompile counts per code object for the whole process, and transformers' models share
+    forward code: in the one-process zoo30 run of 2026-12-02 it stopped compiling hf/bloom,
+    gemma, bart and deberta-v2 after the earlier HF models (first calls of 0.00-0.02 s, outputs
+    bit-equal to eager) and ran them eagerly. Reset before each case, both compilers compile
+    every case cold (ember keeps no state across `ember.runtime.compile` calls: each is a new
+    CompiledFunction; both keep their on-disk kernel caches, as a second process would)."""
+    torch._dynamo.reset()
+    return torch.compile(fn, **kwargs)
+
+
 def recorded_graphs(cf: Any) -> list[Any]:
     """The CUDA-graph records (runtime history) of ember's graphs that were recorded."""
     out = []
@@ -535,11 +554,15 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: 
             torch.cuda.synchronize()
             row["ember_second_call_s"] = round(time.perf_counter() - t0, 3)
         row.update(what_ran(cf))
-        tc = torch.compile(model)
+        tc = fresh_torch_compile(model)
+        graphs0 = dynamo_graphs()
         t0 = time.perf_counter()
         tgot = tc(*args)
         torch.cuda.synchronize()
         row["tc_compile_s"] = round(time.perf_counter() - t0, 2)
+        # no graph compiled: torch.compile ran it eagerly (its row must not count as tc's)
+        row["tc_graphs"] = dynamo_graphs() - graphs0
+        row["tc_compiled"] = row["tc_graphs"] > 0
         row["eager_vs_f32"] = rel_err(want, ref32) if ref32 is not None else None
         row["tc_vs_eager"] = rel_err(tgot, want)
         row["tc_vs_f32"] = rel_err(tgot, ref32) if ref32 is not None else None
@@ -647,7 +670,7 @@ def launch_case(case: str, fn: Callable[..., Any], args: tuple[torch.Tensor, ...
         want = fn(*args)
         cf = ember.runtime.compile(fn, dynamic=False)
         got = cf(*args)
-        tc = torch.compile(fn)
+        tc = fresh_torch_compile(fn)
         tgot = tc(*args)
         torch.cuda.synchronize()
         row["ok"] = bool(torch.allclose(got, want, atol=1e-4, rtol=1e-4)) and \
@@ -787,7 +810,9 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                   "correct: the compiler's output is as close to the f32 model as eager's bf16 "
                   "(at most 2x its relative error + 0.005) or within 3% of eager's. eager "
                   "notes: fallbacks, graph breaks, kernels on the reference interpreter, "
-                  "notes of the eager backend running something, NOT COMPILED.", "",
+                  "notes of the eager backend running something, NOT COMPILED. tc NOT "
+                  "COMPILED: torch.compile compiled no graph of the model (each model's "
+                  "torch.compile starts after torch._dynamo.reset()).", "",
                   "| model | correct (ember / tc) | ember rel err vs eager | tc rel err vs eager "
                   "| ember / eager bf16 rel err vs f32 | eager ms | tc ms | ember ms | "
                   "tc speedup | ember speedup | ember ms, kernels launched one by one | "
@@ -816,7 +841,7 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
                 notes.append(r["error"][:120])
             lines.append(
                 f"| {r['model']} | {'yes' if r.get('ember_correct') else 'NO'} / "
-                f"{'yes' if r.get('tc_correct') else 'NO'} | {f('ember_vs_eager')} | "
+                f"{tc_state(r)} | {f('ember_vs_eager')} | "
                 f"{f('tc_vs_eager')} | {f('ember_vs_f32')} / {f('eager_vs_f32')} | "
                 f"{f('eager_ms')} | {f('tc_ms')} | {f('ember_ms')} | {f('tc_speedup')} | "
                 f"{f('ember_speedup')} | {f('ember_launched_ms') or 'same (no CUDA graph)'} | "
@@ -869,6 +894,13 @@ def markdown(rows: list[dict[str, Any]], env: dict[str, str], copy_tbs: float) -
     return "\n".join(lines) + "\n"
 
 
+def tc_state(r: dict[str, Any]) -> str:
+    """torch.compile's "correct" cell: NOT COMPILED where it compiled no graph of the model."""
+    if r.get("tc_compiled") is False:
+        return "NOT COMPILED"
+    return "yes" if r.get("tc_correct") else "NO"
+
+
 def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
@@ -877,7 +909,8 @@ def summary_lines(ms_: list[dict[str, Any]]) -> list[str]:
     """The geomean speedups over the models both compilers ran and got right (the others
     named), ember's correct and eager-note-free count, and the cold compiles compared."""
     both = [r for r in ms_ if r.get("tc_speedup") and r.get("ember_speedup")
-            and r.get("ember_correct") and r.get("tc_correct")]
+            and r.get("ember_correct") and r.get("tc_correct")
+            and r.get("tc_compiled") is not False]
     left = [r["model"] for r in ms_ if r not in both]
     out = [""]
     if both:
@@ -892,7 +925,11 @@ def summary_lines(ms_: list[dict[str, Any]]) -> list[str]:
                + (f" (not: {', '.join(r['model'] for r in ms_ if r['model'] not in clean)})"
                   if len(clean) < len(ms_) else "") + ".")
     cc = [r for r in ms_ if r.get("tc_compile_s") is not None
-          and r.get("ember_compile_s") is not None]
+          and r.get("ember_compile_s") is not None and r.get("tc_compiled") is not False]
+    uncompiled = [r["model"] for r in ms_ if r.get("tc_compiled") is False]
+    if uncompiled:
+        out.append(f"torch.compile compiled no graph of: {', '.join(uncompiled)} (left out of "
+                   f"the geomean and the cold compiles).")
     slower = [f"{r['model']} ({r['ember_compile_s']} vs {r['tc_compile_s']} s)" for r in cc
               if r["ember_compile_s"] > r["tc_compile_s"]]
     if cc:

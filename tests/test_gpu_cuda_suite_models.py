@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,3 +93,38 @@ def test_report_lists_failed_models_and_geomeans_the_rest(suite: ModuleType) -> 
     assert "timed out" in line_d and line_d.count("|") == 16
     assert ("(2 of 5 models, those both compilers ran and got right): torch.compile 2.00x, "
             "ember 1.00x") in md
+
+
+def test_a_tc_row_that_compiled_nothing_is_flagged_and_left_out(suite: ModuleType) -> None:
+    # hf/bloom, gemma, bart, deberta-v2 in the 2026-12-02 run: torch.compile ran them eagerly
+    rows = [
+        {"section": "models", "model": "a", "eager_ms": 2.0, "tc_ms": 1.0, "ember_ms": 1.0,
+         "tc_speedup": 2.0, "ember_speedup": 2.0, "ember_correct": True, "tc_correct": True,
+         "tc_compiled": True, "tc_compile_s": 5.0, "ember_compile_s": 1.0},
+        {"section": "models", "model": "b", "eager_ms": 2.0, "tc_ms": 2.0, "ember_ms": 0.5,
+         "tc_speedup": 1.0, "ember_speedup": 4.0, "ember_correct": True, "tc_correct": True,
+         "tc_compiled": False, "tc_compile_s": 0.01, "ember_compile_s": 2.0},
+    ]
+    md = suite.markdown(rows, {"gpu": "none"}, 4.0)
+    line_b = next(ln for ln in md.splitlines() if ln.startswith("| b |"))
+    assert "| yes / NOT COMPILED |" in line_b
+    assert "(1 of 2 models, those both compilers ran and got right): torch.compile 2.00x" in md
+    assert "torch.compile compiled no graph of: b" in md
+    assert "ember at or below torch.compile on 1 of 1 models" in md
+
+
+def test_each_torch_compile_starts_cold(suite: ModuleType) -> None:
+    # the same code compiled again, as transformers' shared forward code is by the next HF
+    # model: without the reset, dynamo's cache serves it and no graph is compiled
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sin()
+
+    x = torch.randn(4)
+    n0 = suite.dynamo_graphs()
+    suite.fresh_torch_compile(f, backend="eager")(x)
+    n1 = suite.dynamo_graphs()
+    suite.fresh_torch_compile(f, backend="eager")(x)
+    assert n1 - n0 == 1 and suite.dynamo_graphs() - n1 == 1
+    torch.compile(f, backend="eager")(x)  # no reset: a cache hit, nothing compiled
+    assert suite.dynamo_graphs() - n1 == 1
+    torch._dynamo.reset()
