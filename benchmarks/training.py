@@ -18,11 +18,19 @@ repetitions (round robin, order rotating), median ± half the IQR, and what embe
   ember's compiled code allocates its buffers with `torch.empty`, so they are counted too;
   memory a C++ kernel takes on its own stack or heap is not (ember's kernels take none that
   scales with the data).
+
+On a GPU (`python3 benchmarks/training.py --device cuda [--dtype bf16,f32]`, issue 16 item 6)
+the same cases run on CUDA tensors (model and float inputs cast to the dtype): each timed step
+ends with `torch.cuda.synchronize()`, peak memory is the CUDA caching allocator's
+(`torch.cuda.max_memory_allocated()` during one step above the bytes allocated at its start),
+and bf16 is checked at a bf16 tolerance. The CPU path (`dev.py bench --suite training`) is
+unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import shutil
@@ -44,8 +52,9 @@ LR = 1e-3
 MEMORY_METHOD = ("torch CPU allocator bytes live during one step above the step's start "
                  "(profiler memory events, profile_memory=True)")
 
-_TRAINING = re.compile(r"runs its forward as (\d+) C\+\+ kernel\(s\), (\d+) extern call\(s\) "
-                       r"and its backward as (\d+) C\+\+ kernel\(s\), (\d+) extern call\(s\)")
+_TRAINING = re.compile(r"runs its forward as (\d+) (C\+\+|Triton) kernel\(s\), (\d+) extern "
+                       r"call\(s\) and its backward as (\d+) (?:C\+\+|Triton) kernel\(s\), (\d+) "
+                       r"extern call\(s\)")
 
 # model, loss function (model, *inputs) -> scalar loss, the step's inputs
 TrainBuilt = tuple[nn.Module, Callable[..., torch.Tensor], tuple[Any, ...]]
@@ -91,16 +100,18 @@ def describe_training(describe: Callable[[Any], dict[str, Any]], compiled: Any
     backward, from explain()'s training notes) counted into its status line."""
     info = describe(compiled)
     fwd = bwd = ext = 0
+    lang = "C++"
     for note in info.get("notes", []):
         m = _TRAINING.search(note)
         if m:
-            fwd, bwd = fwd + int(m.group(1)), bwd + int(m.group(3))
-            ext += int(m.group(2)) + int(m.group(4))
+            fwd, bwd = fwd + int(m.group(1)), bwd + int(m.group(4))
+            ext += int(m.group(3)) + int(m.group(5))
+            lang = m.group(2)
     if fwd or bwd:
         info["kernels"] = info.get("kernels", 0) + fwd + bwd
         info["externs"] = info.get("externs", 0) + ext
         info["status"] = (info.get("status", "").replace(", 0 kernel(s)", "")
-                          + f"; training: forward {fwd} + backward {bwd} C++ kernel(s), "
+                          + f"; training: forward {fwd} + backward {bwd} {lang} kernel(s), "
                           f"{ext} extern")
     return info
 
@@ -122,6 +133,38 @@ def peak_step_bytes(step: Callable[[], Any]) -> int:
     return peak
 
 
+# CUDA: the caching allocator's own counters
+CUDA_MEMORY_METHOD = ("CUDA caching allocator bytes allocated during one step above those "
+                      "allocated at its start (torch.cuda.max_memory_allocated)")
+# bf16/f16 steps are checked at their precision: eager and ember round different intermediates
+# (ember's fused kernels compute in f32 between loads and stores)
+LOWP_TOL = 2e-2
+
+
+def cuda_peak_step_bytes(step: Callable[[], Any]) -> int:
+    """The most CUDA allocator bytes allocated during `step()` above those at its start."""
+    torch.cuda.synchronize()
+    start = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return max(0, torch.cuda.max_memory_allocated() - start)
+
+
+def on_device(built: TrainBuilt, device: str, dtype: torch.dtype | None) -> TrainBuilt:
+    """A built case moved to `device`: the model (and its float inputs) cast to `dtype`."""
+    model, loss, args = built
+    model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+
+    def move(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        if dtype is not None and a.is_floating_point():
+            return a.to(device=device, dtype=dtype)
+        return a.to(device)
+    return model, loss, tuple(move(a) for a in args)
+
+
 def _check(got: list[Any], want: list[Any], case: TrainCase) -> str:
     try:
         torch.testing.assert_close(got, want, rtol=case.rtol, atol=case.atol)
@@ -135,11 +178,17 @@ def _params(m: nn.Module) -> list[torch.Tensor]:
 
 
 def run_training_case(case: TrainCase, contenders: Sequence[Contender], reps: int = 15,
-                      warmup: int = 2, progress: Progress | None = None) -> CaseResult:
+                      warmup: int = 2, progress: Progress | None = None, device: str = "cpu",
+                      dtype: torch.dtype | None = None) -> CaseResult:
     """Compile (cold, then warm) and time one training step of `case` under each contender,
-    interleaved; check the first steps against eager's; measure each one's peak step memory."""
+    interleaved; check the first steps against eager's; measure each one's peak step memory.
+    `device`/`dtype`: where the model and inputs live (the CPU as built, by default)."""
     res = CaseResult(case.name, case.suite, case.what)
-    base, loss, args = case.build()
+    cuda = device != "cpu"
+    if cuda and dtype in (torch.bfloat16, torch.float16):
+        case = dataclasses.replace(case, rtol=max(case.rtol, LOWP_TOL),
+                                   atol=max(case.atol, LOWP_TOL))
+    base, loss, args = on_device(case.build(), device, dtype) if cuda else case.build()
     ref = _Trainer(copy.deepcopy(base), loss, args, lambda fn: fn)
     want = [[ref.step() for _ in range(CHECK_STEPS)], _params(ref.model)]
     trainers: dict[str, _Trainer] = {}
@@ -188,13 +237,16 @@ def run_training_case(case: TrainCase, contenders: Sequence[Contender], reps: in
         for n in names[k:] + names[:k]:
             t = time.perf_counter()
             trainers[n].step()
+            if cuda:
+                torch.cuda.synchronize()
             samples[n].append((time.perf_counter() - t) * 1e3)
         if progress:
             progress.show(f"{case.name}: repetition {r + 1}/{reps}")
     for n, tr in trainers.items():
         info = extra[n].setdefault("info", {})
-        info["peak_step_bytes"] = peak_step_bytes(tr.step)
-        info["memory_method"] = MEMORY_METHOD
+        info["peak_step_bytes"] = cuda_peak_step_bytes(tr.step) if cuda \
+            else peak_step_bytes(tr.step)
+        info["memory_method"] = CUDA_MEMORY_METHOD if cuda else MEMORY_METHOD
     for n, s in samples.items():
         q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
         res.timings[n] = Timing(statistics.median(s), q[0], q[2], len(s), **extra[n])
@@ -208,9 +260,11 @@ def memory_section(results: Sequence[CaseResult], who: Sequence[str]) -> str:
     rows = [r for r in results if any("peak_step_bytes" in t.info for t in r.timings.values())]
     if not rows:
         return ""
+    method = next((t.info["memory_method"] for r in rows for t in r.timings.values()
+                   if "memory_method" in t.info), MEMORY_METHOD)
     comp = [w for w in who if w != "eager"]
     out = ["", "## Peak memory per training step", "",
-           f"Measured: {MEMORY_METHOD}. One step after the timed ones; MB = 2^20 bytes.", "",
+           f"Measured: {method}. One step after the timed ones; MB = 2^20 bytes.", "",
            "| case | " + " | ".join(f"{w} MB" for w in who) + " | "
            + " | ".join(f"{w} / eager" for w in comp) + " |",
            "|" + "---|" * (1 + len(who) + len(comp))]
@@ -232,3 +286,95 @@ def memory_section(results: Sequence[CaseResult], who: Sequence[str]) -> str:
     out += ["", "Geomean peak memory relative to eager: "
             + ", ".join(f"{w} {x:.2f}×" for w, x in g.items()) + "."]
     return "\n".join(out) + "\n"
+
+
+# ---- the CUDA training benchmark (issue 16 item 6) ------------------------------------------
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def gpu_meta(device: str) -> dict[str, Any]:
+    """The GPU and the versions that matter there (next to run_meta's machine and versions)."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    return {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda, "triton": triton.__version__}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 benchmarks/training.py --device cuda`: the training cases on a GPU, eager vs
+    torch.compile vs ember in one process, per dtype; writes <out>/<stem>.{json,md} and prints
+    the markdown."""
+    import argparse
+    import datetime as dt
+    import json
+    import sys
+    import warnings
+    from dataclasses import asdict
+
+    here = Path(__file__).resolve().parent
+    sys.path.insert(0, str(here))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from run import torch_compile_contender  # (benchmarks/run.py: its cold/warm cache reset)
+    from suites import SUITES
+
+    from ember.runtime.bench import eager_contender, ember_contender, markdown, run_meta
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--device", default="cuda", help="a CUDA device (the CPU's run is "
+                    "`dev.py bench --suite training`)")
+    ap.add_argument("--dtype", default="bf16,f32", help="comma-separated: bf16, f16, f32")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--out", type=Path, default=here / "results")
+    ap.add_argument("--tag", default="cuda-training")
+    a = ap.parse_args(argv)
+    if not a.device.startswith("cuda") or not torch.cuda.is_available():
+        print("training.py --device needs a CUDA device (torch.cuda.is_available() is False "
+              "here); the CPU training benchmark is `python3 dev.py bench --suite training`",
+              file=sys.stderr)
+        return 2
+    dtypes = [d.strip() for d in a.dtype.split(",") if d.strip()]
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad:
+        print(f"unknown dtype(s) {', '.join(bad)}; choose from {', '.join(DTYPES)}",
+              file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    cases = [c for c in SUITES["training"]() if isinstance(c, TrainCase)
+             and a.filter.lower() in c.name.lower()]
+    contenders = [eager_contender()]
+    if not a.no_torch_compile:
+        contenders.append(torch_compile_contender())
+    contenders.append(ember_contender())
+    who = [c.name for c in contenders]
+    progress = Progress(len(cases) * len(dtypes))
+    results = []
+    for d in dtypes:
+        for case in cases:
+            named = dataclasses.replace(case, name=f"{case.name} {d}")
+            results.append(run_training_case(named, contenders, reps=a.reps, progress=progress,
+                                             device=a.device, dtype=DTYPES[d]))
+    progress.show("done", final=True)
+    meta = run_meta(here.parent, f"{a.reps} interleaved repetitions per contender (round "
+                    "robin, order rotating), median ± half the IQR, each step synchronized "
+                    "(torch.cuda.synchronize); one step = the compiled forward + loss, "
+                    "backward(), SGD step, zero_grad (benchmarks/training.py); the first 3 "
+                    "steps checked against eager's losses and parameters (bf16/f16 at "
+                    f"{LOWP_TOL}); compile s = the first step: cold with empty caches, warm "
+                    "in a new compiled object with the disk caches kept.")
+    meta["gpu"] = gpu_meta(a.device)
+    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{a.tag}"
+    a.out.mkdir(parents=True, exist_ok=True)
+    text = markdown(results, meta, who) + f"\nGPU: {meta['gpu']}\n" + memory_section(results, who)
+    (a.out / f"{stem}.md").write_text(text)
+    (a.out / f"{stem}.json").write_text(json.dumps(
+        {"meta": meta, "cases": [asdict(r) for r in results]}, indent=1, default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -205,6 +205,7 @@ def _train(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any,
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(list(mc.parameters()), list(me.parameters()), rtol=1e-4,
                                atol=1e-4)
+    torch.testing.assert_close(list(mc.buffers()), list(me.buffers()), rtol=1e-4, atol=1e-4)
     return fn, got, mc
 
 
@@ -251,3 +252,39 @@ def test_attention_trains_through_its_backward_kernel(cuda_on_cpu: None,
     assert call.kwargs["heads_last"] == [False, False, True]  # v: a view of the qkv GEMM
     # one backward kernel call per step, the forward's output and logsumexp handed to it
     assert CALLS == [op.replace(".default", "_backward.default")] * 2
+
+
+def test_mlp_cross_entropy_trains_in_triton_kernels(cuda_on_cpu: None) -> None:
+    """The CE rewrite's kernels (lse(x) - x[t] forward, one pass backward) and GELU's, as
+    Triton: no extern but the GEMMs and the pick of each row's target (torch's gather)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 10))
+    fn, _, _ = _train(model, lambda m, x, t: F.cross_entropy(m(x), t),
+                      (torch.randn(8, 16), torch.randint(0, 10, (8,))))
+    fwd, bwd = _compiled(fn)
+    assert set(_externs(fwd)) | set(_externs(bwd)) <= {"prims.matmul", "prims.gather"}
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                                  nn.ReLU())
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))  # type: ignore[no-any-return]
+
+
+def test_conv_batchnorm_trains_with_triton_reductions(cuda_on_cpu: None) -> None:
+    """BatchNorm in training mode: its batch statistics and the backward's reductions are
+    Triton kernels, the convolution gradients torch's backward kernel (an extern); the running
+    statistics are written back as eager's."""
+    torch.manual_seed(0)
+    model = ConvBN().train()
+    fn, _, mc = _train(model, lambda m, x, t: F.cross_entropy(m(x), t),
+                       (torch.randn(4, 3, 6, 6), torch.randint(0, 5, (4,))))
+    fwd, bwd = _compiled(fn)
+    assert "aten.convolution_backward.default" in _externs(bwd)
+    bn = mc.body[1]
+    assert isinstance(bn, nn.BatchNorm2d) and int(bn.num_batches_tracked) == 2

@@ -1,0 +1,212 @@
+"""Training on a GPU through the CUDA target (issue 16 item 6): skipped without a CUDA device.
+
+`compile(backend="inductor")` trains the shapes of benchmarks/training.py's cases (an MLP with
+cross-entropy, conv + BatchNorm in training mode, a Llama-style block with causal sdpa and
+rotary, a small GPT-NeoX from transformers) for three SGD steps against eager from the same
+weights, in f32 and bf16: losses, parameters and buffers (BatchNorm's running statistics)
+agree, one graph with no fallback, and the attention stays torch's fused kernel both ways
+(one extern forward, its backward kernel one extern backward) for each kernel sdpa may pick
+(flash, memory-efficient, cuDNN; forced with `sdpa_kernel`). The interpreter twin on the CPU
+is packages/inductor/tests/test_cuda_training_interp.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ember.runtime as er
+from ember.runtime.training import TrainingRunner
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DEV = "cuda"
+# bf16: eager and ember round different intermediates (ember's kernels compute in f32)
+TOL = {torch.float32: 1e-3, torch.bfloat16: 2e-2}
+DTYPES = [torch.float32, torch.bfloat16]
+GRADS = "loop.cuda_attention_grads"
+HEADS_LAST = "loop.attention_heads_last"
+
+
+def train(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any, ...],
+          dtype: torch.dtype, steps: int = 3, lr: float = 1e-2) -> Any:
+    """`steps` SGD steps of ember and of eager from the same weights on CUDA tensors in
+    `dtype`: losses, parameters and buffers must agree. Returns ember's compiled function."""
+    model = model.to(DEV, dtype)
+    args = tuple(a.to(DEV, dtype) if a.is_floating_point() else a.to(DEV) for a in args)
+    runs = []
+    for make in (lambda f: f, lambda f: er.compile(f, backend="inductor")):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=lr)
+        fn = make(lambda *a, m=m: loss(m, *a))
+        losses = []
+        for _ in range(steps):
+            y = fn(*args)
+            y.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(y.detach().float())
+        runs.append((fn, losses, m))
+    (_, want, me), (fn, got, mc) = runs
+    tol = TOL[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    for a, b in ((mc.parameters(), me.parameters()), (mc.buffers(), me.buffers())):
+        torch.testing.assert_close([x.float() for x in a], [x.float() for x in b], rtol=tol,
+                                   atol=tol)
+    assert not fn.history.fallbacks, [f"{f.kind}: {f.reason}" for f in fn.history.fallbacks]
+    assert len(fn.entries) == 1  # one graph: no break
+    return fn
+
+
+def compiled_pair(fn: Any) -> tuple[Any, Any]:
+    """The compiled @forward and @backward (kernels.*) modules of the one training graph."""
+    (entry,) = fn.entries
+    runner = entry.runner
+    assert isinstance(runner, TrainingRunner)
+    fwd, bwd = (r.__dict__["compiled"] for r in (runner.forward, runner.backward))
+    for m in (fwd, bwd):
+        assert m.kernels and {k.lang for k in m.kernels.values()} == {"triton"}
+    return fwd, bwd
+
+
+def externs(m: Any) -> list[str]:
+    return [str(n.kwargs.get("op")) for g in m.graphs.values() for n in g.nodes
+            if n.op == "kernels.extern"]
+
+
+def xent(m: nn.Module, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    y = m(x)
+    return F.cross_entropy(y.reshape(-1, y.shape[-1]).float(), t.reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mlp_cross_entropy(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(),
+                      nn.Linear(256, 10))
+    train(m, xent, (torch.randn(32, 64), torch.randint(0, 10, (32,))), dtype)
+
+
+class ConvBN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x).mean((2, 3)))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_conv_batchnorm(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    fn = train(ConvBN().train(), xent, (torch.randn(8, 3, 16, 16),
+                                        torch.randint(0, 10, (8,))), dtype)
+    _, bwd = compiled_pair(fn)
+    assert "aten.convolution_backward.default" in externs(bwd)
+
+
+class Block(nn.Module):
+    """Embedding, RMSNorm, causal sdpa with rotary q/k, SwiGLU, a vocab head."""
+
+    def __init__(self, vocab: int = 256, d: int = 128, heads: int = 2, seq: int = 32) -> None:
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, 344, bias=False), nn.Linear(d, 344, bias=False)
+        self.down, self.head = nn.Linear(344, d, bias=False), nn.Linear(d, vocab, bias=False)
+        f = torch.outer(torch.arange(seq).float(),
+                        1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        self.register_buffer("cos", torch.cat([f, f], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([f, f], -1).sin(), persistent=False)
+
+    def rope(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, -1)
+        return x * self.cos + torch.cat([-b, a], -1) * self.sin
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, s, d = x.shape
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(n).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        x = x + self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.head(x)  # type: ignore[no-any-return]
+
+
+BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+            "cudnn": "CUDNN_ATTENTION"}
+
+
+@pytest.mark.parametrize("kernel", list(BACKENDS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_attention_block_keeps_the_fused_kernel_both_ways(kernel: str, dtype: torch.dtype
+                                                          ) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if kernel in ("flash", "cudnn") and dtype == torch.float32:
+        pytest.skip(f"{kernel} attention takes f16/bf16 only")
+    backend = getattr(SDPBackend, BACKENDS[kernel])
+    torch.manual_seed(0)
+    ids = torch.randint(0, 256, (2, 32))
+    with sdpa_kernel([backend]):
+        fn = train(Block(), xent, (ids, torch.roll(ids, -1, 1)), dtype)
+    fwd, bwd = compiled_pair(fn)
+    assert externs(fwd).count(HEADS_LAST) == 1, externs(fwd)
+    (call,) = [n for g in bwd.graphs.values() for n in g.nodes if n.kwargs.get("op") == GRADS]
+    assert kernel in str(call.kwargs["kernel"]), call.kwargs["kernel"]
+
+
+class MaskedAttention(nn.Module):
+    """sdpa with a float mask (a padding mask, or a learned bias that needs its gradient)."""
+
+    def __init__(self, learned: bool, d: int = 64, heads: int = 2, seq: int = 24) -> None:
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.bias = nn.Parameter(torch.randn(heads, seq, seq) * 0.1, requires_grad=learned)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias.expand(b, -1, -1, -1))
+        return self.o(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("learned", [False, True])
+def test_memory_efficient_attention_with_a_mask(learned: bool) -> None:
+    """Rows of 24 elements: the bias is padded to aligned rows for the forward and backward
+    kernels; a learned bias gets the kernel's own gradient (grad_input_mask's last entry)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        train(MaskedAttention(learned), lambda m, x: m(x).square().mean(),
+              (torch.randn(2, 24, 64),), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gpt_neox(dtype: torch.dtype) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=512, vocab_size=256,
+                                     max_position_embeddings=64, rotary_pct=0.25,
+                                     use_parallel_residual=True, hidden_act="gelu")
+    model = transformers.GPTNeoXForCausalLM(cfg).train()
+    ids = torch.randint(0, 256, (2, 32))
+
+    def loss(m: Any, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        y = m(i).logits
+        return F.cross_entropy(y.reshape(-1, y.shape[-1]).float(), t.reshape(-1))
+    train(model, loss, (ids, torch.roll(ids, -1, 1)), dtype)
