@@ -809,6 +809,9 @@ def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool |
         cf = CompiledFunction(target, backend=backend, fullgraph=fullgraph, mode=mode,
                               dynamic=dynamic, options=options)
         if isinstance(target, nn.Module):
+            # the compiled module's own nn.Module call runs the global hooks: a call run
+            # eagerly inside it runs the forward alone, so each hook fires once, as in eager
+            cf.eager = functools.partial(_forward_of, target)
             return compiled_module(CompiledModule, target, cf)  # the model's class too
         try:
             functools.update_wrapper(cf, target)
@@ -822,6 +825,11 @@ def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool |
         raise TypeError(f"compile() takes a function or an nn.Module, not "
                         f"{type(model_or_fn).__name__}")
     return make(model_or_fn)
+
+
+def _forward_of(mod: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The module's forward (an instance attribute `forward` included), without its hooks."""
+    return mod.forward(*args, **kwargs)
 
 
 def compiled_function_of(obj: Any) -> CompiledFunction | None:
