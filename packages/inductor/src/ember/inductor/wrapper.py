@@ -362,7 +362,9 @@ class _Gen:
         if dims and not any(offsets) and isinstance(x.type, TensorType) \
                 and list(shape) == [x.type.shape[d] for d in dims]:
             # a permutation of the dims (a transposed weight), not a slice: cheapest call
-            self.lines.append(f"    {name} = {self.name(x)}.permute({dims!r})")
+            # (t() and separate ints parse faster than a list: ~0.9 / ~1.2 us vs ~1.8 us)
+            how = "t()" if dims == [1, 0] else f"permute({', '.join(map(str, dims))})"
+            self.lines.append(f"    {name} = {self.name(x)}.{how}")
         elif x in self.buffers and isinstance(x.type, TensorType):
             # a kernel or extern output: contiguous, so the strides are its shape's products
             st: list[Any] = [1] * x.type.rank
@@ -372,9 +374,10 @@ class _Gen:
             strides = [simplify_dim(sum(c[k] * s for c, s in zip(coefs, st, strict=True)))
                        for k in range(len(shape))]
             off = simplify_dim(sum(o * s for o, s in zip(offsets, st, strict=True)))
+            # (without an offset, as_strided keeps the tensor's own: one call less)
+            at = "" if off == 0 else f", {self.name(x)}.storage_offset() + {pyexpr(off)}"
             self.lines.append(f"    {name} = {self.name(x)}.as_strided({_shape(shape)}, "
-                              f"{_shape(strides)}, {self.name(x)}.storage_offset() + "
-                              f"{pyexpr(off)})")
+                              f"{_shape(strides)}{at})")
         elif all(isinstance(v, int) for v in [*offsets, *(c for row in coefs for c in row)]):
             # an input, numeric coefficients: launch.strided_view's sums written out over its
             # real strides (one stride() call, no Python helper)
@@ -385,8 +388,8 @@ class _Gen:
             xs = self.name(x)
             self.lines.append(f"    _s = {xs}.stride()")
             self.lines.append(f"    {name} = {xs}.as_strided({_shape(shape)}, "
-                              f"({', '.join(sts)}{',' if len(sts) == 1 else ''}), "
-                              f"{xs}.storage_offset(){' + ' + off if off != '0' else ''})")
+                              f"({', '.join(sts)}{',' if len(sts) == 1 else ''})"
+                              f"{'' if off == '0' else f', {xs}.storage_offset() + {off}'})")
         else:  # an input, symbolic coefficients: its real strides
             offs = _shape(offsets)
             cfs = "[" + ", ".join(_shape(row) for row in coefs) + "]"
