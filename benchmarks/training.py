@@ -302,6 +302,20 @@ def gpu_meta(device: str) -> dict[str, Any]:
             "cuda": torch.version.cuda, "triton": triton.__version__}
 
 
+def _row(r: CaseResult) -> dict[str, Any]:
+    """One case's line: per contender its median step, compile times, check, peak memory."""
+    out: dict[str, Any] = {"case": r.name, "errors": r.error}
+    for w, t in r.timings.items():
+        out[w] = {"ms": round(t.median_ms, 3), "iqr_ms": round(t.iqr_ms, 3),
+                  "cold_s": t.cold_compile_s, "warm_s": t.warm_compile_s, "check": t.check,
+                  "peak_mb": round(t.info.get("peak_step_bytes", 0) / 2**20, 2),
+                  "status": t.info.get("status"), "fallbacks": t.info.get("fallbacks")}
+        sp = r.speedup(w)
+        if sp is not None:
+            out[w]["speedup"] = round(sp, 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python3 benchmarks/training.py --device cuda`: the training cases on a GPU, eager vs
     torch.compile vs ember in one process, per dtype; writes <out>/<stem>.{json,md} and prints
@@ -352,11 +366,18 @@ def main(argv: list[str] | None = None) -> int:
     who = [c.name for c in contenders]
     progress = Progress(len(cases) * len(dtypes))
     results = []
+    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{a.tag}"
+    a.out.mkdir(parents=True, exist_ok=True)
+    rows = a.out / f"{stem}.jsonl"  # one line per case as it finishes (a cut run keeps them)
+    rows.write_text("")
     for d in dtypes:
         for case in cases:
             named = dataclasses.replace(case, name=f"{case.name} {d}")
-            results.append(run_training_case(named, contenders, reps=a.reps, progress=progress,
-                                             device=a.device, dtype=DTYPES[d]))
+            r = run_training_case(named, contenders, reps=a.reps, progress=progress,
+                                  device=a.device, dtype=DTYPES[d])
+            results.append(r)
+            with rows.open("a") as f:
+                f.write(json.dumps(_row(r), default=str) + "\n")
     progress.show("done", final=True)
     meta = run_meta(here.parent, f"{a.reps} interleaved repetitions per contender (round "
                     "robin, order rotating), median ± half the IQR, each step synchronized "
@@ -366,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
                     f"{LOWP_TOL}); compile s = the first step: cold with empty caches, warm "
                     "in a new compiled object with the disk caches kept.")
     meta["gpu"] = gpu_meta(a.device)
-    stem = f"{dt.datetime.now(dt.UTC):%Y-%m-%d}-{a.tag}"
-    a.out.mkdir(parents=True, exist_ok=True)
     text = markdown(results, meta, who) + f"\nGPU: {meta['gpu']}\n" + memory_section(results, who)
     (a.out / f"{stem}.md").write_text(text)
     (a.out / f"{stem}.json").write_text(json.dumps(
