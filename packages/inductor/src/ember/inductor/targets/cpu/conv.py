@@ -341,6 +341,7 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
         xb = src  # already an NHWC buffer (the previous convolution's result)
     else:
         xb = lw.materialize_view(View(src, tuple(idx), nhwc), f"{x.name}.nhwc")
+        _share_nhwc(lw, x, xb)
     res = n.results[0]
     lw.b.taken.discard(f"{res.name}.nhwc")
     if _packable(lw, w):
@@ -363,6 +364,17 @@ def lower_conv2d(lw: _Lowering, n: Node) -> None:
         out = _relu_nhwc(lw, out, ot, f"{res.name}.nhwc", relu_max(n.kwargs, CONV_OP),
                          act, residual, bool(n.kwargs.get("relu")))
     lw.env[res] = View(out, (i[0], i[2], i[3], i[1]), t)
+
+
+def _share_nhwc(lw: _Lowering, x: Value, xb: Value) -> None:
+    """Where several convolutions read `x` (a ShuffleNet block's two branches on its
+    shuffled input), `x` becomes the NHWC copy `xb` just made, permuted: the next one takes
+    that buffer as it is, where it made a second copy of its own."""
+    xt = x.type
+    assert isinstance(xt, TensorType)
+    if sum(m.op == CONV_OP and m.args[0] is x for m in lw.readers(x)) > 1:
+        i = [ivar(k) for k in range(4)]
+        lw.env[x] = View(xb, (i[0], i[2], i[3], i[1]), xt)
 
 
 def _packable(lw: _Lowering, w: Value) -> bool:

@@ -177,8 +177,11 @@ def packed_weight(w: torch.Tensor, a: torch.Tensor | None, size: Sequence[int],
 # A 1x1 convolution on few pixels is a small matrix product: oneDNN's per-call setup
 # (~40 us) dwarfs it (a squeeze-excitation's [N, C, 1, 1] convolutions: ~300 us each in
 # efficientnet_b0 vs ~10 us as addmm). Up to this many multiply-adds (or 16 rows) it runs as
-# addmm on the NHWC rows; measured on the 2-core EPYC at 1 thread (oneDNN wins above ~4M).
-SMALL_MATMUL = 1 << 21
+# addmm on the NHWC rows. Measured on the 2-core EPYC at 1 thread over 26 shapes of
+# ShuffleNet, RegNet, MobileNetV3, EfficientNet: addmm took 0.63-0.99x oneDNN's time on every
+# one up to 9.0M (ShuffleNet's 58/116/232-channel ones 0.76-0.99x, 24->58 at 56x56 0.63x),
+# 1.11-1.12x at 9.6M, 0.9-1.3x beyond.
+SMALL_MATMUL = 9 << 20
 
 
 def _matmul(x: torch.Tensor, w: torch.Tensor, kw: Mapping[str, Any]) -> bool:
