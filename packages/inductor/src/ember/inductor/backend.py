@@ -173,8 +173,10 @@ def summary(compiled: Module) -> str:
                 ref = n.args[0]
                 assert isinstance(ref, Ref)
                 body = compiled.items[ref.name]
-                why = body.attrs.get("cpp_fallback") if isinstance(body, Graph) else None
-                other.append(f"{n.op} @{ref.name} ({why})")
+                # the code generator's reason (C++ or Triton: the target that left it)
+                why = (body.attrs.get("cpp_fallback") or body.attrs.get("triton_fallback")
+                       if isinstance(body, Graph) else None)
+                other.append(f"{n.op} @{ref.name} ({why or 'no kernel generated for it'})")
             else:
                 other.append(n.op)
     lang = "/".join(LANG_NAMES.get(x, x) for x in langs) or LANG_NAMES["cpp"]

@@ -19,10 +19,11 @@ into the source (so a dumped module replays with the same blocks and warps); for
 f16/bf16 values are computed as the node's `cuda_lowp` attribute says (lowp.py): by default
 in f32, rounded to their dtype only at stores (as TorchInductor computes); "per-op" rounds
 every op's result as eager does. maximum/minimum propagate NaN. Index math is int32 unless an
-extent reaches 2**31 (then int64). IR text reaches the source only as `sanitize.ident` names and
-`sanitize.safe_text` comments; numbers are written by Python's repr of a float or int.
-Anything the tables do not cover raises `CodegenError` (the kernel then runs on the reference
-interpreter, with the reason).
+extent reaches 2**31, is symbolic, or an index reads a size (then int64). Sizes the body reads
+(sizes.py) are run-time arguments like the buffers' sizes. IR text reaches the source only as
+`sanitize.ident` names and `sanitize.safe_text` comments; numbers are written by Python's repr
+of a float or int. Anything the tables do not cover raises `CodegenError` (the kernel then runs
+on the reference interpreter, with the reason).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from ember.inductor.sanitize import ident, kernel_symbol, safe_text, short
 from ember.inductor.targets.cuda.launcher import bind_source
 from ember.inductor.targets.cuda.lowp import bf16_math, has_lowp_values, read_lowp, read_math
 from ember.inductor.targets.cuda.prelude import prelude
+from ember.inductor.targets.cuda.sizes import body_symbols
 from ember.ir import DType, Graph, Node, Ref, TensorType, Value
 from ember.ir.expr import TRITON, print_expr
 
@@ -611,6 +613,11 @@ def render(name: str, node: Node, body: Graph, items: dict[str, Any], interpret:
         dims = node.kwargs.get(key)
         free |= {f for d in _dims(dims if isinstance(dims, list) else [])
                  if not _is_static(d) for f in d.free_symbols}
+    # sizes the body reads that no buffer carries (a cache position plus the prompt length:
+    # a size as a value, or in an index): run-time arguments like the others
+    used = body_symbols(body, items)
+    w.wide |= bool(used["index"])  # an index over a run-time size: int64, as symbolic shapes
+    free |= used["index"] | used["value"]
     w.sizes = sorted(str(f) for f in free)
     if any(not (s[:1] == "s" and s[1:].isdigit()) for s in w.sizes):
         raise CodegenError(f"sizes over symbols {w.sizes} (size symbols are s0, s1, ...)")
