@@ -10,10 +10,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
-import importlib.util  # noqa: E402
 import math  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -27,9 +24,9 @@ pytest.importorskip("triton", reason="the Triton target's tests need the triton 
 import ember.inductor  # noqa: E402,F401
 from ember.capture import capture  # noqa: E402
 from ember.inductor.schedule import ScheduleError  # noqa: E402
-from ember.inductor.targets.cuda.prelude import prelude  # noqa: E402
 from ember.ir import parse  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
+from packages.inductor.tests.prelude_kernels import elementwise, prelude_module  # noqa: E402
 
 ERF1P_REL = 9.4e-4  # 1 + erf(C x), C x >= -4 (measured 9.33e-4: the fit's own error)
 ERF1P_ABS_TAIL = 2e-8  # C x < -4 (measured 3e-11)
@@ -62,21 +59,8 @@ def up_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
 @pytest.fixture(scope="module")
 def mod(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The prelude (interpreter form) with kernels applying the functions elementwise."""
-    path = Path(tmp_path_factory.mktemp("bf16math")) / "bf16_math_kernels.py"
-    path.write_text(prelude(True) + KERNEL)
-    spec = importlib.util.spec_from_file_location("ember_test_bf16_math_kernels", path)
-    assert spec is not None and spec.loader is not None
-    m = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = m  # triton.jit reads the function's module source
-    spec.loader.exec_module(m)
-    return m
-
-
-def apply(kernel: Any, x: torch.Tensor, block: int = 1024, **kw: Any) -> torch.Tensor:
-    x = x.to(torch.float32).contiguous()
-    out = torch.empty_like(x)
-    kernel[(max(1, math.ceil(x.numel() / block)),)](x, out, x.numel(), BLOCK=block, **kw)
-    return out
+    return prelude_module(tmp_path_factory.mktemp("bf16math"), "ember_test_bf16_math_kernels",
+                          KERNEL)
 
 
 @pytest.mark.parametrize("c", [1.0, GELU_C])
@@ -84,7 +68,7 @@ def test_erf1p_bound_on_a_dense_grid(mod: Any, c: float) -> None:
     """Every 2**-10 step of [-8, 8]: 1 + erf(c x) within ERF1P_REL of erfc(-c x) in f64 where
     c x >= -4 (relative: the lower tail keeps its digits), within ERF1P_ABS_TAIL below."""
     x = torch.arange(-8.0, 8.0, 2.0 ** -10, dtype=torch.float64).float()
-    got = apply(mod.erf1p_kernel, x, C=c).double()
+    got = elementwise(mod.erf1p_kernel, x, C=c).double()
     want = torch.special.erfc(-c * x.double())
     inside = c * x.double() >= -4
     rel = ((got - want).abs() / want)[inside]
@@ -95,7 +79,7 @@ def test_erf1p_bound_on_a_dense_grid(mod: Any, c: float) -> None:
 
 def test_erf1p_special_values(mod: Any) -> None:
     x = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e30, -1e30])
-    got = apply(mod.erf1p_kernel, x, C=1.0)
+    got = elementwise(mod.erf1p_kernel, x, C=1.0)
     assert math.isnan(got[0].item())
     assert got[1:].tolist() == [2.0, 0.0, 1.0, 1.0, 2.0, 0.0]
 
@@ -121,7 +105,7 @@ def test_gelu_bf16_matches_torch_f32_over_the_whole_range(mod: Any, xs: list[flo
     gelu: within one bf16 step after both round to bf16 (or 1e-6 absolutely: eager's
     1 + erf cancels in f32 below y = -4)."""
     x = torch.tensor(xs, dtype=torch.float32).clamp(-GELU_MAX, GELU_MAX)
-    bf16_close(apply(mod.gelu_kernel, x), F.gelu(x), floor=1e-6)
+    bf16_close(elementwise(mod.gelu_kernel, x), F.gelu(x), floor=1e-6)
 
 
 def test_gelu_bf16_every_bf16_input(mod: Any) -> None:
@@ -129,7 +113,7 @@ def test_gelu_bf16_every_bf16_input(mod: Any) -> None:
     cover every binade)."""
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     x = x[x.float().abs() < GELU_MAX].float()
-    bf16_close(apply(mod.gelu_kernel, x, block=4096), F.gelu(x), floor=1e-6)
+    bf16_close(elementwise(mod.gelu_kernel, x, block=4096), F.gelu(x), floor=1e-6)
 
 
 def test_up_bf16_is_exact(mod: Any) -> None:

@@ -7,10 +7,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
-import importlib.util  # noqa: E402
 import math  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -21,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-from ember.inductor.targets.cuda.prelude import prelude  # noqa: E402
+from packages.inductor.tests.prelude_kernels import elementwise, prelude_module  # noqa: E402
 
 MAX_ULP = 10.0  # measured 9.0 (f32 arithmetic of the fit, exact division); libdevice erff: 2
 
@@ -38,22 +35,11 @@ def erf_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 @pytest.fixture(scope="module")
 def erf_module(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The prelude (interpreter form) with a kernel applying _erf elementwise."""
-    path = Path(tmp_path_factory.mktemp("erf")) / "erf_kernels.py"
-    path.write_text(prelude(True) + KERNEL)
-    spec = importlib.util.spec_from_file_location("ember_test_erf_kernels", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # triton.jit reads the function's module source
-    spec.loader.exec_module(mod)
-    return mod
+    return prelude_module(tmp_path_factory.mktemp("erf"), "ember_test_erf_kernels", KERNEL)
 
 
 def erf32(mod: Any, x: torch.Tensor) -> torch.Tensor:
-    x = x.to(torch.float32).contiguous()
-    out = torch.empty_like(x)
-    block = 1024
-    mod.erf_kernel[(max(1, math.ceil(x.numel() / block)),)](x, out, x.numel(), BLOCK=block)
-    return out
+    return elementwise(mod.erf_kernel, x)
 
 
 def ulp_error(got: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
