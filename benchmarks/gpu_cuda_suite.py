@@ -545,7 +545,9 @@ def run_model(name: str, build: Callable[[], tuple[Any, tuple[Any, ...]]], jit: 
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001
             row["ember_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            row["trace"] = traceback.format_exc(limit=6)
+            # the innermost frames, where it was raised (limit=6 kept the outermost six: the
+            # 2026-12-02 IndexError of deberta-v2 showed only `_miss` calling something)
+            row["trace"] = traceback.format_exc(limit=-12)
             got = None
         row["ember_compile_s"] = round(time.perf_counter() - t0, 2)
         if got is not None:  # the second call: where the default mode records a CUDA graph
@@ -656,7 +658,7 @@ def run_launch() -> list[dict[str, Any]]:
             row.update(launch_case(case, fn, args))
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-            row["trace"] = traceback.format_exc(limit=6)
+            row["trace"] = traceback.format_exc(limit=-12)
         emit(row)
         rows.append(row)
     return rows
@@ -1005,7 +1007,7 @@ def main() -> int:
                         row = {"section": "kernels", "case": case, "dtype": str(dtype),
                                "shape": list(shape),
                                "error": f"{type(e).__name__}: {str(e)[:300]}",
-                               "trace": traceback.format_exc(limit=6)}
+                               "trace": traceback.format_exc(limit=-12)}
                     if size != "anchor":
                         sources[(case, dtype)] = row.get("sources", {}).get(case, "")
                     emit(row)
@@ -1022,7 +1024,7 @@ def main() -> int:
             rows += run_launch()
         except Exception as e:  # noqa: BLE001
             row = {"section": "launch", "case": "?", "error": f"{type(e).__name__}: {e}"[:300],
-                   "trace": traceback.format_exc(limit=6)}
+                   "trace": traceback.format_exc(limit=-12)}
             emit(row)
     torch.cuda.empty_cache()
     pool_rows: list[dict[str, Any]] = []
@@ -1047,7 +1049,7 @@ def main() -> int:
                 row["error"] = f"timeout: {e}"
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                row["trace"] = traceback.format_exc(limit=6)
+                row["trace"] = traceback.format_exc(limit=-12)
             emit(row)
             rows.append(row)
             torch.cuda.empty_cache()
