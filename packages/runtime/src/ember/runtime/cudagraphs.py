@@ -79,6 +79,9 @@ class GraphInfo:
     # inputs the capture read from a module's parameters or buffers (long-lived tensors:
     # read in place like parameters; BatchNorm's small running stats were copied every call)
     members: frozenset[int] = frozenset()
+    # each input's source as the capture names it (`L['cache'].layers[0].keys`): explain
+    # says which input moved when a graph is recorded again
+    names: tuple[str, ...] = ()
 
 
 def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
@@ -93,10 +96,13 @@ def graph_info(cap: Any, examples: Sequence[Any]) -> GraphInfo:
         r = getattr(e, "result", None)
         if r is not None:
             visible.add(r)
-    from ember.capture.sources import ModuleMemberSource
-    members = frozenset(i for i, src in enumerate(getattr(cap, "input_sources", []))
+    from ember.capture.sources import ModuleMemberSource, describe
+    sources = list(getattr(cap, "input_sources", []))
+    members = frozenset(i for i, src in enumerate(sources)
                         if isinstance(src, ModuleMemberSource))
-    return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible), members)
+    names = tuple(describe(src) for src in sources) if len(sources) == len(examples) else ()
+    return GraphInfo({u.result: u.param for u in cap.updates}, frozenset(visible), members,
+                     names)
 
 
 def moved_examples(scalars: Any, module: Any, examples: Sequence[Any]) -> Sequence[Any]:
@@ -377,10 +383,11 @@ class _GraphRunner:
                 # a move after a run of replays is a new long-lived tensor (another
                 # generate()'s cache): recorded again in place, the old recording kept as an
                 # alternate; a move soon after recording is churn, counted toward copying it
+                moved = [i for i, a in r.static if inputs[i].data_ptr() != a]
+                rec.because(moved_reason(self._names(moved), r.replays < STABLE_REPLAYS))
                 if r.replays < STABLE_REPLAYS:
-                    for i, a in r.static:
-                        if inputs[i].data_ptr() != a:
-                            self.moves[i] = self.moves.get(i, 0) + 1
+                    for i in moved:
+                        self.moves[i] = self.moves.get(i, 0) + 1
                     rs.pop(0)
                 again = {i for i, _ in r.static}
                 rec.rerecorded += 1
@@ -395,6 +402,9 @@ class _GraphRunner:
                     for i in self.demoted:
                         self.moves.pop(i, None)
                     again = set(self.demoted) | {i for i, _ in r.static}
+                    rec.because(f"recorded again to read {self._names(self.demoted)} in "
+                                f"place (copied after moving; they stayed put "
+                                f"{STABLE_REPLAYS} calls)")
                     self.demoted = []
                     rs.remove(r)
                     rec.restored += 1
@@ -403,6 +413,8 @@ class _GraphRunner:
             if rs is None and len(self.recordings) >= self.owner.max_recordings:
                 rec.over_limit += 1  # (nothing more to remember)
                 rec.plain += 1
+                rec.because(f"a binding past the limit of {self.owner.max_recordings} "
+                            f"recordings runs without a graph")
                 return self.runner(graph, inputs)
             addrs = [_address(x) for x in inputs]
             first = self.seen.get(key)
@@ -454,6 +466,9 @@ class _GraphRunner:
         r.replays += 1
         rec.replays += 1
         return RunResult(self._outputs(r, inputs))
+
+    def _names(self, idx: Sequence[int]) -> str:
+        return input_names(idx, self.info.names)
 
     def _still_static(self, r: _Recording, inputs: Sequence[Any]) -> bool:
         # data_ptr alone: the guards hold each input's strides
@@ -616,6 +631,26 @@ def _sync(device: torch.device) -> None:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else ""
+
+
+def input_names(idx: Sequence[int], names: Sequence[str], most: int = 3) -> str:
+    """`input 4 (L['cache'].keys), input 5 (...) and 30 more`: which inputs, by their
+    capture sources where known."""
+    parts = [f"input {i}" + (f" ({names[i]})" if i < len(names) else "")
+             for i in list(idx)[:most]]
+    more = len(idx) - most
+    text = ", ".join(parts) or "no input"
+    return text + (f" and {more} more" if more > 0 else "")
+
+
+def moved_reason(names: str, soon: bool) -> str:
+    """Why a binding was recorded again: its static inputs `names` moved, `soon` after its
+    recording (a new tensor per call: counted toward copying them) or after a run of
+    replays (a new long-lived tensor, such as another generate()'s cache)."""
+    when = (f"within {STABLE_REPLAYS} replays of its recording (copied once moved twice)"
+            if soon else "after a run of replays (a new long-lived tensor, e.g. another "
+            "generate()'s cache)")
+    return f"recorded again: {names} moved {when}"
 
 
 def _binding_text(key: tuple[Any, ...]) -> str:

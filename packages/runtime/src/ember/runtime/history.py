@@ -90,6 +90,17 @@ class CudaGraphRecord:
     recycled: int = 0  # results written into their last clone, which the caller let go of
     bindings: list[str] = field(default_factory=list)  # each recorded binding's shapes
     skipped: str | None = None
+    # why each re-recording, restore or call past the limit happened (which inputs moved):
+    # reason -> how often (at most MAX_REASONS distinct, the rest counted under "other")
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    MAX_REASONS = 8
+
+    def because(self, why: str) -> None:
+        """Count one re-recording (or call without a graph) for reason `why`."""
+        if why not in self.reasons and len(self.reasons) >= self.MAX_REASONS:
+            why = "other reasons"
+        self.reasons[why] = self.reasons.get(why, 0) + 1
 
     def text(self) -> str:
         where = f"graph {self.graph} " if self.graph is not None else ""
@@ -108,10 +119,12 @@ class CudaGraphRecord:
         if self.recycled:
             counts += (f", {self.recycled} result(s) written into the tensor returned last "
                        f"(freed by the caller: same address)")
+        why = "".join(f"; {r}" + (f" (x{n})" if n > 1 else "")
+                      for r, n in self.reasons.items())
         if self.skipped is not None:
-            return head + f"not recorded: {self.skipped}; " + counts
-        return head + counts + ("; bindings " + ", ".join(self.bindings)
-                                if self.bindings else "")
+            return head + f"not recorded: {self.skipped}; " + counts + why
+        return head + counts + why + ("; bindings " + ", ".join(self.bindings)
+                                      if self.bindings else "")
 
 
 @dataclass
