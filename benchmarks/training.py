@@ -52,8 +52,8 @@ LR = 1e-3
 MEMORY_METHOD = ("torch CPU allocator bytes live during one step above the step's start "
                  "(profiler memory events, profile_memory=True)")
 
-_TRAINING = re.compile(r"runs its forward as (\d+) (C\+\+|Triton) kernel\(s\), (\d+) extern "
-                       r"call\(s\) and its backward as (\d+) (?:C\+\+|Triton) kernel\(s\), (\d+) "
+_TRAINING = re.compile(r"runs its forward as (\d+) (C\+\+|[Tt]riton) kernel\(s\), (\d+) extern "
+                       r"call\(s\) and its backward as (\d+) (?:C\+\+|[Tt]riton) kernel\(s\), (\d+) "
                        r"extern call\(s\)")
 
 # model, loss function (model, *inputs) -> scalar loss, the step's inputs

@@ -288,3 +288,26 @@ def test_conv_batchnorm_trains_with_triton_reductions(cuda_on_cpu: None) -> None
     assert "aten.convolution_backward.default" in _externs(bwd)
     bn = mc.body[1]
     assert isinstance(bn, nn.BatchNorm2d) and int(bn.num_batches_tracked) == 2
+
+
+def test_gpt_neox_trains_with_the_efficient_kernel(cuda_on_cpu: None,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-NeoX (transformers, partial rotary, parallel residual) in f32: on the H200 its sdpa
+    is the memory-efficient kernel, which training used to decompose (no VJP rule)."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(sdpa_choice, "real_choice", lambda *a, **k: sdpa_choice.EFFICIENT)
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=64,
+                                     max_position_embeddings=16, rotary_pct=0.25,
+                                     use_parallel_residual=True, hidden_act="gelu")
+    model = transformers.GPTNeoXForCausalLM(cfg).train()
+    ids = torch.randint(0, 64, (2, 8))
+
+    def loss(m: Any, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        y = m(i).logits
+        return F.cross_entropy(y.reshape(-1, y.shape[-1]), t.reshape(-1))
+    fn, _, _ = _train(model, loss, (ids, torch.roll(ids, -1, 1)))
+    fwd, bwd = _compiled(fn)
+    assert _externs(fwd).count(HEADS_LAST) == 1 and _externs(bwd).count(GRADS) == 1
+    assert CALLS == [EFFICIENT_BACKWARD] * 2

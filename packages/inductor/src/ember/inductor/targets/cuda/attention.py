@@ -15,6 +15,13 @@ becomes `slice(pad(bias))` (a mask broadcast over heads is padded before the bro
 eager pads it before its expand). The lowering rule checks the strides it hands over and copies
 an operand the kernel would refuse (a last stride other than 1, an unaligned bias) into a
 contiguous buffer. `cuda-attention{explain=true}` prints each decision (stderr).
+
+Training (issue 16 item 6): the forms' VJP rules (autograd/vjp/attention_cuda.py) emit their
+own backward kernels (`_scaled_dot_product_{flash,efficient,cudnn}_attention_backward`), which
+the same front end keeps and this module lowers to one extern each on strided views of the
+cotangent, q, k, v, the saved output and logsumexp (the bias aligned as in the forward), the
+gradients of heads-last operands returned as the [B, L, H, E] buffers the kernel writes
+(`loop.cuda_attention_grads`, below).
 """
 
 from __future__ import annotations
