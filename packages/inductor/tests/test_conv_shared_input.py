@@ -1,6 +1,7 @@
 """A value several convolutions read (a ShuffleNet block's two branches on its shuffled input)
-is copied to NHWC once, and a 1x1 convolution of up to SMALL_MATMUL multiply-adds is a matrix
-product on the NHWC rows (targets/cpu/conv.py `_share_nhwc`, packed.py `_matmul`)."""
+is copied to NHWC once, a channel concatenation convolutions read through views (the channel
+shuffle) is computed channels-last, and a 1x1 convolution of up to SMALL_MATMUL multiply-adds is a matrix
+product on the NHWC rows (targets/cpu/conv.py `_share_nhwc`, `_viewed_cats`; packed.py `_matmul`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 import ember.inductor  # noqa: F401  (registers the CPU target)
 from ember.inductor.kernels import compile_module, compiled_runner
 from ember.inductor.targets.cpu import packed
+from ember.inductor.targets.cpu.conv import conv_nhwc
 from ember.ir import Interpreter, parse, verify
 
 
@@ -37,15 +39,15 @@ graph @f(%x: f32[2, {half}, {h}, {h}], %y: f32[2, {half}, {h}, {h}], %w0: f32[{h
 def _check(c: int, groups: int, stride: int, h: int) -> None:
     m = parse(_shuffle(c, groups, stride, h))
     verify(m)
+    made = {r.name: n for n in conv_nhwc(m).graphs["f"].nodes for r in n.results}
+    assert made["k"].op == "prims.permute", "the shuffled concatenation is channels-last"
+    cat = made["k"].args[0].node  # type: ignore[union-attr]
+    assert cat is not None and cat.op == "prims.concatenate" and cat.kwargs["dim"] == 3
     compiled = compile_module(m)
     nodes = compiled.graph().nodes
-    nhwc = [2, h, h, c]
-    copies = [n for n in nodes if n.op == "kernels.call"
-              and any(list(r.type.shape) == nhwc for r in n.results)]
-    assert len(copies) == 1 and len(copies[0].results) == 1, "one NHWC copy of %s"
     externs = [n for n in nodes if n.op == "kernels.extern"
                and n.kwargs.get("op") == "loop.conv2d_packed"]
-    assert externs[1].args[0] is externs[2].args[0] is copies[0].results[0]
+    assert externs[1].args[0] is externs[2].args[0], "one NHWC copy of %s, both read it"
     gen = torch.Generator().manual_seed(0)
     inputs = [torch.randn(*[int(d) for d in p.type.shape], generator=gen)  # type: ignore
               for p in m.graphs["f"].params]

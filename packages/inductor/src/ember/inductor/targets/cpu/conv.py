@@ -93,10 +93,11 @@ def _channels_last_producers(g: Graph) -> None:
     swap: dict[int, list[Node]] = {}
     inputs = [c.args[0] for c in g.nodes if c.op == CONV_OP and c.args
               and isinstance(c.args[0], Value)]
-    for x in [r for v in inputs for r in _roots(v, readers)]:
+    viewed = {c for v in inputs for c in _viewed_cats(v)}
+    for x in [r for v in inputs for r in [*_roots(v, readers), *_viewed_cats(v)]]:
         p = x.node if isinstance(x, Value) else None
         if not isinstance(x, Value) or p is None or id(p) in swap or len(p.results) != 1 \
-                or readers.get(x, 0) < 2 or x in g.outputs \
+                or (readers.get(x, 0) < 2 and x not in viewed) or x in g.outputs \
                 or not isinstance(x.type, TensorType) or x.type.rank != 4:
             continue
         cat = _channel_cat(p)
@@ -166,6 +167,38 @@ def _roots(x: Value, readers: dict[Value, int]) -> list[Value]:
                 out.append(a)
             else:
                 todo.append((a, depth + 1))
+    return out
+
+
+VIEW_OPS = ("prims.reshape", "prims.permute", "prims.slice")
+
+
+def _viewed_cats(x: Value) -> list[Value]:
+    """The channel concatenations `x` is a view of (ShuffleNet: a channel shuffle and a
+    chunk, `reshape -> permute -> reshape -> slice`, after each block's concatenation), and
+    those their pieces are views of in turn, up to ROOT_DEPTH nodes back. Lowered as written
+    such a concatenation, where fusion stops inlining it into its readers, loops NCHW: a
+    kernel gathering NHWC convolution outputs into an NCHW buffer, then a copy to NHWC for
+    the convolution; computed channels-last, its readers take its channels contiguously."""
+    out: list[Value] = []
+    todo, seen = [(x, 0, False)], {x}
+    while todo:
+        v, depth, via_view = todo.pop()
+        p = v.node
+        if p is None or depth >= ROOT_DEPTH or len(p.results) != 1:
+            continue
+        if p.op in VIEW_OPS and isinstance(p.args[0], Value):
+            nxt, view = [p.args[0]], True
+        elif _channel_cat(p):
+            if via_view:
+                out.append(v)
+            nxt, view = [a for a in p.args[0] if isinstance(a, Value)], False  # type: ignore[union-attr]
+        else:
+            continue
+        for a in nxt:
+            if a not in seen:
+                seen.add(a)
+                todo.append((a, depth + 1, view))
     return out
 
 
