@@ -33,6 +33,13 @@ from ember.ir import Module  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
 from ember.ir.registry import OpTypeError, default_registry  # noqa: E402
 from ember.runtime.writeback import REPLACED_INPUTS, backend_module  # noqa: E402
+from packages.inductor.tests.decode_steps import (  # noqa: E402
+    DECODE_FRONT,
+    cuda_rules_on_cpu,
+    last_decode_step,
+    run_from,
+    snapshot,
+)
 
 B, H, S, E = 2, 3, 6, 4
 
@@ -170,18 +177,12 @@ def test_static_cache_generate_matches_eager(triton_cpu: Target, spy: list[bool]
     """A tiny GPT-NeoX's greedy generate() with a static cache: eager's tokens, each decode
     step writing its 2 layers x (keys, values) rows in place."""
     pytest.importorskip("transformers")
-    from ember.runtime.testing import tiny_hf_model
+    from ember.runtime.testing import generate_with, tiny_hf_model
     model: Any = tiny_hf_model("neox")[0]
     ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
-    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, cache_implementation="static")
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-        cf = er.compile(model.forward)
-        model.forward = cf
-        try:
-            got = model.generate(ids, **kw)
-        finally:
-            del model.forward
+    cf = er.compile(model.forward)
+    want, got = generate_with(model, cf, ids, max_new_tokens=4, do_sample=False, pad_token_id=0,
+                              cache_implementation="static")
     assert torch.equal(got, want)
     assert spy and len(spy) % 4 == 0 and all(spy), spy
     assert er.explain(cf).fallbacks == []
@@ -202,8 +203,8 @@ graph @f(%x: f32[2, 6, 4], %i: i64[1], %s: f32[2, 2, 4]) -> (f32[2, 6, 4]) {
         inplace._infer(None, parse(text).graph().nodes[0].args, {"dim": 3})
 
 
-DECODE = ("cuda-attention,matmul-lowp,cache-inplace{attention=true},dce,lower-loops,fuse,"
-          "fuse-shared,schedule-cuda,codegen-triton{interpret=true},plan-buffers")
+DECODE = (f"{DECODE_FRONT},lower-loops,fuse,fuse-shared,schedule-cuda,"
+          "codegen-triton{interpret=true},plan-buffers")
 
 
 def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
@@ -214,26 +215,10 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
     pytest.importorskip("transformers")
     from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
     from ember.runtime.testing import tiny_hf_model
-    monkeypatch.setitem(targets()["cpu"].lowerings, inplace.ATTENTION_OP,
-                        inplace.lower_decode_attention)
+    cuda_rules_on_cpu(monkeypatch, {inplace.ATTENTION_OP: inplace.lower_decode_attention})
     model: Any = tiny_hf_model("neox")[0]
     ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
-    steps: list[tuple[Any, dict[str, Any]]] = []
-    real = model.forward
-
-    def spy(*a: Any, **k: Any) -> Any:
-        steps.append((a, dict(k)))
-        return real(*a, **k)
-    model.forward = spy
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0,
-                       cache_implementation="static")
-    del model.forward
-    args, kwargs = steps[-1]
-    cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
-    for layer in cache.layers:  # the last step again: its slot, not one past the end
-        layer.cumulative_length.sub_(1)
-    c = captured(model.forward, args, kwargs)
+    c, real, args, kwargs = last_decode_step(model, ids, 4)
     m = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)), f"{FRONT},{DECODE}")
     ops = externs(m)
     assert ops.count(inplace.ATTENTION_OP) == 2, ops  # one per layer
@@ -243,15 +228,11 @@ def test_decode_attention_one_kernel_matches_eager(cpu_rules: None,
                          f"{FRONT},cache-inplace{{attention=true,attention_max_len=4}}")
     assert not any(n.op == inplace.ATTENTION_OP for n in short.graph().nodes)  # 8 rows > 4
     ins = list(c.input_examples)
-    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    snap = snapshot(ins)
     with torch.no_grad():
         want = real(*args, **kwargs).logits[:, -1]
-    after = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
-    with torch.no_grad():
-        for x, s in zip(ins, snap, strict=True):
-            if isinstance(x, torch.Tensor):
-                x.copy_(s)
-        got = compiled_runner(m)(None, ins).outputs
+    after = snapshot(ins)
+    got = run_from(m, ins, snap)
     torch.testing.assert_close(got[0].reshape(want.shape), want, rtol=1e-4, atol=1e-4)
     in_place = 0
     for p, r in ((u.param, u.result) for u in c.updates):

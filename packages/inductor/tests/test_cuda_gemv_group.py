@@ -21,14 +21,19 @@ import torch  # noqa: E402
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
 import ember.inductor  # noqa: E402,F401
-from ember.capture import Captured, capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.targets import targets  # noqa: E402
-from ember.inductor.targets.cuda import FRONT, gemv, gemv_group, inplace  # noqa: E402
+from ember.capture import Captured  # noqa: E402
+from ember.inductor.targets.cuda import gemv, gemv_group, inplace  # noqa: E402
 from ember.inductor.targets.cuda.gemv_fused import gemv_pair, reference  # noqa: E402
+from ember.ir import Module  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
 from ember.ir.registry import OpTypeError  # noqa: E402
-from ember.runtime.writeback import backend_module  # noqa: E402
+from packages.inductor.tests.decode_steps import (  # noqa: E402
+    cuda_rules_on_cpu,
+    decode_front,
+    last_decode_step,
+    run_from,
+    snapshot,
+)
 
 BF = torch.bfloat16
 
@@ -72,27 +77,17 @@ def test_bad_operands_are_clear_errors() -> None:
         gemv_group._segments([], {"epilogues": ["tanh"]})
 
 
-def _decode_step(model: Any) -> tuple[Captured, Any, tuple[Any, ...], dict[str, Any]]:
+def _neox_step(monkeypatch: pytest.MonkeyPatch
+               ) -> tuple[Captured, Any, tuple[Any, ...], dict[str, Any], Module]:
+    """A tiny bf16 GPT-NeoX's last decode step (batch 1, static cache): its capture, the
+    model's forward, the step's args and kwargs, and its module through the CUDA front up to
+    decode-gemv; the CUDA externs' lowering rules on the CPU target for this test."""
+    from ember.runtime.testing import tiny_hf_model
+    cuda_rules_on_cpu(monkeypatch, {**gemv.LOWERINGS, **inplace.LOWERINGS})
+    model: Any = tiny_hf_model("neox")[0].to(BF)
     ids = torch.randint(2, 100, (1, 5), generator=torch.Generator().manual_seed(1))
-    steps: list[tuple[Any, dict[str, Any]]] = []
-    real = model.forward
-
-    def spy(*a: Any, **k: Any) -> Any:
-        steps.append((a, dict(k)))
-        return real(*a, **k)
-    model.forward = spy
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                       cache_implementation="static")
-    del model.forward
-    args, kwargs = steps[-1]
-    cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
-    for layer in cache.layers:  # the last step again: its slot, not one past the end
-        layer.cumulative_length.sub_(1)
-    with torch.no_grad():
-        c = capture(model.forward, args, kwargs)
-    assert isinstance(c, Captured)
-    return c, real, args, kwargs
+    c, real, args, kwargs = last_decode_step(model, ids, 3)
+    return c, real, args, kwargs, decode_front(c)
 
 
 PIPE = ("decode-gemv{group=true},lower-loops,fuse,fuse-shared,schedule-cuda,"
@@ -104,15 +99,7 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
     with its bias and GELU, dense + 4h_to_h, every bias absorbed) where group=false leaves four
     GEMVs; logits and the caches after the step within bf16 rounding of eager's."""
     pytest.importorskip("transformers")
-    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
-    from ember.runtime.testing import tiny_hf_model
-    cpu = targets()["cpu"].lowerings
-    for op, rule in {**gemv.LOWERINGS, **inplace.LOWERINGS}.items():
-        monkeypatch.setitem(cpu, op, rule)
-    model: Any = tiny_hf_model("neox")[0].to(BF)
-    c, real, args, kwargs = _decode_step(model)
-    front = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)),
-                         f"{FRONT},cuda-attention,matmul-lowp,cache-inplace{{attention=true}},dce")
+    c, real, args, kwargs, front = _neox_step(monkeypatch)
     plain = run_pipeline(front, "decode-gemv{group=false}")
     assert sum(n.op == gemv.OP for n in plain.graph().nodes) == 2 * 4 + 1  # + the lm_head
     m = run_pipeline(front, PIPE)
@@ -126,15 +113,11 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
     ungrouped = run_pipeline(plain, PIPE.split(",", 1)[1])
     assert calls == sum(n.op == "kernels.call" for n in ungrouped.graph().nodes) - 2, calls
     ins = list(c.input_examples)
-    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
+    snap = snapshot(ins)
     with torch.no_grad():
         want = real(*args, **kwargs).logits[:, -1].float()
-    after = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
-    with torch.no_grad():
-        for x, s in zip(ins, snap, strict=True):
-            if isinstance(x, torch.Tensor):
-                x.copy_(s)
-        got = compiled_runner(m)(None, ins).outputs
+    after = snapshot(ins)
+    got = run_from(m, ins, snap)
     scale = float(want.abs().max())
     torch.testing.assert_close(got[0].reshape(want.shape).float(), want, rtol=0,
                                atol=scale * 0.05)
@@ -142,7 +125,6 @@ def test_neox_decode_step_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
         b = after[u.param]
         torch.testing.assert_close(got[u.result], b, rtol=0,
                                    atol=float(b.abs().max()) * 0.02 + 1e-6)
-
 
 
 def test_neox_decode_step_rope_in_the_attention(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,15 +135,7 @@ def test_neox_decode_step_rope_in_the_attention(monkeypatch: pytest.MonkeyPatch)
     logits within bf16 rounding."""
     pytest.importorskip("transformers")
     from ember.inductor.targets.cuda import decode_rope
-    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
-    from ember.runtime.testing import tiny_hf_model
-    cpu = targets()["cpu"].lowerings
-    for op, rule in {**gemv.LOWERINGS, **inplace.LOWERINGS}.items():
-        monkeypatch.setitem(cpu, op, rule)
-    model: Any = tiny_hf_model("neox")[0].to(BF)
-    c, real, args, kwargs = _decode_step(model)
-    front = run_pipeline(cuda_form_of_cpu_attention(backend_module(c)),
-                         f"{FRONT},cuda-attention,matmul-lowp,cache-inplace{{attention=true}},dce")
+    c, real, args, kwargs, front = _neox_step(monkeypatch)
     mods = {r: run_pipeline(front, PIPE.replace("group=true", f"group=true,rope={r}"))
             for r in ("true", "false")}
     ext = {r: [n.kwargs.get("op") for n in m.graph().nodes if n.op == "kernels.extern"]
@@ -170,15 +144,8 @@ def test_neox_decode_step_rope_in_the_attention(monkeypatch: pytest.MonkeyPatch)
     calls = {r: sum(n.op == "kernels.call" for n in m.graph().nodes) for r, m in mods.items()}
     assert calls["true"] < calls["false"], calls
     ins = list(c.input_examples)
-    snap = [x.clone() if isinstance(x, torch.Tensor) else x for x in ins]
-    outs = {}
-    for r, m in mods.items():
-        with torch.no_grad():
-            for x, s in zip(ins, snap, strict=True):
-                if isinstance(x, torch.Tensor):
-                    x.copy_(s)
-            outs[r] = [o.clone() if isinstance(o, torch.Tensor) else o
-                       for o in compiled_runner(m)(None, ins).outputs]
+    snap = snapshot(ins)
+    outs = {r: snapshot(run_from(m, ins, snap)) for r, m in mods.items()}
     for u in c.updates:
         a, b = outs["true"][u.result], outs["false"][u.result]
         torch.testing.assert_close(a, b, rtol=0, atol=float(b.abs().max()) * 2 ** -7 + 1e-6)

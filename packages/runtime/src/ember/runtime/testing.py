@@ -182,3 +182,17 @@ def tiny_hf_model(name: str) -> tuple[nn.Module, dict[str, Any]]:
     else:
         raise ValueError(f"no tiny config for {name!r}; known: {', '.join(TINY_HF_MODELS)}")
     return m.eval(), kw
+
+
+def generate_with(model: Any, forward: Callable[..., Any], ids: torch.Tensor,
+                  **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eager's tokens, the tokens with `forward` in model.forward's place) of `model.generate(
+    ids, **kwargs)` under no_grad; model.forward is its own again after, whatever happens."""
+    with torch.no_grad():
+        want = model.generate(ids, **kwargs)
+        model.forward = forward
+        try:
+            got = model.generate(ids, **kwargs)
+        finally:
+            del model.forward
+    return want, got

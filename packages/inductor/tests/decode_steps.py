@@ -1,0 +1,78 @@
+"""A tiny Hugging Face model's decode step for the CUDA target's decode tests (cache-inplace,
+decode-gemv), shared by test_cuda_cache_inplace.py and test_cuda_gemv_group.py: the step
+captured with its static cache, the CUDA externs' lowering rules on the CPU target, the front of
+the CUDA pipeline up to the decode passes, and runs of a compiled module from one snapshot of
+the step's inputs (the caches are written in place)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from ember.capture import Captured, capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.targets import targets
+from ember.ir import Module
+from ember.ir.passes import run_pipeline
+from ember.runtime.writeback import backend_module
+
+# the CUDA pipeline's front with the decode attention extern (cache-inplace{attention=true})
+DECODE_FRONT = "cuda-attention,matmul-lowp,cache-inplace{attention=true},dce"
+
+
+def last_decode_step(model: Any, ids: torch.Tensor, new: int
+                     ) -> tuple[Captured, Any, tuple[Any, ...], dict[str, Any]]:
+    """(the capture, model's own forward, its args and kwargs) of the last decode step of a
+    greedy static-cache generate() of `new` tokens, the cache rewound to that step's slot."""
+    steps: list[tuple[Any, dict[str, Any]]] = []
+    real = model.forward
+
+    def spy(*a: Any, **k: Any) -> Any:
+        steps.append((a, dict(k)))
+        return real(*a, **k)
+    model.forward = spy
+    try:
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=new, do_sample=False, pad_token_id=0,
+                           cache_implementation="static")
+    finally:
+        del model.forward
+    args, kwargs = steps[-1]
+    cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
+    for layer in cache.layers:  # the last step again: its slot, not one past the end
+        layer.cumulative_length.sub_(1)
+    with torch.no_grad():
+        c = capture(model.forward, args, kwargs)
+    assert isinstance(c, Captured) and c.updates, c
+    return c, real, args, kwargs
+
+
+def cuda_rules_on_cpu(monkeypatch: pytest.MonkeyPatch, rules: dict[str, Any]) -> None:
+    """The CUDA target's lowering rules for its externs on the CPU target (this test only)."""
+    cpu = targets()["cpu"].lowerings
+    for op, rule in rules.items():
+        monkeypatch.setitem(cpu, op, rule)
+
+
+def decode_front(c: Captured) -> Module:
+    """The step's module through the CUDA front and DECODE_FRONT (its CPU attention in the CUDA
+    form)."""
+    from ember.inductor.targets.cuda import FRONT
+    from ember.inductor.targets.cuda.attention import cuda_form_of_cpu_attention
+    return run_pipeline(cuda_form_of_cpu_attention(backend_module(c)), f"{FRONT},{DECODE_FRONT}")
+
+
+def snapshot(xs: list[Any]) -> list[Any]:
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]
+
+
+def run_from(m: Module, ins: list[Any], snap: list[Any]) -> list[Any]:
+    """m's outputs on `ins`, its tensors first reset to `snap` (the caches are written in
+    place)."""
+    with torch.no_grad():
+        for x, s in zip(ins, snap, strict=True):
+            if isinstance(x, torch.Tensor):
+                x.copy_(s)
+        return list(compiled_runner(m)(None, ins).outputs)
