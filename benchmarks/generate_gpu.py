@@ -135,6 +135,12 @@ def ember_counts(cf: Any) -> dict[str, Any]:
             "cuda_recordings": rep.recordings, "cuda_replays": rep.replays,
             "cuda_rerecordings": sum(r.rerecorded for r in rep.cuda_graphs),
             "cuda_results_in_place": sum(getattr(r, "recycled", 0) for r in rep.cuda_graphs),
+            # why each graph was recorded again or not recorded (which inputs moved; which
+            # kernel was left to the reference interpreter)
+            "cuda_reasons": [f"@{r.name}: {why} (x{n})" for r in rep.cuda_graphs
+                             for why, n in getattr(r, "reasons", {}).items()]
+            + [f"@{r.name}: not recorded: {r.skipped}" for r in rep.cuda_graphs
+               if r.skipped is not None],
             "cuda_graphs": [r.text()[:300] for r in rep.cuda_graphs], "explain": str(rep)}
 
 
@@ -271,6 +277,7 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
         else:
             toks = generate(model, ids, args.new, cache)
         row["first_s"] = last_first[variant] = round(time.perf_counter() - t0, 3)
+        before = ember_counts(cf) if variant.startswith("ember") and cf is not None else None
         for _ in range(args.warm):  # (CUDA graphs record on a binding's second call)
             generate(model, ids, args.new, cache)
         times = []
@@ -294,6 +301,11 @@ def one_case(args: argparse.Namespace, model: Any, variant: str, cache: str, bat
                                                     eager_tokens[(cache, batch)], div)
         if variant.startswith("ember") and cf is not None:
             row.update(ember_counts(cf))  # (cumulative over this variant's cases so far)
+            if before is not None:  # per generate() after this case's first call
+                calls = args.warm + args.reps
+                row["per_generate"] = {
+                    k: round((row[k] - before[k]) / calls, 2)
+                    for k in ("graphs", "cuda_recordings", "cuda_rerecordings", "cuda_replays")}
         elif variant.startswith("torch.compile"):
             row["torch_counters"] = torch_counters()  # (cumulative over the process)
     except Exception as e:
@@ -435,6 +447,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             tok = f"near tie at position(s) {sorted({d['position'] for d in ties})}"
         cg = (f"{r.get('cuda_recordings')} ({r.get('cuda_rerecordings', '-')}) / "
               f"{r.get('cuda_replays')}" if "cuda_recordings" in r else "")
+        pg = r.get("per_generate")
+        if pg:  # after the first call: recordings (re-recordings) per generate()
+            cg += f"; per generate() {pg['cuda_recordings']} ({pg['cuda_rerecordings']})"
         out.append(f"| {r['variant']} | {r['cache']} | {r['batch']} | {r['first_s']} | "
                    f"{r['tokens_per_s']} | {r['steps_per_s']} | {tok} | {r.get('graphs', '')} | "
                    f"{cg} | {len(r.get('fallbacks', [])) if 'fallbacks' in r else ''} |")
