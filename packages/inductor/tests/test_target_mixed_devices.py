@@ -130,6 +130,9 @@ def test_the_same_unchanged_cpu_input_is_moved_once() -> None:
     again = moved.move("forward", [x, s])[1]
     assert again is not first
     assert moved.move("forward", [x, torch.tensor(2.0)])[1] is not again
+    with torch.inference_mode():  # no version counter: moved every call, never cached
+        t = torch.tensor(3.0)
+        assert moved.move("forward", [x, t])[1] is not moved.move("forward", [x, t])[1]
 
 
 _MOVED_CONSTANT = """ember.ir 1.0

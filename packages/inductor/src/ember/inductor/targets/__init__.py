@@ -205,6 +205,9 @@ class ScalarInputs:
         for i in at:
             x = out[i]
             if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+                if x.is_inference():  # no version counter to tell a change: moved per call
+                    out[i] = x.to(self.device, non_blocking=True)
+                    continue
                 seen = self._moved.get((graph, i))
                 if seen is not None and seen[0] is x and seen[1] == x._version:
                     out[i] = seen[2]
