@@ -42,7 +42,7 @@ def body_symbols(body: Graph, items: dict[str, Any]) -> dict[str, set[sympy.Symb
             for k, v in n.kwargs.items():
                 if k == "index":
                     idx = v if isinstance(v, list) else [v]
-                    out["index"] |= _sym_set([parse_index(x) for x in idx])  # type: ignore[arg-type]
+                    out["index"] |= _sym_set([parse_index(x) for x in idx])
                 else:
                     out["value"] |= _sym_set(v)
             out["value"] |= _sym_set([a for a in n.args if isinstance(a, sympy.Basic)])
