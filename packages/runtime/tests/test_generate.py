@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import ember.runtime as er
-from ember.runtime.testing import tiny_hf_model
+from ember.runtime.testing import generate_with, tiny_hf_model
 
 pytest.importorskip("transformers")
 
@@ -33,15 +33,9 @@ def _generate(name: str, backend: str = "inductor", dynamic: bool | None = None,
     model, _ = tiny_hf_model(name)
     torch.manual_seed(1)
     ids = torch.randint(2, 100, (2, 5))
-    kw = dict(max_new_tokens=new, do_sample=False, pad_token_id=0, **opts)
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-        cf = er.compile(model.forward, backend=backend, dynamic=dynamic)
-        model.forward = cf
-        try:
-            got = model.generate(ids, **kw)
-        finally:
-            del model.forward
+    cf = er.compile(model.forward, backend=backend, dynamic=dynamic)
+    want, got = generate_with(model, cf, ids, max_new_tokens=new, do_sample=False,
+                              pad_token_id=0, **opts)
     return cf, want, got
 
 

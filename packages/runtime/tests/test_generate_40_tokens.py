@@ -7,13 +7,11 @@ whole model (45 tokens, both caches). A static cache has one decode shape whatev
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 
 import ember.runtime as er
-from ember.runtime.testing import tiny_hf_model
+from ember.runtime.testing import generate_with, tiny_hf_model
 
 pytest.importorskip("transformers")
 
@@ -22,15 +20,8 @@ def test_generate_40_tokens_through_a_compiled_forward() -> None:
     model, _ = tiny_hf_model("gpt2")
     model.generation_config.eos_token_id = None  # (random weights: run all 40 tokens)
     ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(5))
-    kw: dict[str, Any] = dict(max_new_tokens=40, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        want = model.generate(ids, **kw)
-        cf = er.compile(model.forward, backend="eager")
-        model.forward = cf
-        try:
-            got = model.generate(ids, **kw)
-        finally:
-            del model.forward
+    cf = er.compile(model.forward, backend="eager")
+    want, got = generate_with(model, cf, ids, max_new_tokens=40, do_sample=False, pad_token_id=0)
     assert got.shape == (2, 45) and torch.equal(got, want)
     rep = er.explain(cf)
     assert rep.calls == 40 and rep.graph_count <= 3, rep.recompilations

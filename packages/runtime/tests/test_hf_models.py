@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import ember.runtime as er
-from ember.runtime.testing import tiny_hf_model
+from ember.runtime.testing import generate_with, tiny_hf_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -255,15 +255,8 @@ def test_greedy_generate(name: str) -> None:
     shapes (the cache grows), so each step is one graph (static shapes: a recompilation)."""
     model, _ = _model(name)
     ids = torch.randint(2, 100, (2, 5))
-    opts = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        want = model.generate(ids, **opts)
-        cf = er.compile(model.forward, backend="eager")
-        model.forward = cf
-        try:
-            got = model.generate(ids, **opts)
-        finally:
-            del model.forward
+    cf = er.compile(model.forward, backend="eager")
+    want, got = generate_with(model, cf, ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert torch.equal(got, want)
     rep = er.explain(cf)
     assert rep.fallbacks == [] and rep.breaks == [], str(rep)
