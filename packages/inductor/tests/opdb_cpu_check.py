@@ -21,7 +21,7 @@ transforms after them (Box-Muller's log and cos in C++) agree within the dtype's
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +81,16 @@ def build(entries: list[OpEntry], samples: Mapping[str, Sample]
     return m, inputs
 
 
-def not_kernels(compiled: Module, graph: str) -> list[str]:
-    """The nodes of a compiled graph that do not run compiled code, with the reasons."""
+def not_kernels(compiled: Module, graph: str, why_attr: str = "cpp_fallback") -> list[str]:
+    """The nodes of a compiled graph that do not run compiled code, with the reasons (a
+    body's `why_attr`: the C++ target's, or the Triton target's "triton_fallback")."""
     out = []
     for n in compiled.graph(graph).nodes:
         if n.op in KERNEL_OPS:
             continue
         ref = n.args[0] if n.args else None
         body = compiled.items.get(ref.name) if isinstance(ref, Ref) else None
-        why = body.attrs.get("cpp_fallback") if isinstance(body, Graph) else None
+        why = body.attrs.get(why_attr) if isinstance(body, Graph) else None
         out.append(f"{n.op} ({why})" if why else n.op)
     return out
 
@@ -111,18 +112,29 @@ def _check_one(e: OpEntry, s: Sample, got: list[Any]) -> None:
 def check_family(entries: list[OpEntry], samples: Mapping[str, Sample]) -> dict[str, str]:
     """op -> failure, for every entry whose compiled graph is not kernels only (outside the
     fallback table) or whose outputs differ from eager (random ops: from the reference)."""
+    return check_compiled(entries, samples, PIPELINE, SCOPE.fallback)
+
+
+def check_compiled(entries: list[OpEntry], samples: Mapping[str, Sample], pipeline: str,
+                   fallback: Collection[str], why_attr: str = "cpp_fallback",
+                   device: str = "cpu") -> dict[str, str]:
+    """check_family's work for a target: `build`'s module compiled by `pipeline`, each graph
+    required to be kernels only (`not_kernels`) unless its op is in `fallback`, its outputs
+    compared with eager's (off the CPU: where eager has a kernel for the sample)."""
     m, inputs = build(entries, samples)
-    compiled = compile_module(m, PIPELINE)
+    compiled = compile_module(m, pipeline)
     reference = Interpreter(m)
     failures: dict[str, str] = {}
     for k, e in enumerate(entries):
         name, s = _graph_name(k), samples[e.op]
         if name not in inputs:
             continue
-        left = not_kernels(compiled, name)
-        if left and e.op not in SCOPE.fallback:
+        left = not_kernels(compiled, name, why_attr)
+        if left and e.op not in fallback:
             failures[e.op] = f"{s!r}: not compiled: {', '.join(left)}"
             continue
+        if device != "cpu" and _eager_rejects(e, s):
+            continue  # eager has no kernel for it on this device (e.g. int8 addmm on cuda)
         try:
             # a fresh runner per graph: its philox offset starts at 0, as the reference's does
             got = list(compiled_runner(compiled)(name, _clone(inputs[name])).outputs)

@@ -32,18 +32,14 @@ import torch
 
 import ember.inductor  # noqa: F401  (registers the passes and the kernels dialect)
 from ember.inductor.kernels import compile_module, compiled_runner
-from ember.ir import Graph, Interpreter, Module, Ref
-from ember.prims.decomp.random import run_with_philox
+from ember.ir import Interpreter
 from ember.testing.coverage import CheckScope, read_scope
-from ember.testing.harness import assert_outputs_close
 from ember.testing.opdb import OpEntry, Sample, load_all
 from packages.inductor.tests.opdb_cpu_check import (
-    KERNEL_OPS,
-    _check_one,
     _clone,
-    _eager_rejects,
     _graph_name,
-    build,
+    check_compiled,
+    not_kernels,
     prim_module,
 )
 
@@ -93,19 +89,6 @@ def runnable(s: Sample, device: str) -> bool:
         v is torch.bfloat16 for v in [*s.args, *s.kwargs.values()])
 
 
-def not_kernels(compiled: Module, graph: str) -> list[str]:
-    """The nodes of a compiled graph that do not run compiled code, with the reasons."""
-    out = []
-    for n in compiled.graph(graph).nodes:
-        if n.op in KERNEL_OPS:
-            continue
-        ref = n.args[0] if n.args else None
-        body = compiled.items.get(ref.name) if isinstance(ref, Ref) else None
-        why = body.attrs.get("triton_fallback") if isinstance(body, Graph) else None
-        out.append(f"{n.op} ({why})" if why else n.op)
-    return out
-
-
 def check_family(entries: list[OpEntry], samples: Mapping[str, Sample], device: str = "cpu"
                  ) -> dict[str, str]:
     """op -> failure, for every entry whose compiled graph is not Triton kernels only (outside
@@ -120,33 +103,8 @@ def check_family(entries: list[OpEntry], samples: Mapping[str, Sample], device: 
 
 def _check(entries: list[OpEntry], samples: Mapping[str, Sample], device: str
            ) -> dict[str, str]:
-    m, inputs = build(entries, samples)
-    compiled = compile_module(m, PIPELINES[device])
-    reference = Interpreter(m)
-    failures: dict[str, str] = {}
-    for k, e in enumerate(entries):
-        name, s = _graph_name(k), samples[e.op]
-        if name not in inputs:
-            continue
-        left = not_kernels(compiled, name)
-        if left and e.op not in SCOPE.fallback:
-            failures[e.op] = f"{s!r}: not compiled: {', '.join(left)}"
-            continue
-        if device != "cpu" and _eager_rejects(e, s):
-            continue  # eager has no kernel for it on this device (e.g. int8 addmm on cuda)
-        try:
-            got = list(compiled_runner(compiled)(name, _clone(inputs[name])).outputs)
-            _check_one(e, s, got)
-            if e.family == "random":
-                ref, _ = run_with_philox(reference, name, _clone(inputs[name]),
-                                         torch.initial_seed(), 0)
-                try:
-                    assert_outputs_close(e, got, list(ref.outputs))
-                except AssertionError as err:
-                    raise AssertionError(f"differs from the reference: {err}") from None
-        except AssertionError as err:
-            failures[e.op] = f"{s!r}: {str(err).splitlines()[0]}"
-    return failures
+    return check_compiled(entries, samples, PIPELINES[device], SCOPE.fallback,
+                          "triton_fallback", device)
 
 
 def check_prims(samples: Mapping[str, list[torch.Tensor]], device: str = "cpu") -> None:
@@ -157,7 +115,7 @@ def check_prims(samples: Mapping[str, list[torch.Tensor]], device: str = "cpu") 
     compiled = compile_module(m, PIPELINES[device])
     for k, (prim, operands) in enumerate(samples.items()):
         name = _graph_name(k)
-        left = not_kernels(compiled, name)
+        left = not_kernels(compiled, name, "triton_fallback")
         assert not left, f"{prim}: not compiled: {', '.join(left)}"
         got = compiled_runner(compiled)(name, _clone(operands)).outputs
         want = Interpreter(m).run(_clone(operands), name).outputs
