@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_rows import append_rows, provenance  # noqa: E402
 
 SHAPES = {"qkv": (7680, 2560), "dense": (2560, 2560), "h_to_4h": (10240, 2560),
           "4h_to_h": (2560, 10240), "lm_head": (50280, 2560)}
@@ -91,12 +94,9 @@ def main() -> int:
     B = {k: torch.randn(n, device=dev, dtype=bf) for k, (n, _) in SHAPES.items()}
     X = {k: torch.randn(1, kk, device=dev, dtype=bf) for k, (_, kk) in SHAPES.items()}
     rows: list[dict[str, Any]] = []
-    out = os.environ.get("OUT")
 
     def emit(**row: Any) -> None:
-        row["device"] = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-        row["torch"], row["triton"] = torch.__version__, _version("triton")
-        row["commit"] = os.environ.get("EMBER_COMMIT", "")
+        row.update(provenance(dev))
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -163,20 +163,8 @@ def main() -> int:
                 xm = torch.randn(m, kk, device=dev, dtype=bf)
                 w = W[k]
                 emit(case="rows", shape=k, m=m, cublas=timed(lambda i: xm @ w[i].t()))
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with (Path(out) / "decode_gemv.jsonl").open("a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_rows("decode_gemv.jsonl", rows)
     return 0
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from generate_gpu import build_model, generate  # noqa: E402
+from gpu_rows import append_rows, host_ms, provenance  # noqa: E402
 
 
 def main() -> int:
@@ -111,24 +111,10 @@ def main() -> int:
     S = cf.self_obj
 
     def timed(fn: Any) -> float:
-        out = []
-        for _ in range(a.reps):
-            sync()
-            t = 0.0
-            for _ in range(a.calls):
-                reset()
-                sync()
-                t1 = time.perf_counter()
-                fn()
-                sync()
-                t += time.perf_counter() - t1
-            out.append(t / a.calls * 1e3)
-        return float(round(statistics.median(out), 4))
+        return host_ms(fn, reps=a.reps, calls=a.calls, before=reset)
 
     with torch.no_grad():
-        row = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-               "torch": torch.__version__, "triton": _version("triton"),
-               "commit": os.environ.get("EMBER_COMMIT", ""),
+        row = {**provenance(device),
                "layers": a.layers, "mode": a.mode, "pipeline": a.pipeline or "default",
                "generate_ms_per_token": round(per_token * 1e3, 3),
                "forward_ms": timed(lambda: cf(*args, **kwargs)),
@@ -149,11 +135,8 @@ def main() -> int:
         row["graphs"] = rep.graph_count
         row["fallbacks"] = [f"{f.kind}: {f.reason}"[:300] for f in rep.fallbacks]
     print(json.dumps(row), flush=True)
+    append_rows("decode_step.jsonl", [row])
     out = os.environ.get("OUT")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        with (Path(out) / "decode_step.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
     if a.profile and device == "cuda":
         with torch.no_grad():
             text = "\n".join([
@@ -164,14 +147,6 @@ def main() -> int:
         if out:
             (Path(out) / "decode_profile.txt").write_text(text)
     return 0
-
-
-def _version(name: str) -> str:
-    from importlib import metadata
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 def profile(fn: Any, reset: Any, calls: int, label: str) -> str:
