@@ -135,11 +135,12 @@ def test_compile_with_a_size_as_a_value(triton_on_cpu: Target) -> None:
     fallback (it was "index symbol 's0' is not a loop variable"), one graph for every size."""
     import ember.runtime as er
 
-    def f(x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return c + x.shape[0], x.sum(1) * x.shape[0]
+    def f(x: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # (the softmax: a rows kernel whose fused reductions read c's size)
+        return c + x.shape[0], x.sum(1) * x.shape[0], torch.softmax(x * c.shape[0], -1)
     cf = er.compile(f, dynamic=True)
-    for n in (3, 5, 9):
-        x, c = torch.randn(n, 4), torch.tensor([3, 4])
+    for n, k in ((3, 2), (5, 3), (9, 7)):
+        x, c = torch.randn(n, 4), torch.arange(k) + 3
         torch.testing.assert_close(cf(x, c), f(x, c))
     rep = er.explain(cf)
     assert len(rep.graphs) == 1 and not rep.fallbacks, [f.reason for f in rep.fallbacks]
