@@ -17,6 +17,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
 import importlib  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -139,3 +140,24 @@ def test_a_graph_with_a_kernel_on_the_reference_is_not_recorded_with_its_reason(
     assert rec.skipped is not None and rec.recordings == 0
     assert "prims.sub has no Triton template" in rec.skipped, rec.skipped
     assert "(None)" not in str(er.explain(cf))
+
+
+def test_a_call_recording_gradients_says_so() -> None:
+    """The runner's decision alone (compile() keeps training graphs apart, so this is the
+    runner given an input that requires grad): run as compiled, with the reason counted."""
+    from ember.ir import RunResult
+    from ember.runtime.cudagraphs import GraphInfo
+    from ember.runtime.history import History
+
+    def runner(graph: str | None, inputs: Any) -> RunResult:
+        return RunResult([inputs[0] * 2])
+    h = History()
+    x = torch.randn(3)
+    run = CudaGraphs(ForgetfulRecorder(), device_type="cpu").wrap(
+        h, runner, "g", 0, [x], GraphInfo(), None)
+    xg = x.clone().requires_grad_()
+    out = run(None, [xg]).outputs[0]
+    assert out.requires_grad
+    rec = h.cuda_graphs[0]
+    assert rec.plain == 1 and rec.recordings == 0
+    assert rec.reasons == {"a call recording gradients runs without a graph": 1}

@@ -364,9 +364,13 @@ class _GraphRunner:
 
     def __call__(self, graph: str | None, inputs: Sequence[Any]) -> RunResult:
         rec = self.rec
-        if rec.skipped is not None or (torch.is_grad_enabled() and any(
-                isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)):
+        if rec.skipped is not None:
+            rec.plain += 1
+            return self.runner(graph, inputs)
+        if torch.is_grad_enabled() and any(
+                isinstance(x, torch.Tensor) and x.requires_grad for x in inputs):
             rec.plain += 1  # (autograd records the call: no recording takes it)
+            rec.because("a call recording gradients runs without a graph")
             return self.runner(graph, inputs)
         key = self.binder(inputs)
         rs = self.recordings.get(key)
