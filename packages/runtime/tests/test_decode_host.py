@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 import ember.runtime as er
@@ -37,11 +38,9 @@ def test_the_entry_the_last_call_ran_is_checked_first() -> None:
     assert first[0] >= 1 and len(c.entries) == 2
 
 
-def test_storages_are_read_again_only_when_an_address_changes(monkeypatch: Any) -> None:
-    def step(cache: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache.add_(v)
-        return cache.sum()
-
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """[how many times the runtime has read the input storages (writeback.aliasing)]."""
     calls = [0]
     real = wb.aliasing
 
@@ -49,6 +48,14 @@ def test_storages_are_read_again_only_when_an_address_changes(monkeypatch: Any) 
         calls[0] += 1
         return real(inputs)
     monkeypatch.setattr(wb, "aliasing", counted)
+    return calls
+
+
+def test_storages_are_read_again_only_when_an_address_changes(calls: list[int]) -> None:
+    def step(cache: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache.add_(v)
+        return cache.sum()
+
     c = er.compile(step, backend="eager")
     cache, ref, v = torch.zeros(4), torch.zeros(4), torch.ones(4)
     for _ in range(5):
@@ -62,20 +69,13 @@ def test_storages_are_read_again_only_when_an_address_changes(monkeypatch: Any) 
     torch.testing.assert_close(cache, ref)
 
 
-def test_only_the_inputs_that_move_have_their_storage_read(monkeypatch: Any) -> None:
+def test_only_the_inputs_that_move_have_their_storage_read(calls: list[int]) -> None:
     """A decode step's token ids are a new tensor every call: after two calls, only that
     input's storage is read per call; one that shares the cache's storage is still a miss."""
     def step(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         cache.add_(ids[:1])
         return cache * 2
 
-    calls = [0]
-    real = wb.aliasing
-
-    def counted(inputs: Any) -> Any:
-        calls[0] += 1
-        return real(inputs)
-    monkeypatch.setattr(wb, "aliasing", counted)
     c = er.compile(step, backend="eager")
     base, rbase = torch.zeros(8), torch.zeros(8)
     cache, ref = base[:4], rbase[:4]
