@@ -307,7 +307,7 @@ def test_gpt_neox_trains_with_the_efficient_kernel(cuda_on_cpu: None,
     def loss(m: Any, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         y = m(i).logits
         return F.cross_entropy(y.reshape(-1, y.shape[-1]), t.reshape(-1))
-    fn, _, _ = _train(model, loss, (ids, torch.roll(ids, -1, 1)))
+    fn, _, _ = _train(model, loss, (ids, torch.roll(ids, -1, 1)), steps=1)
     fwd, bwd = _compiled(fn)
     assert _externs(fwd).count(HEADS_LAST) == 1 and _externs(bwd).count(GRADS) == 1
-    assert CALLS == [EFFICIENT_BACKWARD] * 2
+    assert CALLS == [EFFICIENT_BACKWARD]
