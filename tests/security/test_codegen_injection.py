@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +55,7 @@ GENERATED_IDENT = re.compile(r"\b(?:v_|n[0-9]+_|ember_k_)\w*")
 FAST = settings(max_examples=25, deadline=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    old = os.environ.get("EMBER_CACHE_DIR")
-    os.environ["EMBER_CACHE_DIR"] = str(tmp_path_factory.mktemp("ember-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EMBER_CACHE_DIR", None)
-    else:
-        os.environ["EMBER_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")  # (conftest.py)
 
 
 def check_cpp(source: str) -> None:

@@ -11,7 +11,6 @@ import subprocess
 import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,18 +19,6 @@ from safetensors.torch import load_file
 
 import ember.runtime as er
 from ember.runtime import dump
-
-
-@pytest.fixture(scope="module")
-def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("ember-cache")
-    old = os.environ.get("EMBER_CACHE_DIR")
-    os.environ["EMBER_CACHE_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("EMBER_CACHE_DIR", None)
-    else:
-        os.environ["EMBER_CACHE_DIR"] = old
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,8 @@ data-dependent index: ids reach only extern ops, which check them.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,7 @@ from ember.runtime.tensors import save_tensors
 FAST = settings(max_examples=20, deadline=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    old = os.environ.get("EMBER_CACHE_DIR")
-    os.environ["EMBER_CACHE_DIR"] = str(tmp_path_factory.mktemp("ember-cache"))
-    yield
-    if old is None:
-        os.environ.pop("EMBER_CACHE_DIR", None)
-    else:
-        os.environ["EMBER_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")  # (conftest.py)
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:

@@ -6,10 +6,8 @@ the graph from then on, with a note."""
 from __future__ import annotations
 
 import importlib
-import os
 import re
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -24,16 +22,7 @@ from ember.runtime.compile import compiled_function_of
 compile_mod = importlib.import_module("ember.runtime.compile")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("ember-cache")
-    old = os.environ.get("EMBER_CACHE_DIR")
-    os.environ["EMBER_CACHE_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("EMBER_CACHE_DIR", None)
-    else:
-        os.environ["EMBER_CACHE_DIR"] = old
+pytestmark = pytest.mark.usefixtures("kernel_cache")  # (conftest.py)
 
 
 class Counting:
