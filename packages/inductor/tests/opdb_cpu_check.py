@@ -20,12 +20,15 @@ transforms after them (Box-Muller's log and cos in C++) agree within the dtype's
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401  (registers the passes and the kernels dialect)
 from ember.inductor.kernels import compile_module, compiled_runner
@@ -163,19 +166,46 @@ def prim_module(samples: Mapping[str, list[torch.Tensor]]) -> Module:
     return m
 
 
-def check_prims(samples: Mapping[str, list[torch.Tensor]]) -> None:
-    """Each prim compiled to C++ kernels only, against the prim's own (torch) implementation;
-    all in one module (one build)."""
+def check_prims(samples: Mapping[str, list[torch.Tensor]], pipeline: str = PIPELINE,
+                why_attr: str = "cpp_fallback") -> None:
+    """Each prim compiled to C++ kernels only (or by another target's `pipeline`, its fallback
+    reason `why_attr`), against the prim's own (torch) implementation; all in one module (one
+    build)."""
     m = prim_module(samples)
-    compiled = compile_module(m, PIPELINE)
+    compiled = compile_module(m, pipeline)
     for k, (prim, operands) in enumerate(samples.items()):
         name = _graph_name(k)
-        left = not_kernels(compiled, name)
+        left = not_kernels(compiled, name, why_attr)
         assert not left, f"{prim}: not compiled: {', '.join(left)}"
         got = compiled_runner(compiled)(name, _clone(operands)).outputs
         want = Interpreter(m).run(_clone(operands), name).outputs
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda msg: f"{prim}: {msg}")  # noqa: B023
+
+
+def examples_from_env(var: str, default: int) -> int:
+    """Hypothesis examples per family: the environment's `var`, a positive integer."""
+    raw = os.environ.get(var, str(default))
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{var} must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
+def run_family(check: Callable[[list[OpEntry], Mapping[str, Sample]], dict[str, str]],
+               entries: list[OpEntry], examples: int) -> None:
+    """`check` (a check_family) over `examples` hypothesis draws of one sample per entry; a
+    failing draw names every op that failed."""
+    assert entries
+    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
+
+    @settings(max_examples=examples, suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    @given(strategy)
+    def run(samples: dict[str, Sample]) -> None:
+        failures = check(entries, samples)
+        assert not failures, "\n".join(f"{op}: {why}" for op, why in sorted(failures.items()))
+
+    run()
 
 
 def probe(family: str, examples: int) -> dict[str, str]:

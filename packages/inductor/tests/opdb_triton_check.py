@@ -31,17 +31,10 @@ from typing import Any
 import torch
 
 import ember.inductor  # noqa: F401  (registers the passes and the kernels dialect)
-from ember.inductor.kernels import compile_module, compiled_runner
-from ember.ir import Interpreter
 from ember.testing.coverage import CheckScope, read_scope
 from ember.testing.opdb import OpEntry, Sample, load_all
-from packages.inductor.tests.opdb_cpu_check import (
-    _clone,
-    _graph_name,
-    check_compiled,
-    not_kernels,
-    prim_module,
-)
+from packages.inductor.tests.opdb_cpu_check import check_compiled
+from packages.inductor.tests.opdb_cpu_check import check_prims as check_prims_with
 
 PIPELINES = {"cpu": "lower-loops,fuse,schedule-cuda,codegen-triton{interpret=true},plan-buffers",
              "cuda": "lower-loops,fuse,schedule-cuda,codegen-triton,plan-buffers"}
@@ -110,17 +103,8 @@ def _check(entries: list[OpEntry], samples: Mapping[str, Sample], device: str
 def check_prims(samples: Mapping[str, list[torch.Tensor]], device: str = "cpu") -> None:
     """Each prim compiled to Triton kernels only, against the prim's own (torch)
     implementation; all in one module."""
-    samples = {p: [x.to(device) for x in xs] for p, xs in samples.items()}
-    m = prim_module(samples)
-    compiled = compile_module(m, PIPELINES[device])
-    for k, (prim, operands) in enumerate(samples.items()):
-        name = _graph_name(k)
-        left = not_kernels(compiled, name, "triton_fallback")
-        assert not left, f"{prim}: not compiled: {', '.join(left)}"
-        got = compiled_runner(compiled)(name, _clone(operands)).outputs
-        want = Interpreter(m).run(_clone(operands), name).outputs
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=lambda msg: f"{prim}: {msg}")  # noqa: B023
+    on = {p: [x.to(device) for x in xs] for p, xs in samples.items()}
+    check_prims_with(on, PIPELINES[device], "triton_fallback")
 
 
 def probe(family: str, examples: int, device: str = "cpu") -> dict[str, str]:

@@ -17,8 +17,6 @@ that once failed are checked every run (`test_found_bugs_stay_fixed`).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -32,31 +30,19 @@ from packages.inductor.tests.opdb_cpu_check import (
     SCOPE,
     check_family,
     check_prims,
+    examples_from_env,
     family_entries,
+    run_family,
 )
 
 FAMILIES = tuple(sorted(SCOPE.families))
 # examples per family: about 1-2 s each here (one g++ build of the family's kernels)
-_RAW = os.environ.get("EMBER_OPDB_CPU_EXAMPLES", "4")
-if not _RAW.isdigit() or int(_RAW) < 1:
-    raise ValueError(f"EMBER_OPDB_CPU_EXAMPLES must be a positive integer, not {_RAW!r}")
-EXAMPLES = int(_RAW)
+EXAMPLES = examples_from_env("EMBER_OPDB_CPU_EXAMPLES", 4)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cpu_kernels_match_eager(family: str) -> None:
-    entries = family_entries(family)
-    assert entries
-    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
-
-    @settings(max_examples=EXAMPLES, suppress_health_check=[
-        HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
-    @given(strategy)
-    def run(samples: dict[str, Sample]) -> None:
-        failures = check_family(entries, samples)
-        assert not failures, "\n".join(f"{op}: {why}" for op, why in sorted(failures.items()))
-
-    run()
+    run_family(check_family, family_entries(family), EXAMPLES)
 
 
 # Prims that no op-database entry decomposes to (every other prim is reached by some entry's

@@ -29,6 +29,7 @@ pytest.importorskip("triton", reason="the Triton column needs the triton package
 from ember.testing import coverage  # noqa: E402
 from ember.testing.opdb import Sample  # noqa: E402
 from packages.inductor.tests.opdb_cpu_check import SCOPE as CPU_SCOPE  # noqa: E402
+from packages.inductor.tests.opdb_cpu_check import examples_from_env, run_family  # noqa: E402
 from packages.inductor.tests.opdb_triton_check import (  # noqa: E402
     OPDB,
     SCOPE,
@@ -40,26 +41,12 @@ from packages.inductor.tests.opdb_triton_check import (  # noqa: E402
 from packages.inductor.tests.test_opdb_cpu import UNREACHED_PRIMS, _shift_operands  # noqa: E402
 
 FAMILIES = tuple(sorted(SCOPE.families))
-_RAW = os.environ.get("EMBER_OPDB_TRITON_EXAMPLES", "2")
-if not _RAW.isdigit() or int(_RAW) < 1:
-    raise ValueError(f"EMBER_OPDB_TRITON_EXAMPLES must be a positive integer, not {_RAW!r}")
-EXAMPLES = int(_RAW)
+EXAMPLES = examples_from_env("EMBER_OPDB_TRITON_EXAMPLES", 2)
 LONG_EXAMPLES = 25
-_HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
 def _run_family(family: str, examples: int) -> None:
-    entries = family_entries(family)
-    assert entries
-    strategy = st.fixed_dictionaries({e.op: e.samples() for e in entries})
-
-    @settings(max_examples=examples, suppress_health_check=_HEALTH)
-    @given(strategy)
-    def run(samples: dict[str, Sample]) -> None:
-        failures = check_family(entries, samples)
-        assert not failures, "\n".join(f"{op}: {why}" for op, why in sorted(failures.items()))
-
-    run()
+    run_family(check_family, family_entries(family), examples)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
