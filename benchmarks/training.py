@@ -339,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="a CUDA device (the CPU's run is "
                     "`dev.py bench --suite training`)")
     ap.add_argument("--dtype", default="bf16,f32", help="comma-separated: bf16, f16, f32")
-    ap.add_argument("--filter", default="", help="only cases whose name contains this")
+    ap.add_argument("--filter", default="", help="only cases whose name contains this; "
+                    "comma-separated alternatives run in that order")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--out", type=Path, default=here / "results")
@@ -357,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     warnings.filterwarnings("ignore")
-    cases = [c for c in SUITES["training"]() if isinstance(c, TrainCase)
-             and a.filter.lower() in c.name.lower()]
+    every = [c for c in SUITES["training"]() if isinstance(c, TrainCase)]
+    cases = [c for f in a.filter.lower().split(",") for c in every if f.strip() in c.name.lower()]
+    cases = [c for i, c in enumerate(cases) if c not in cases[:i]]
     contenders = [eager_contender()]
     if not a.no_torch_compile:
         contenders.append(torch_compile_contender())
