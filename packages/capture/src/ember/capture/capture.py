@@ -206,6 +206,11 @@ def _graph_break(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     """Capture again, stopping before the break site in the compiled function's own frame,
     and split the frame there; `un` when it cannot be split."""
     fn = target_function(target)
+    call = type(target).__call__ if isinstance(target, torch.nn.Module) else None
+    if isinstance(call, types.FunctionType) and call is not torch.nn.Module.__call__:
+        # a module class's own __call__ (transformers' GradientCheckpointingLayer) is the top
+        # frame (modules.call_module), not forward: the break site is in its code
+        fn, code = call, call.__code__
     site = find_site(code, e) if code is not None and fn is not None else None
     if site is None or fn is None:
         return un
