@@ -78,6 +78,13 @@ class Epilogue:
         self._stable_storages: frozenset[int] = frozenset()
         self._moving: list[int] = []  # positions (among the tensors) that moved last time
         self._seen: list[int] | None = None  # all tensor addresses at the last full check
+        # the output plan read per call: where every output is a distinct graph result, their
+        # (index, eager stride); per entry, its view steps as (op, args, kwargs, grad mode)
+        plain = [(e.result, e.stride) for e in self.plan if isinstance(e, OutResult)]
+        self._plain = plain if len(plain) == len(self.plan) and \
+            len({i for i, _ in plain}) == len(plain) else None
+        self._steps = [tuple((s.op, s.args, dict(s.kwargs), bool(s.grad)) for s in e.steps)
+                       if isinstance(e, OutAlias) else () for e in self.plan]
 
     def matches(self, inputs: Sequence[Any]) -> bool:
         if self.aliasing is None:
@@ -115,6 +122,8 @@ class Epilogue:
     def __call__(self, results: Sequence[Any], inputs: Sequence[Any]) -> list[Any]:
         for p, r, grad in self.updates:
             write_back(inputs[p], results[r], grad)
+        if self._plain is not None:  # every output a graph result, none returned twice
+            return [restride(results[i], st) for i, st in self._plain]
         laid: dict[int, Any] = {}
 
         def result(i: int, stride: tuple[int, ...] | None) -> Any:
@@ -123,7 +132,7 @@ class Epilogue:
             return laid[i]
 
         out: list[Any] = []
-        for e in self.plan:
+        for e, steps in zip(self.plan, self._steps, strict=True):
             if isinstance(e, OutResult):
                 out.append(result(e.result, e.stride))
                 continue
@@ -133,8 +142,14 @@ class Epilogue:
             else:
                 assert e.result is not None
                 t = result(e.result, e.stride)
-            for s in e.steps:
-                t = s.replay(t)
+            for op, args, kwargs, grad in steps:
+                # replayed under the grad mode the view was made in (eager's requires_grad);
+                # the mode is switched only where it differs (a context costs ~0.5 us)
+                if grad is torch.is_grad_enabled():
+                    t = op(t, *args, **kwargs)
+                else:
+                    with torch.set_grad_enabled(grad):
+                        t = op(t, *args, **kwargs)
             out.append(t)
         return out
 
@@ -143,14 +158,20 @@ def write_back(old: Any, new: Any, grad: bool) -> None:
     """`old.copy_(new)`, recorded by autograd only where eager's in-place op would be."""
     if new is old or not isinstance(old, torch.Tensor):
         return
-    record = grad and torch.is_grad_enabled() and not (old.is_leaf and old.requires_grad)
+    enabled = torch.is_grad_enabled()
+    record = bool(grad) and enabled and not (old.is_leaf and old.requires_grad)
+    if record is enabled:  # (the mode is switched only where it differs: ~0.5 us a switch)
+        old.copy_(new)
+        return
     with torch.set_grad_enabled(record):
         old.copy_(new)
 
 
 def restride(x: Any, stride: tuple[int, ...] | None) -> Any:
     """`x` with eager's strides (a copy only where the backend's layout differs)."""
-    if stride is None or not isinstance(x, torch.Tensor) or _same_layout(x, stride) \
+    if stride is None or (x.__class__ is torch.Tensor and x.stride() == stride):
+        return x  # (the usual case, settled by one stride() read)
+    if not isinstance(x, torch.Tensor) or _same_layout(x, stride) \
             or not _dense(x.shape, stride):
         return x
     y = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
