@@ -311,3 +311,39 @@ def test_gpt_neox_trains_with_the_efficient_kernel(cuda_on_cpu: None,
     fwd, bwd = _compiled(fn)
     assert _externs(fwd).count(HEADS_LAST) == 1 and _externs(bwd).count(GRADS) == 1
     assert CALLS == [EFFICIENT_BACKWARD]
+
+
+@pytest.fixture
+def cuda_target() -> Iterator[None]:
+    """The cuda target registered for one test (code generation only: nothing runs)."""
+    had = targets().get("cuda") is not None
+    cuda.register_cuda_target()
+    yield
+    if not had:
+        unregister_target("cuda")
+
+
+def test_backward_bias_rows_are_aligned_as_the_forwards(cuda_target: None) -> None:
+    """The memory-efficient backward reads the bias as the forward does: rows of 7 elements
+    padded to 16 (the kernel refuses unaligned rows), then sliced back; its gradient of the
+    bias comes back as a plain buffer, q/k/v's of contiguous operands too."""
+    from ember.ir import parse
+    from ember.ir.passes import run_pipeline
+
+    t, kv, b = "f32[1, 2, 4, 8]@cuda:0", "f32[1, 2, 7, 8]@cuda:0", "f32[1, 2, 4, 7]@cuda:0"
+    text = (f"ember.ir 1.0\n\ngraph @b(%g: {t}, %q: {t}, %k: {kv}, %v: {kv}, %bias: {b}, "
+            f"%o: {t}, %l: f32[1, 2, 32]@cuda:0, %s: i64[]@cuda:0, %t: i64[]@cuda:0) -> "
+            f"({t}, {kv}, {kv}, {b}) {{\n"
+            f"  %dq, %dk, %dv, %db = {EFFICIENT_BACKWARD}(%g, %q, %k, %v, %bias, %o, %l, %s, "
+            f"%t, 0.0, [true, true, true, true], false) : ({t}, {kv}, {kv}, {b})\n"
+            f"  return (%dq, %dk, %dv, %db)\n}}\n")
+    m = run_pipeline(parse(text), f"{cuda.FRONT},inductor-cuda")
+    nodes = [n for g in m.graphs.values() for n in g.nodes]
+    (call,) = [n for n in nodes if n.kwargs.get("op") == GRADS]
+    assert call.kwargs["kernel"] == EFFICIENT_BACKWARD
+    assert call.kwargs["heads_last"] == [False, False, False]
+    bias = call.args[4]
+    assert bias.node is not None and bias.node.kwargs.get("op") == "loop.view"  # type: ignore[union-attr]
+    src = bias.node.args[0]  # type: ignore[union-attr]
+    assert src.type.shape[-1] == 16  # the padded rows the view slices back to 7
+    assert [n.kwargs.get("op") for n in nodes if n.op == "kernels.extern"].count(GRADS) == 1
