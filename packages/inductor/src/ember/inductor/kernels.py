@@ -182,9 +182,7 @@ KERNEL_OPS = (
 
 
 def register_kernel_ops(registry: OpRegistry) -> None:
-    for op in KERNEL_OPS:
-        if registry.lookup(op.name) is None:
-            registry.register(op)
+    registry.register_missing(KERNEL_OPS)
 
 
 # Names that lived here before the split (kernels dialect / backend.py / targets/cpu/): kept

@@ -483,6 +483,4 @@ LOOP_OPS = (
 
 
 def register_loop_ops(registry: OpRegistry) -> None:
-    for op in LOOP_OPS:
-        if registry.lookup(op.name) is None:
-            registry.register(op)
+    registry.register_missing(LOOP_OPS)

@@ -129,6 +129,4 @@ GRAPH_BIND_SYMBOL = OpDef(
 
 
 def register_builtin_ops(registry: OpRegistry) -> None:
-    for op in (GRAPH_CALL, GRAPH_BIND_SYMBOL):
-        if registry.lookup(op.name) is None:
-            registry.register(op)
+    registry.register_missing((GRAPH_CALL, GRAPH_BIND_SYMBOL))

@@ -16,7 +16,7 @@ operator's record says "alias" unless `torch_ops.FRESH_TORCH_OPS` lists it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -108,6 +108,13 @@ class OpRegistry:
                              f"{op.aliasing!r}")
         self._ops[op.name] = op
         return op
+
+    def register_missing(self, ops: Iterable[OpDef]) -> None:
+        """Register each of `ops` that is not registered yet (a dialect's ops, registered on a
+        registry that may already hold them, where `register` would refuse a second time)."""
+        for op in ops:
+            if self.lookup(op.name) is None:
+                self.register(op)
 
     def unregister(self, name: str) -> None:
         self._ops.pop(name, None)
