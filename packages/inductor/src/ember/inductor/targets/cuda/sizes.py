@@ -40,7 +40,7 @@ def body_symbols(body: Graph, items: dict[str, Any]) -> dict[str, set[sympy.Symb
         g = todo.pop()
         for n in g.nodes:
             for k, v in n.kwargs.items():
-                if k == "index":
+                if k == "index" and n.op in ("loop.load", "loop.index"):
                     idx = v if isinstance(v, list) else [v]
                     out["index"] |= _sym_set([parse_index(x) for x in idx])
                 else:
