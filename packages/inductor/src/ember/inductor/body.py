@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import sympy
+
 from ember.inductor.indexing import index_value
 from ember.ir import Builder, Graph, Loc, Module, Node, Ref, TensorType, Value
 from ember.ir.expr import Dim, to_text
@@ -136,9 +138,37 @@ def body_names(module: Module) -> set[str]:
             for a in n.args if isinstance(a, Ref)}
 
 
-def body_signature(items: Mapping[str, object], g: Graph) -> tuple[object, ...]:
+class SignMemo:
+    """What `body_signature` computed, by object identity (each object kept here, so no id is
+    reused while the memo lives; the caller must not change the graphs meanwhile): each
+    body's signature, and the text of each index expression. Printing sympy expressions is
+    the cost, and fusion's copies of a body share their expression objects (Graph.clone)."""
+
+    def __init__(self) -> None:
+        self.sigs: dict[int, tuple[Graph, tuple[object, ...]]] = {}
+        self.texts: dict[int, tuple[object, str]] = {}
+
+    def text(self, x: object) -> str:
+        """`repr(x)`, lists and tuples item by item, each sympy expression printed once."""
+        if isinstance(x, (list, tuple)):
+            inner = ", ".join(self.text(y) for y in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner},)"
+        if not isinstance(x, sympy.Basic):
+            return repr(x)
+        hit = self.texts.get(id(x))
+        if hit is None or hit[0] is not x:
+            hit = self.texts[id(x)] = (x, repr(x))
+        return hit[1]
+
+
+def body_signature(items: Mapping[str, object], g: Graph, memo: SignMemo | None = None
+                   ) -> tuple[object, ...]:
     """A body's structure, equal for bodies that compute the same thing whatever their names
-    (fusion copies bodies; duplicates are merged, and C++ computes a reduction once)."""
+    (fusion copies bodies; duplicates are merged, and C++ computes a reduction once).
+    `memo` is kept by callers that sign many bodies: each one is signed once (see SignMemo)."""
+    memo = memo if memo is not None else SignMemo()
+    if (hit := memo.sigs.get(id(g))) is not None and hit[0] is g:
+        return hit[1]
     pos: dict[Value, str] = {p: f"p{k}:{p.type}" for k, p in enumerate(g.params)}
     out: list[object] = []
     for k, n in enumerate(g.nodes):
@@ -146,7 +176,12 @@ def body_signature(items: Mapping[str, object], g: Graph) -> tuple[object, ...]:
         for a in n.args:
             sub = items.get(a.name) if isinstance(a, Ref) else None
             args.append(pos[a] if isinstance(a, Value) else
-                        body_signature(items, sub) if isinstance(sub, Graph) else repr(a))
-        out.append((n.op, tuple(args), repr(sorted(n.kwargs.items())), str(n.results[0].type)))
+                        body_signature(items, sub, memo) if isinstance(sub, Graph)
+                        else memo.text(a))
+        out.append((n.op, tuple(args), tuple((key, memo.text(v)) for key, v in
+                                             sorted(n.kwargs.items(), key=lambda kv: kv[0])),
+                    str(n.results[0].type)))
         pos[n.results[0]] = f"n{k}"
-    return (tuple(out), tuple(pos[o] for o in g.outputs))
+    sig = (tuple(out), tuple(pos[o] for o in g.outputs))
+    memo.sigs[id(g)] = (g, sig)
+    return sig

@@ -49,6 +49,7 @@ import networkx as nx
 
 from ember.inductor.body import (
     BodyBuilder,
+    SignMemo,
     body_names,
     body_signature,
     body_size,
@@ -553,10 +554,11 @@ def _merge_duplicate_bodies(m: Module, tops: list[Graph]) -> None:
     body of a reduction into each reader)."""
     first: dict[tuple[object, ...], str] = {}
     alias: dict[str, str] = {}
+    memo = SignMemo()  # nested bodies and shared expressions are signed once
     for name in sorted(_reachable_bodies(m, tops), key=_body_order):
         body = m.items[name]
         assert isinstance(body, Graph)
-        alias[name] = first.setdefault(body_signature(m.items, body), name)
+        alias[name] = first.setdefault(body_signature(m.items, body, memo), name)
     # only references from inside bodies: a top-level kernel keeps its own body (and name)
     for g in [g for g in m.graphs.values() if g.name in alias]:
         for n in g.nodes:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 _COMMENT_SAFE = re.compile(r"[A-Za-z0-9 !#$%&'()*+,\-./:;<=>@\[\]^_`{|}~]")
+_COMMENT_SAFE_TEXT = re.compile(r"[A-Za-z0-9 !#$%&'()*+,\-./:;<=>@\[\]^_`{|}~]*")
 _IDENT_SAFE = re.compile(r"[A-Za-z0-9_]")
 COMMENT_MAX = 240  # characters of a loc() file name copied into a comment
 KERNEL_PREFIX = "ember_k_"
@@ -39,6 +40,8 @@ def comment(text: str) -> str:
 
 def safe_text(text: str) -> str:
     """`text` in the comment alphabet (also for labels such as a code object's file name)."""
+    if _COMMENT_SAFE_TEXT.fullmatch(text) and "*/" not in text:
+        return text  # the common case, one regex call (codegen writes thousands of comments)
     out: list[str] = []
     prev = ""
     for c in text:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
-from ember.inductor.body import body_names
+from ember.inductor.body import SignMemo, body_names, body_signature
 from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
 from ember.inductor.launch import LoadedKernel
 from ember.inductor.sanitize import kernel_symbol
@@ -123,12 +123,13 @@ def codegen_cpp(module: Module) -> Module:
     kernels: list[Kernel] = [Kernel(PRELUDE_NAME, "cpp", PRELUDE)]
     graphs: list[Graph] = []
     fallback: list[Graph] = []
+    shared = _Shared()
     for g in src.graphs.values():
         if g.name in bodies:
             continue
         for p in g.params:
             _retype(p)
-        g.nodes = [_lower_node(src, g, n, kernels, fallback) for n in g.nodes]
+        g.nodes = [_lower_node(src, g, n, kernels, fallback, shared) for n in g.nodes]
         g.result_types = [o.type for o in g.outputs]
         graphs.append(g)
     out = Module(src.symbols, {}, src.version)
@@ -142,8 +143,26 @@ def codegen_cpp(module: Module) -> Module:
     return out
 
 
-def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph]
-                ) -> Node:
+class _Shared:
+    """The kernels made so far by what decides their C++: a loop node equal to an earlier one
+    in everything but names (a transformer's repeated layers: CaiT's 24, Swin's blocks) calls
+    that kernel instead of generating and compiling the same function again."""
+
+    def __init__(self) -> None:
+        self.made: dict[tuple[object, ...], tuple[str, list[str]]] = {}  # key -> name, sizes
+        self.sigs = SignMemo()  # body_signature's memo
+
+    def key(self, m: Module, n: Node, body: Graph) -> tuple[object, ...]:
+        """What kernel_source_sizes reads besides names and comments: the node's op, kwargs
+        (ranges, schedule attributes) and types, and the body's structure with its nested
+        reduction bodies (body_signature, parameter types included)."""
+        return (n.op, repr(sorted(n.kwargs.items())), tuple(str(r.type) for r in n.results),
+                tuple(str(a.type) if isinstance(a, Value) else repr(a) for a in n.args[1:]),
+                body_signature(m.items, body, self.sigs))
+
+
+def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph],
+                shared: _Shared | None = None) -> Node:
     if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
         # a strided view of a buffer (matmul reads it as it is); its type says its strides
         ctx = InferContext(module=m, registry=default_registry())
@@ -158,6 +177,10 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     assert isinstance(ref, Ref)
     body = m.items[ref.name]
     assert isinstance(body, Graph)
+    key = shared.key(m, n, body) if shared is not None else None
+    if shared is not None and key in shared.made:
+        name, sizes = shared.made[key]
+        return _call(n, name, sizes)
     name = ref.name
     while any(k.name == name for k in kernels):  # two loop nodes may share one body
         name += "_"
@@ -176,6 +199,13 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
                     stack.append(sub)
         return n
     kernels.append(Kernel(name, "cpp", source))
+    if shared is not None and key is not None:
+        shared.made[key] = (name, sizes)
+    return _call(n, name, sizes)
+
+
+def _call(n: Node, name: str, sizes: list[str]) -> Node:
+    """`n` as the call of kernel @name (taking the size symbols `sizes` after its buffers)."""
     types = [r.type for r in n.results]
     assert all(isinstance(t, TensorType) for t in types)
     kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]

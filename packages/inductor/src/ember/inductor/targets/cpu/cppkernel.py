@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ember.inductor.body import body_signature
+from ember.inductor.body import SignMemo, body_signature
 from ember.inductor.indexing import flat_offset, rvar
 from ember.inductor.sanitize import comment
 from ember.inductor.targets.cpu.cpp import (
@@ -142,6 +142,9 @@ class _Writer:
         self.split = True  # the schedule's split plan: full SIMD reductions over threads
         self.rows = False  # the column plan's rows step: each block's rows split over threads
         self.threshold = PARALLEL_WORK  # the schedule's sched_threshold
+        # body signatures by graph identity (key() is asked for each reduce node several
+        # times per kernel; the bodies do not change while this writer lives)
+        self.sigs = SignMemo()
 
     def hint(self, d: Dim) -> int:
         """A size for schedule decisions only (the code is correct for every size): symbols
@@ -164,7 +167,7 @@ class _Writer:
     def key(self, n: Node, args: Mapping[Value, str]) -> Key:
         """Equal for reductions that compute the same thing: the same body (compared by
         structure: fusion may have copied it) over the same buffers and domains."""
-        return (body_signature(self.bodies, self.sub(n)),
+        return (body_signature(self.bodies, self.sub(n), self.sigs),
                 tuple(args[a] for a in n.args[1:] if isinstance(a, Value)),
                 str(n.kwargs["ranges"]), str(n.kwargs["reduce_ranges"]),
                 n.kwargs["reduction"])
