@@ -1,7 +1,8 @@
-"""The wrapper's view calls in their cheapest forms (wrapper.py strided_view): a transposed
-2-D weight is `.t()`, other permutations take their dims as separate ints, and a view at
-offset 0 from its base calls `as_strided` without an offset (torch then keeps the base's own,
-so an input that is itself a view at an offset is still read where it lies)."""
+"""The wrapper's view and allocation calls in their cheapest forms (wrapper.py): a transposed
+2-D weight is `.t()`, other permutations take their dims as separate ints, a view at offset 0
+from its base calls `as_strided` without an offset (torch then keeps the base's own, so an
+input that is itself a view at an offset is still read where it lies), and a kernel's output
+is allocated with its sizes as separate arguments."""
 
 from __future__ import annotations
 
@@ -31,6 +32,13 @@ graph @heads(%x: f32[3, 4, 5], %w: f32[4, 5, 6]) -> (f32[4, 3, 6]) {
   return (%y)
 }
 
+graph @alloc(%x: f32[8, 16], %v: f32[16]) -> (f32[8, 16], f32[], f32[16]) {
+  %y = aten.add.Tensor(%x, 1.0) : f32[8, 16]
+  %s = aten.sum.default(%x) : f32[]
+  %w = aten.mul.Tensor(%v, 2.0) : f32[16]
+  return (%y, %s, %w)
+}
+
 graph @rows(%ids: i64[2, 8], %w: f32[16, 4]) -> (f32[8, 4], f32[8, 4]) {
   %a = aten.select.int(%ids, 0, 0) : i64[8]
   %b = aten.select.int(%ids, 0, 1) : i64[8]
@@ -57,7 +65,11 @@ def _same(a: list[Any], b: list[Any]) -> None:
 
 def test_view_forms_in_the_source() -> None:
     m = compiled()
-    lin, heads, rows = (generate(m, g).source for g in ("lin", "heads", "rows"))
+    lin, heads, rows, alloc = (generate(m, g).source
+                               for g in ("lin", "heads", "rows", "alloc"))
+    # kernel outputs allocated with their sizes as separate arguments (a 0-dim one: "()")
+    assert "_empty(8, 16, dtype=" in alloc and "_empty((), dtype=" in alloc, alloc
+    assert "_empty(16, dtype=" in alloc, alloc
     assert ".t()" in lin and ".permute(" not in lin, lin
     assert ".permute(1, 0, 2)" in heads, heads
     # select of row 0 is at the input's own offset: no storage_offset() read for it;
@@ -90,3 +102,9 @@ def test_view_forms_match_eager(seed: int, strided: bool) -> None:
     got = generate(m, "rows").call([ids, emb]).outputs
     _same(got, Interpreter(m).run([ids, emb], "rows").outputs)
     _same(got, [emb[ids[0]], emb[ids[1]]])
+    v = torch.randn(16, generator=g)
+    got = generate(m, "alloc").call([x, v]).outputs
+    _same(got, Interpreter(m).run([x, v], "alloc").outputs)
+    torch.testing.assert_close(got[0], x + 1)
+    torch.testing.assert_close(got[1], x.sum())
+    torch.testing.assert_close(got[2], v * 2)

@@ -311,8 +311,8 @@ class _Gen:
                 # a dead buffer's storage, as the interpreter's kernels.call takes it
                 new = self.reused(old, r.type, dev, shape) or \
                     f"_out({shape}, {dt}, {device}, {self.name(old)})"
-            else:
-                new = f"_empty({shape}, dtype={dt}, device={device})"
+            else:  # (sizes as separate arguments: a tuple parses ~0.7 us slower)
+                new = f"_empty({shape[1:-1].rstrip(',') or shape}, dtype={dt}, device={device})"
             self.lines.append(f"    {name} = {new}")
             self.names[r] = name
             self.buffers.add(r)
