@@ -214,3 +214,17 @@ def test_shared_kernel_is_the_kernel_it_would_generate(monkeypatch: pytest.Monke
     _compiled(4)
     assert max(len(v) for v in made.values()) >= 3  # the repeats: one key
     assert all(len(set(v)) == 1 for v in made.values())
+
+
+def test_fuse_operand_set_is_the_operands() -> None:
+    """fuse's reader index reads each node's operands through `_operand_set`: the set of
+    `Node.operands()`, nested lists and kwargs included, on every node of a lowered model."""
+    from ember.inductor import fusion
+    from ember.ir.passes import run_pipeline
+    got = capture(torch.nn.Sequential(_Block(), _Block()).eval(), (torch.randn(2, 3, 12),), {})
+    assert isinstance(got, Captured)
+    m = run_pipeline(got.module, "decompose,lower-loops")
+    nodes = [n for g in m.graphs.values() for n in g.nodes]
+    assert any(n.kwargs for n in nodes) and len(nodes) > 20
+    for n in nodes:
+        assert fusion._operand_set(n) == set(n.operands())

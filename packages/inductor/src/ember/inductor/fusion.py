@@ -148,6 +148,21 @@ class _Unknown:
 UNKNOWN = _Unknown()
 
 
+def _operand_set(n: Node) -> set[Value]:
+    """`set(n.operands())` without its nested generators: fuse asks it of every node each time
+    it rebuilds its reader index or dependency graph, once per horizontal merge (2.4k nodes
+    and 53 merges on maxvit_t: 40% of fuse)."""
+    out: set[Value] = set()
+    stack: list[object] = [*n.args, *n.kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, Value):
+            out.add(a)
+        elif isinstance(a, list):
+            stack.extend(a)
+    return out
+
+
 class _ReaderIndex:
     """The nodes reading each value, in graph order, kept up to date while vertical fusion
     rewrites and removes nodes (it never reorders them). Scanning the graph for every lookup
@@ -159,7 +174,7 @@ class _ReaderIndex:
         self.of: dict[Value, list[Node]] = {}
         self.reads: dict[int, set[Value]] = {}
         for n in g.nodes:  # in graph order: each list is built sorted
-            vals = self.reads[id(n)] = set(n.operands())
+            vals = self.reads[id(n)] = _operand_set(n)
             for v in vals:
                 self.of.setdefault(v, []).append(n)
 
@@ -167,7 +182,7 @@ class _ReaderIndex:
         return list(self.of.get(v, ()))
 
     def add(self, n: Node) -> None:
-        vals = set(n.operands())
+        vals = _operand_set(n)
         self.reads[id(n)] = vals
         for v in vals:
             lst = self.of.setdefault(v, [])
@@ -406,7 +421,7 @@ def dependency_graph(g: Graph) -> nx.DiGraph:
     where = {r: i for i, n in enumerate(g.nodes) for r in n.results}
     for i, n in enumerate(g.nodes):
         dg.add_node(i)
-        for v in n.operands():
+        for v in _operand_set(n):
             if v in where:
                 dg.add_edge(where[v], i)
     return dg
@@ -481,7 +496,7 @@ def _horizontal(m: Module, g: Graph, max_nodes: int, taken: set[str]) -> int | N
     readers: dict[Value, list[int]] = {}
     for i, n in enumerate(g.nodes):
         if n.op in KERNEL_OPS:
-            reads[i] = set(n.operands())
+            reads[i] = _operand_set(n)
             for v in reads[i]:
                 readers.setdefault(v, []).append(i)
     above = _ancestors(dg, len(g.nodes))
