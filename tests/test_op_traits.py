@@ -141,6 +141,10 @@ FRESH_CASES: dict[str, list[Case]] = {
                               "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1]})],
     "aten._scaled_dot_product_flash_attention_for_cpu.default": [
         lambda: ([_r(1, 2, 4, 8), _r(1, 2, 4, 8), _r(1, 2, 4, 8)], {})],
+    # the forward's output and logsumexp returned as the [B, L, H, E] / [B, L, H] buffers
+    "loop.attention_heads_last_cpu": [
+        lambda: ([_r(1, 2, 4, 8), _r(1, 2, 4, 8), _r(1, 2, 4, 8)],
+                 {"kernel": "aten._scaled_dot_product_flash_attention_for_cpu.default"})],
     # training's attention backward, its gradients returned as the [B, L, H, E] buffers
     "loop.attention_grads_heads_last": [lambda: _attention_backward_case()],
     # training's convolution gradients (grad_output, input, weight, ..., output_mask)

@@ -19,7 +19,8 @@ from ember.inductor.fusion import RECOMPUTE_NODES
 from ember.inductor.launch import register_loader
 from ember.inductor.targets import FusionHooks, Rule, register_target
 from ember.inductor.targets.cpu.attention import BACKWARD as ATTENTION_BACKWARD
-from ember.inductor.targets.cpu.attention import lower_attention_backward
+from ember.inductor.targets.cpu.attention import FORWARD as ATTENTION_FORWARD
+from ember.inductor.targets.cpu.attention import lower_attention, lower_attention_backward
 from ember.inductor.targets.cpu.broadcast import broadcast_veto
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
@@ -67,6 +68,8 @@ LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_b
                               **{op: _attention for op in FUSED_ATTENTION}}
 # the attention backward's gradients read where the kernel writes them ([B, L, H, E] buffers)
 LOWERINGS[ATTENTION_BACKWARD] = lower_attention_backward
+# and the forward's output and logsumexp, for a heads-last q (attention.py)
+LOWERINGS[ATTENTION_FORWARD] = lower_attention
 
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
 # recompute: a cheap multi-reader pointwise value (a training backward's x - mean, xhat, the

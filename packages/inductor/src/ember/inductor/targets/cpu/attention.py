@@ -1,5 +1,15 @@
-"""The backward of torch's fused CPU attention as one extern, its gradients read where the
-kernel writes them.
+"""Torch's fused CPU attention as one extern, its results read where the kernel writes them.
+
+Forward: `aten._scaled_dot_product_flash_attention_for_cpu` writes its output as [B, L, H, E]
+when q is a head split of a projection ([B, H, L, E] view of a [B, L, H, E] buffer) and its
+logsumexp as [B, L, H] always, and returns both transposed. An extern's results are contiguous
+buffers, so each was copied into [B, H, L, E] / [B, H, L] order (the logsumexp even where
+nothing reads it), and the model's head merge (`transpose(1, 2).reshape(B, L, H*E)`, free in
+eager) read the copy back across the heads for the output projection. For such a q the extern
+is `loop.attention_heads_last_cpu` instead: the same kernel, its results returned as the
+buffers it wrote, read as permuted views, so the head merge is a reshape the GEMM reads as it
+is (TorchInductor hands the kernel's output to the GEMM the same way). A q of another layout
+keeps the plain extern (the kernel then writes its output [B, H, L, E], which is what it reads).
 
 `aten._scaled_dot_product_flash_attention_for_cpu_backward` (what the forward's VJP rule emits
 on the training path) returns grad_q, grad_k and grad_v as [B, H, L, E] views of [B, L, H, E]
@@ -18,9 +28,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ember.inductor.indexing import ivar
+import torch
+
+from ember.inductor.indexing import affine_view, ivar
 from ember.inductor.lowering import View
-from ember.ir import Node, TensorType
+from ember.ir import Node, TensorType, Value
 from ember.ir.graph import Arg, map_args
 from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
@@ -59,6 +71,82 @@ if default_registry().lookup(GRADS_HEADS_LAST) is None:
                 "op)", _infer, _run, aliasing="fresh")
 
 
+FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
+HEADS_LAST = "loop.attention_heads_last_cpu"
+_KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _forward_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    reg = ctx.registry
+    target = reg.lookup(FORWARD) if reg is not None else None
+    if kw.get("kernel") != FORWARD or target is None:
+        raise OpTypeError(f"{HEADS_LAST}: kernel= must be {FORWARD}, got {kw.get('kernel')!r}")
+    out, lse = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "kernel"})
+    if not isinstance(out, TensorType) or out.rank != 4 or not isinstance(lse, TensorType) \
+            or lse.rank != 3:
+        raise OpTypeError(f"{HEADS_LAST}: the kernel's results must be 4-d and 3-d, got "
+                          f"{out}, {lse}")
+    b, h, n, e = out.shape
+    return [dataclasses.replace(out, shape=(b, n, h, e), strides=None),
+            dataclasses.replace(lse, shape=(b, n, h), strides=None)]
+
+
+def _forward_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
+    # torch's op called as it is (its arguments are tensors, floats and a bool): the generic
+    # reference's argument handling cost ~45 us a call, as much as the copies this op saves
+    out, lse = _KERNEL(*args, **{k: v for k, v in kw.items() if k != "kernel"})
+    # the buffers the kernel wrote (a copy only where it wrote another layout: the extern's
+    # results are made contiguous)
+    return out.transpose(1, 2), lse.transpose(1, 2)
+
+
+if default_registry().lookup(HEADS_LAST) is None:
+    register_op(HEADS_LAST, "torch's fused CPU attention (kernel=) with its output and "
+                "logsumexp returned as the [B, L, H, E] and [B, L, H] buffers the kernel writes "
+                "(an extern's op)", _forward_infer, _forward_run, aliasing="fresh")
+
+
+def _heads_inside_rows(lw: Any, v: Any) -> bool:
+    """Whether [B, H, L, E] operand v is a view whose L stride is above its H stride (a head
+    split of a projection), read off its affine index over a static contiguous buffer."""
+    if not isinstance(v, Value) or not isinstance(v.type, TensorType) or v.type.rank != 4 \
+            or v.type.shape[1] == 1:
+        return False
+    lazy = lw.env.get(v, v)
+    if not isinstance(lazy, View) or not all(isinstance(d, int) for d in lazy.src.type.shape):
+        return False
+    aff = affine_view(lazy.index, 4)
+    if aff is None:
+        return False
+    src_strides, acc = [], 1
+    for d in reversed(lazy.src.type.shape):
+        src_strides.append(acc)
+        acc *= int(d)
+    src_strides.reverse()
+    h, n = (sum((c[k] if c else 0) * s for c, s in zip(aff[1], src_strides, strict=True))
+            for k in (1, 2))
+    return n > h
+
+
+def lower_attention(lw: Any, n: Node) -> None:
+    """One extern call of the forward kernel on strided views of q, k, v; for a heads-last q
+    its output and logsumexp read as permuted views of the buffers the kernel writes."""
+    if len(n.results) != 2 or not _heads_inside_rows(lw, n.args[0] if n.args else None):
+        lw.passthrough(n, n.op)
+        return
+    args = [map_args(a, lw.extern_operand) for a in n.args]
+    kwargs = {k: map_args(a, lw.extern_operand) for k, a in n.kwargs.items()}
+    out, lse = n.results
+    assert isinstance(out.type, TensorType) and isinstance(lse.type, TensorType)
+    b, h, L, e = out.type.shape
+    types = [dataclasses.replace(out.type, shape=(b, L, h, e), strides=None),
+             dataclasses.replace(lse.type, shape=(b, L, h), strides=None)]
+    o, s = lw.b.emit("loop.extern", args, {"op": HEADS_LAST, "kernel": n.op, **kwargs},
+                     types=types, names=[f"{r.name}.heads_last" for r in n.results], loc=n.loc)
+    lw.env[out] = View(o, (ivar(0), ivar(2), ivar(1), ivar(3)), out.type)
+    lw.env[lse] = View(s, (ivar(0), ivar(2), ivar(1)), lse.type)
+
+
 def lower_attention_backward(lw: Any, n: Node) -> None:
     """One extern call of the backward kernel on strided views of its operands, each gradient
     read as a permuted view of the [B, L, H, E] buffer the kernel writes."""
@@ -73,4 +161,5 @@ def lower_attention_backward(lw: Any, n: Node) -> None:
         lw.env[r] = View(o, (ivar(0), ivar(2), ivar(1), ivar(3)), r.type)
 
 
-__all__ = ["BACKWARD", "GRADS_HEADS_LAST", "lower_attention_backward"]
+__all__ = ["BACKWARD", "FORWARD", "GRADS_HEADS_LAST", "HEADS_LAST", "lower_attention",
+           "lower_attention_backward"]
