@@ -811,7 +811,9 @@ def compile(model_or_fn: Any = None, *, mode: str | None = None, dynamic: bool |
         if isinstance(target, nn.Module):
             # the compiled module's own nn.Module call runs the global hooks: a call run
             # eagerly inside it runs the forward alone, so each hook fires once, as in eager
-            cf.eager = functools.partial(_forward_of, target)
+            # (a class with its own __call__ keeps it: what it does is more than the hooks)
+            if type(target).__call__ is nn.Module.__call__:
+                cf.eager = functools.partial(_forward_of, target)
             return compiled_module(CompiledModule, target, cf)  # the model's class too
         try:
             functools.update_wrapper(cf, target)
