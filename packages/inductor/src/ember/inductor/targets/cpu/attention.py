@@ -113,13 +113,14 @@ def _heads_inside_rows(lw: Any, v: Any) -> bool:
             or v.type.shape[1] == 1:
         return False
     lazy = lw.env.get(v, v)
-    if not isinstance(lazy, View) or not all(isinstance(d, int) for d in lazy.src.type.shape):
+    st = lazy.src.type if isinstance(lazy, View) else None
+    if not isinstance(st, TensorType) or not all(isinstance(d, int) for d in st.shape):
         return False
     aff = affine_view(lazy.index, 4)
     if aff is None:
         return False
     src_strides, acc = [], 1
-    for d in reversed(lazy.src.type.shape):
+    for d in reversed(st.shape):
         src_strides.append(acc)
         acc *= int(d)
     src_strides.reverse()
