@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import nn
 
+from ember.capture.modules import has_own_hooks
+
 # Attributes a compiled module keeps for itself (everything else is the original's)
 _OWN = frozenset({"_orig_mod", "_ember_compiled"})
 
@@ -44,6 +46,17 @@ def _setattr(self: nn.Module, name: str, value: Any) -> None:
         nn.Module.__setattr__(self, name, value)  # (nn.Module's own state: training, hooks)
     else:
         setattr(mods["_orig_mod"], name, value)
+
+
+def _call(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The view's `__call__` for a model class with its own: that `__call__` runs once, in the
+    compiled function (capture starts at it, and a call ember runs eagerly calls the original),
+    never again around it, as the view would inherit it. nn.Module's call runs only for hooks
+    on the compiled module itself: global hooks fire in the model's `super().__call__()`,
+    where eager fires them, and not a second time here."""
+    if has_own_hooks(self):
+        return nn.Module.__call__(self, *args, **kwargs)
+    return self.forward(*args, **kwargs)
 
 
 def compiled_module(base: Any, mod: nn.Module, compiled: Any) -> Any:
@@ -74,6 +87,8 @@ def compiled_module(base: Any, mod: nn.Module, compiled: Any) -> Any:
     except (TypeError, ValueError):
         pass
     ns["forward"] = forward
+    if cls.__call__ is not nn.Module.__call__:
+        ns["__call__"] = _call
     try:
         view: Any = type(cls.__name__, (base, cls), ns)
     except TypeError:  # (a layout or metaclass conflict: a plain wrapper)
