@@ -40,6 +40,7 @@ reported as skipped, with the reason.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import datetime as dt
 import json
@@ -286,6 +287,7 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
             c: TorchCompile | Ember = (TorchCompile() if who == "torch.compile"
                                        else Ember(ember_backend))
             tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
+            atexit.register(shutil.rmtree, tmp, True)  # the cold caches (~1-10 MB a model)
             try:
                 c.cold(tmp)
                 mark = _cpu_mark()
