@@ -159,6 +159,9 @@ DEVICE_ONLY = {
     "loop.attention_heads_last": "kernel= is a CUDA fused attention op; its fresh [B, L, H, E] "
                                  "result is checked by packages/inductor/tests/"
                                  "test_cuda_attention_extern.py (CPU stand-in) and on the device",
+    "loop.cuda_attention_grads": "kernel= is a CUDA fused attention backward; its fresh "
+                                 "gradients are checked by packages/inductor/tests/"
+                                 "test_cuda_training_interp.py (CPU stand-ins) and on the device",
 }
 # Fresh ops checked on whole graphs: their results live in modules (bodies, kernels).
 GRAPH_CASES = {
