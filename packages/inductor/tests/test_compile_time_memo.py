@@ -27,37 +27,7 @@ from ember.inductor.targets.cpu.codegen import PRELUDE_NAME
 from ember.inductor.targets.cpu.kernel import kernel_source
 from ember.ir import Graph, Module, parse
 from ember.runtime import compile as ember_compile
-
-SOFTMAX_FUSED = """ember.ir 1.1
-
-graph @softmax(%x: f32[3, 5]) -> (f32[3, 5]) {
-  %8 = loop.pointwise(@softmax_k4, %x, ranges=[3, 5]) : f32[3, 5]
-  return (%8)
-}
-
-graph @softmax_k4(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, i1 < 5) {
-  %x.load = loop.load(%x, index=[i0, i1]) : f32[]
-  %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
-  %3 = prims.sub(%x.load, %0) : f32[]
-  %4 = prims.exp(%3) : f32[]
-  %5 = loop.reduce(@softmax_k7, %x, ranges=[3], reduce_ranges=[5], reduction="sum") : f32[]
-  %8 = prims.div(%4, %5) : f32[]
-  return (%8)
-}
-
-graph @softmax_k6(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, r0 < 5) {
-  %x.load = loop.load(%x, index=[i0, r0]) : f32[]
-  return (%x.load)
-}
-
-graph @softmax_k7(%x: f32[3, 5]) -> (f32[]) domain(i0 < 3, r0 < 5) {
-  %x.load = loop.load(%x, index=[i0, r0]) : f32[]
-  %0 = loop.reduce(@softmax_k6, %x, ranges=[3], reduce_ranges=[5], reduction="amax") : f32[]
-  %3 = prims.sub(%x.load, %0) : f32[]
-  %4 = prims.exp(%3) : f32[]
-  return (%4)
-}
-"""
+from packages.inductor.tests.softmax_ir import SOFTMAX_FUSED
 
 
 @pytest.fixture
