@@ -194,14 +194,23 @@ WHY = ("kept whole: torch's fused kernel, no score matrix in memory and no softm
 _OWN = ("kernel", "why")  # this op's attributes; the rest are the kernel's
 
 
-def _heads_last_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+def _kernel_infer(op: str, what: str, kernels: Sequence[str], own: Sequence[str], ctx: Any,
+                  args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    """The result types of the torch op that `op` (an extern's wrapper op) calls, named by its
+    kernel= (one of `kernels`, a `what`), typed on `op`'s attributes less its `own`."""
     name = kw.get("kernel")
     reg = ctx.registry
     target = reg.lookup(name) if isinstance(name, str) and reg is not None else None
-    if name not in FUSED_ATTENTION_CUDA or target is None:
-        raise OpTypeError(f"{HEADS_LAST}: kernel= must name a CUDA attention op "
-                          f"({', '.join(FUSED_ATTENTION_CUDA)}), got {name!r}")
-    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in _OWN})
+    if name not in kernels or target is None:
+        raise OpTypeError(f"{op}: kernel= must name a {what} ({', '.join(kernels)}), got "
+                          f"{name!r}")
+    types: list[Type] = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in own})
+    return types
+
+
+def _heads_last_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    types = _kernel_infer(HEADS_LAST, "CUDA attention op", FUSED_ATTENTION_CUDA, _OWN, ctx,
+                          args, kw)
     out = types[0]
     if not isinstance(out, TensorType) or out.rank != 4:
         raise OpTypeError(f"{HEADS_LAST}: the kernel's output must be 4-d, got {out}")
@@ -286,13 +295,8 @@ def _grads_flags(kw: Mapping[str, Arg], n: int) -> list[bool]:
 
 
 def _grads_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
-    name = kw.get("kernel")
-    reg = ctx.registry
-    target = reg.lookup(name) if isinstance(name, str) and reg is not None else None
-    if name not in BACKWARD or target is None:
-        raise OpTypeError(f"{GRADS}: kernel= must name a CUDA attention backward op "
-                          f"({', '.join(BACKWARD)}), got {name!r}")
-    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in _GRADS_OWN})
+    types = _kernel_infer(GRADS, "CUDA attention backward op", BACKWARD, _GRADS_OWN, ctx, args,
+                          kw)
     flags = _grads_flags(kw, len(types))
     return [_grads_layout(t, f) for t, f in zip(types, flags, strict=True)]
 
