@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401
-from ember.inductor.kernels import compile_module
 from ember.inductor.wrapper import generate
-from ember.ir import Interpreter, Module, parse
+from ember.ir import Interpreter, Module
+from packages.inductor.tests.wrapper_checks import compiled_once, same
 
 TEXT = """ember.ir 1.0
 
@@ -46,19 +46,8 @@ graph @att(%q: f32[1, 2, 8, 4], %k: f32[1, 2, 8, 4], %v: f32[1, 2, 8, 4]) -> (f3
 }
 """
 
-_M: list[Module] = []
-
-
 def compiled() -> Module:
-    if not _M:
-        _M.append(compile_module(parse(TEXT)))
-    return _M[0]
-
-
-def _same(a: list[Any], b: list[Any]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    return compiled_once(TEXT)
 
 
 def test_externs_call_their_ops_directly() -> None:
@@ -77,17 +66,17 @@ def test_direct_forms_match_the_interpreter(seed: int, transposed: bool) -> None
     x = torch.randn(16, 8, generator=g).t() if transposed else torch.randn(8, 16, generator=g)
     ins: list[Any] = [x, torch.randn(32, 16, generator=g), torch.randn(32, generator=g),
                       torch.randn(4, 32, generator=g)]
-    _same(generate(m, "mlp").call(list(ins)).outputs, Interpreter(m).run(ins, "mlp").outputs)
+    same(generate(m, "mlp").call(list(ins)).outputs, Interpreter(m).run(ins, "mlp").outputs)
     # ids as a strided view (a column of a bigger tensor, at an offset): the inline
     # as_strided reads its real strides and offset
     big = torch.randint(0, 16, (3, 8, 2), generator=g)
     ids = big[1:, :, 1] if transposed else torch.randint(0, 16, (2, 8), generator=g)
     w = torch.randn(16, 4, generator=g)
     got = generate(m, "emb").call([w, ids]).outputs
-    _same(got, Interpreter(m).run([w, ids], "emb").outputs)
-    _same(got, [torch.nn.functional.embedding(ids[1, 1:7], w)])
+    same(got, Interpreter(m).run([w, ids], "emb").outputs)
+    same(got, [torch.nn.functional.embedding(ids[1, 1:7], w)])
     qkv = [torch.randn(1, 2, 8, 4, generator=g) for _ in range(3)]
-    _same(generate(m, "att").call(list(qkv)).outputs, Interpreter(m).run(qkv, "att").outputs)
+    same(generate(m, "att").call(list(qkv)).outputs, Interpreter(m).run(qkv, "att").outputs)
 
 
 def test_strided_input_view_is_inline() -> None:
@@ -111,7 +100,7 @@ def test_undefined_result_of_a_multi_result_op_is_settled_by_the_reference() -> 
     try:
         qkv = [torch.randn(1, 2, 8, 4) for _ in range(3)]
         y, lse = w.call(list(qkv)).outputs
-        _same([y], [Interpreter(m).run(qkv, "att").outputs[0]])
+        same([y], [Interpreter(m).run(qkv, "att").outputs[0]])
         assert lse.shape == (1, 2, 8) and not lse.any()
     finally:
         ns[names[0]] = op._op

@@ -7,16 +7,15 @@ is allocated with its sizes as separate arguments."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401
-from ember.inductor.kernels import compile_module
 from ember.inductor.wrapper import generate
-from ember.ir import Interpreter, Module, parse
+from ember.ir import Interpreter, Module
+from packages.inductor.tests.wrapper_checks import compiled_once, same
 
 TEXT = """ember.ir 1.0
 
@@ -48,19 +47,8 @@ graph @rows(%ids: i64[2, 8], %w: f32[16, 4]) -> (f32[8, 4], f32[8, 4]) {
 }
 """
 
-_M: list[Module] = []
-
-
 def compiled() -> Module:
-    if not _M:
-        _M.append(compile_module(parse(TEXT)))
-    return _M[0]
-
-
-def _same(a: list[Any], b: list[Any]) -> None:
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    return compiled_once(TEXT)
 
 
 def test_view_forms_in_the_source() -> None:
@@ -87,24 +75,24 @@ def test_view_forms_match_eager(seed: int, strided: bool) -> None:
     x = torch.randn(8, 16, generator=g)
     w = torch.randn(16, 4, generator=g).t() if strided else torch.randn(4, 16, generator=g)
     got = generate(m, "lin").call([x, w]).outputs
-    _same(got, Interpreter(m).run([x, w], "lin").outputs)
+    same(got, Interpreter(m).run([x, w], "lin").outputs)
     torch.testing.assert_close(got[0], x @ w.t())
     xs = torch.randn(2, 3, 4, 5, generator=g)[1] if strided else \
         torch.randn(3, 4, 5, generator=g)
     w3 = torch.randn(4, 5, 6, generator=g)
     got = generate(m, "heads").call([xs, w3]).outputs
-    _same(got, Interpreter(m).run([xs, w3], "heads").outputs)
+    same(got, Interpreter(m).run([xs, w3], "heads").outputs)
     torch.testing.assert_close(got[0], torch.bmm(xs.permute(1, 0, 2), w3))
     # ids as a view at a nonzero storage offset (rows 1-2 of a bigger tensor, a column of it)
     big = torch.randint(0, 16, (4, 8, 2), generator=g)
     ids = big[1:3, :, 1] if strided else torch.randint(0, 16, (2, 8), generator=g)
     emb = torch.randn(16, 4, generator=g)
     got = generate(m, "rows").call([ids, emb]).outputs
-    _same(got, Interpreter(m).run([ids, emb], "rows").outputs)
-    _same(got, [emb[ids[0]], emb[ids[1]]])
+    same(got, Interpreter(m).run([ids, emb], "rows").outputs)
+    same(got, [emb[ids[0]], emb[ids[1]]])
     v = torch.randn(16, generator=g)
     got = generate(m, "alloc").call([x, v]).outputs
-    _same(got, Interpreter(m).run([x, v], "alloc").outputs)
+    same(got, Interpreter(m).run([x, v], "alloc").outputs)
     torch.testing.assert_close(got[0], x + 1)
     torch.testing.assert_close(got[1], x.sum())
     torch.testing.assert_close(got[2], v * 2)
