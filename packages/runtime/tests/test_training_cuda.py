@@ -13,7 +13,9 @@ is packages/inductor/tests/test_cuda_training_interp.py.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,9 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime.training import TrainingRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
+from suites import TrainConvNet  # noqa: E402  (benchmarks/ is on the path now)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -93,23 +98,11 @@ def test_mlp_cross_entropy(dtype: torch.dtype) -> None:
     train(m, xent, (torch.randn(32, 64), torch.randint(0, 10, (32,))), dtype)
 
 
-class ConvBN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU())
-        self.head = nn.Linear(32, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.body(x).mean((2, 3)))  # type: ignore[no-any-return]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_conv_batchnorm(dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    fn = train(ConvBN().train(), xent, (torch.randn(8, 3, 16, 16),
-                                        torch.randint(0, 10, (8,))), dtype)
+    fn = train(TrainConvNet().train(), xent, (torch.randn(8, 3, 16, 16),
+                                             torch.randint(0, 10, (8,))), dtype)
     _, bwd = compiled_pair(fn)
     assert "aten.convolution_backward.default" in externs(bwd)
 
