@@ -49,6 +49,7 @@ from ember.inductor.targets.cuda.attention import (  # noqa: E402
 from ember.ir import Graph  # noqa: E402
 from ember.ir.registry import default_registry  # noqa: E402
 from ember.ir.torch_ops import torch_opdef  # noqa: E402
+from packages.runtime.tests.training_block import Block  # noqa: E402
 
 KERNELS = {"flash": (sdpa_choice.FLASH, FLASH), "efficient": (sdpa_choice.EFFICIENT, EFFICIENT),
            "cudnn": (sdpa_choice.CUDNN, CUDNN)}
@@ -147,36 +148,6 @@ def cuda_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
             reg.unregister(op)
 
 
-class Block(nn.Module):
-    """Embedding, RMSNorm, a causal attention layer with rotary q/k, SwiGLU, a vocab head."""
-
-    def __init__(self, vocab: int = 32, d: int = 32, heads: int = 2, seq: int = 8) -> None:
-        super().__init__()
-        self.h, self.hd = heads, d // heads
-        self.emb = nn.Embedding(vocab, d)
-        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
-        self.gate, self.up, self.down = nn.Linear(d, 48), nn.Linear(d, 48), nn.Linear(48, d)
-        self.head = nn.Linear(d, vocab)
-        f = torch.outer(torch.arange(seq).float(), 1.0 / 100 ** (torch.arange(0, self.hd, 2)
-                                                                 / self.hd))
-        self.register_buffer("cos", torch.cat([f, f], -1).cos(), persistent=False)
-        self.register_buffer("sin", torch.cat([f, f], -1).sin(), persistent=False)
-
-    def rope(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = x.chunk(2, -1)
-        return x * self.cos + torch.cat([-b, a], -1) * self.sin
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        b, s, d = x.shape
-        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        q, k, v = self.qkv(n).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
-        x = x + self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.head(x)  # type: ignore[no-any-return]
-
-
 def _xent(m: nn.Module, ids: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     logits = m(ids)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1))
@@ -241,7 +212,8 @@ def test_attention_trains_through_its_backward_kernel(cuda_on_cpu: None,
     monkeypatch.setattr(sdpa_choice, "real_choice", lambda *a, **k: choice)
     torch.manual_seed(0)
     ids = torch.randint(0, 32, (2, 8))
-    fn, _, _ = _train(Block(), _xent, (ids, torch.roll(ids, -1, 1)))
+    model = Block(vocab=32, d=32, seq=8, ff=48, bias=True, base=100)  # the GPU test's, smaller
+    fn, _, _ = _train(model, _xent, (ids, torch.roll(ids, -1, 1)))
     fwd, bwd = _compiled(fn)
     # kept whole both ways: the fused kernel forward, its backward kernel backward (no score
     # matrix, no softmax); the backward's gradients of heads-last q/k/v read as they are

@@ -25,6 +25,7 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime.training import TrainingRunner
+from packages.runtime.tests.training_block import Block
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from suites import TrainConvNet  # noqa: E402  (benchmarks/ is on the path now)
@@ -105,36 +106,6 @@ def test_conv_batchnorm(dtype: torch.dtype) -> None:
                                              torch.randint(0, 10, (8,))), dtype)
     _, bwd = compiled_pair(fn)
     assert "aten.convolution_backward.default" in externs(bwd)
-
-
-class Block(nn.Module):
-    """Embedding, RMSNorm, causal sdpa with rotary q/k, SwiGLU, a vocab head."""
-
-    def __init__(self, vocab: int = 256, d: int = 128, heads: int = 2, seq: int = 32) -> None:
-        super().__init__()
-        self.h, self.hd = heads, d // heads
-        self.emb = nn.Embedding(vocab, d)
-        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
-        self.gate, self.up = nn.Linear(d, 344, bias=False), nn.Linear(d, 344, bias=False)
-        self.down, self.head = nn.Linear(344, d, bias=False), nn.Linear(d, vocab, bias=False)
-        f = torch.outer(torch.arange(seq).float(),
-                        1.0 / 10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
-        self.register_buffer("cos", torch.cat([f, f], -1).cos(), persistent=False)
-        self.register_buffer("sin", torch.cat([f, f], -1).sin(), persistent=False)
-
-    def rope(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = x.chunk(2, -1)
-        return x * self.cos + torch.cat([-b, a], -1) * self.sin
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        b, s, d = x.shape
-        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        q, k, v = self.qkv(n).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
-        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
-        x = x + self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.head(x)  # type: ignore[no-any-return]
 
 
 BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",

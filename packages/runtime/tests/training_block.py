@@ -1,0 +1,41 @@
+"""The Llama-style block that the CUDA training tests train: on a GPU
+(packages/runtime/tests/test_training_cuda.py) and its interpreter twin on the CPU
+(packages/inductor/tests/test_cuda_training_interp.py, at a smaller size)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    """Embedding, RMSNorm, causal sdpa with rotary q/k, SwiGLU (`ff` wide), a vocab head; the
+    SwiGLU and head Linears with `bias`, the rotary frequencies on `base`."""
+
+    def __init__(self, vocab: int = 256, d: int = 128, heads: int = 2, seq: int = 32,
+                 ff: int = 344, bias: bool = False, base: float = 10000) -> None:
+        super().__init__()
+        self.h, self.hd = heads, d // heads
+        self.emb = nn.Embedding(vocab, d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, ff, bias=bias), nn.Linear(d, ff, bias=bias)
+        self.down, self.head = nn.Linear(ff, d, bias=bias), nn.Linear(d, vocab, bias=bias)
+        f = torch.outer(torch.arange(seq).float(),
+                        1.0 / base ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        self.register_buffer("cos", torch.cat([f, f], -1).cos(), persistent=False)
+        self.register_buffer("sin", torch.cat([f, f], -1).sin(), persistent=False)
+
+    def rope(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = x.chunk(2, -1)
+        return x * self.cos + torch.cat([-b, a], -1) * self.sin
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        b, s, d = x.shape
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(n).view(b, s, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        x = x + self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.head(x)  # type: ignore[no-any-return]
