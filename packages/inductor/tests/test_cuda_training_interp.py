@@ -49,7 +49,7 @@ from ember.inductor.targets.cuda.attention import (  # noqa: E402
 from ember.ir import Graph  # noqa: E402
 from ember.ir.registry import default_registry  # noqa: E402
 from ember.ir.torch_ops import torch_opdef  # noqa: E402
-from packages.runtime.tests.training_block import Block  # noqa: E402
+from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss  # noqa: E402
 
 KERNELS = {"flash": (sdpa_choice.FLASH, FLASH), "efficient": (sdpa_choice.EFFICIENT, EFFICIENT),
            "cudnn": (sdpa_choice.CUDNN, CUDNN)}
@@ -266,20 +266,12 @@ def test_gpt_neox_trains_with_the_efficient_kernel(cuda_on_cpu: None,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """GPT-NeoX (transformers, partial rotary, parallel residual) in f32: on the H200 its sdpa
     is the memory-efficient kernel, which training used to decompose (no VJP rule)."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     monkeypatch.setattr(sdpa_choice, "real_choice", lambda *a, **k: sdpa_choice.EFFICIENT)
     torch.manual_seed(0)
-    cfg = transformers.GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=64,
-                                     max_position_embeddings=16, rotary_pct=0.25,
-                                     use_parallel_residual=True, hidden_act="gelu")
-    model = transformers.GPTNeoXForCausalLM(cfg).train()
+    model = gpt_neox(hidden=32, layers=1, heads=2, ff=64, vocab=64, positions=16)
     ids = torch.randint(0, 64, (2, 8))
-
-    def loss(m: Any, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        y = m(i).logits
-        return F.cross_entropy(y.reshape(-1, y.shape[-1]), t.reshape(-1))
-    fn, _, _ = _train(model, loss, (ids, torch.roll(ids, -1, 1)), steps=1)
+    fn, _, _ = _train(model, next_token_loss, (ids, torch.roll(ids, -1, 1)), steps=1)
     fwd, bwd = _compiled(fn)
     assert _externs(fwd).count(HEADS_LAST) == 1 and _externs(bwd).count(GRADS) == 1
     assert CALLS == [EFFICIENT_BACKWARD]

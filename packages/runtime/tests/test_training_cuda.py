@@ -25,7 +25,7 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime.training import TrainingRunner
-from packages.runtime.tests.training_block import Block
+from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from suites import TrainConvNet  # noqa: E402  (benchmarks/ is on the path now)
@@ -161,16 +161,8 @@ def test_memory_efficient_attention_with_a_mask(learned: bool) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpt_neox(dtype: torch.dtype) -> None:
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPTNeoXConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=512, vocab_size=256,
-                                     max_position_embeddings=64, rotary_pct=0.25,
-                                     use_parallel_residual=True, hidden_act="gelu")
-    model = transformers.GPTNeoXForCausalLM(cfg).train()
+    model = gpt_neox(hidden=128, layers=2, heads=4, ff=512, vocab=256, positions=64)
     ids = torch.randint(0, 256, (2, 32))
-
-    def loss(m: Any, i: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        y = m(i).logits
-        return F.cross_entropy(y.reshape(-1, y.shape[-1]).float(), t.reshape(-1))
-    train(model, loss, (ids, torch.roll(ids, -1, 1)), dtype)
+    train(model, next_token_loss, (ids, torch.roll(ids, -1, 1)), dtype)

@@ -1,8 +1,10 @@
-"""The Llama-style block that the CUDA training tests train: on a GPU
-(packages/runtime/tests/test_training_cuda.py) and its interpreter twin on the CPU
-(packages/inductor/tests/test_cuda_training_interp.py, at a smaller size)."""
+"""Models that the CUDA training tests train, on a GPU (packages/runtime/tests/test_training_cuda.py)
+and in its interpreter twin on the CPU (packages/inductor/tests/test_cuda_training_interp.py, at
+smaller sizes): a Llama-style block, and a GPT-NeoX from transformers with its next-token loss."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,3 +41,22 @@ class Block(nn.Module):
         x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
         x = x + self.down(F.silu(self.gate(x)) * self.up(x))
         return self.head(x)  # type: ignore[no-any-return]
+
+
+def gpt_neox(hidden: int, layers: int, heads: int, ff: int, vocab: int, positions: int) -> Any:
+    """transformers' GPTNeoXForCausalLM in training mode: partial rotary (a quarter of each
+    head), parallel residual, GELU (the shape of benchmarks/suites.py's case)."""
+    import transformers
+
+    cfg = transformers.GPTNeoXConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=ff,
+                                     vocab_size=vocab, max_position_embeddings=positions,
+                                     rotary_pct=0.25, use_parallel_residual=True,
+                                     hidden_act="gelu")
+    return transformers.GPTNeoXForCausalLM(cfg).train()
+
+
+def next_token_loss(m: Any, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a causal LM's logits (in f32) against the next tokens."""
+    y = m(ids).logits
+    return F.cross_entropy(y.reshape(-1, y.shape[-1]).float(), targets.reshape(-1))
