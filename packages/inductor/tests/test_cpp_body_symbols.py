@@ -13,7 +13,6 @@ one library computes eager's values for every size.
 from __future__ import annotations
 
 import re
-from functools import cache
 from typing import Any
 
 import torch
@@ -22,15 +21,13 @@ from hypothesis import strategies as st
 
 import ember.inductor  # noqa: F401  (the loop ops, the CPU target)
 from ember.inductor.backend import compiled_runner, summary
-from ember.inductor.launch import load_module
-from ember.ir import Interpreter, Module, parse
-from ember.ir.passes import run_pipeline
+from ember.ir import Interpreter, Module
+from packages.inductor.tests.size_kernels import SIZE_KERNELS, compiled
 
 FEW = settings(max_examples=10, deadline=None)
 
-# s0 is the first dim of %x, which no kernel reads: @k loads %t at an offset of s0 and scales
-# by it, @j makes an index over it a value, @v adds it to a 0-d position (a static cache's
-# `cumulative_length + s1`), @f's fused reduction scales by it, @z fills with it
+# s0 is the first dim of %x, which no kernel reads: @k, @j and @v read it (size_kernels.py),
+# @f's fused reduction scales by it, @z fills with it
 TEXT = """ember.ir 1.1
 
 symbol s0 hint=8 min=0 max=48
@@ -44,23 +41,7 @@ graph @main(%x: f32[s0, 4], %t: f32[64], %c: i64[]) -> (f32[4], i64[4], i64[], f
   return (%y, %j, %d, %f, %z)
 }
 
-graph @k(%t: f32[64]) -> (f32[]) {
-  %v = loop.load(%t, index=[i0 + s0]) : f32[]
-  %w = prims.mul(%v, s0) : f32[]
-  return (%w)
-}
-
-graph @j() -> (i64[]) {
-  %v = loop.index(index=i0 * s0 + 3) : i64[]
-  return (%v)
-}
-
-graph @v(%c: i64[]) -> (i64[]) {
-  %v = loop.load(%c, index=[]) : i64[]
-  %w = prims.add(%v, s0) : i64[]
-  return (%w)
-}
-
+""" + SIZE_KERNELS + """
 graph @f(%t: f32[64]) -> (f32[]) domain(i0 < 4) {
   %v = loop.load(%t, index=[i0]) : f32[]
   %m = loop.reduce(@fr, %t, ranges=[4], reduce_ranges=[16], reduction="sum") : f32[]
@@ -81,12 +62,8 @@ graph @z() -> (f32[]) {
 """
 
 
-@cache
 def _compiled() -> tuple[Module, Module]:
-    src = parse(TEXT)
-    m = run_pipeline(src, "inductor")
-    load_module(m)
-    return src, m
+    return compiled(TEXT, "inductor")
 
 
 def _eager(x: torch.Tensor, t: torch.Tensor, c: torch.Tensor) -> list[torch.Tensor]:

@@ -19,7 +19,6 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
 import re  # noqa: E402
-from functools import cache  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
@@ -31,16 +30,15 @@ pytest.importorskip("triton", reason="the Triton target's tests need the triton 
 
 import ember.inductor  # noqa: E402,F401
 from ember.inductor.backend import compiled_runner, summary  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
 from ember.inductor.targets import Target  # noqa: E402
 from ember.inductor.targets.cuda.sizes import body_symbols  # noqa: E402
 from ember.ir import Interpreter, Module, parse  # noqa: E402
 from ember.ir.passes import run_pipeline  # noqa: E402
+from packages.inductor.tests.size_kernels import SIZE_KERNELS, compiled  # noqa: E402
 
 FEW = settings(max_examples=10, deadline=None)
 
-# s0 is the first dim of %x, which no kernel reads: @k loads %t at an offset of s0 and scales
-# by it, @j makes an index over it a value, @v adds it to a 0-d position (the cache's pattern)
+# s0 is the first dim of %x, which no kernel reads: @k, @j and @v read it (size_kernels.py)
 TEXT = """ember.ir 1.1
 
 symbol s0 hint=8 min=0 max=60
@@ -52,31 +50,11 @@ graph @main(%x: f32[s0, 4], %t: f32[64], %c: i64[]) -> (f32[4], i64[4], i64[]) {
   return (%y, %j, %d)
 }
 
-graph @k(%t: f32[64]) -> (f32[]) {
-  %v = loop.load(%t, index=[i0 + s0]) : f32[]
-  %w = prims.mul(%v, s0) : f32[]
-  return (%w)
-}
-
-graph @j() -> (i64[]) {
-  %v = loop.index(index=i0 * s0 + 3) : i64[]
-  return (%v)
-}
-
-graph @v(%c: i64[]) -> (i64[]) {
-  %v = loop.load(%c, index=[]) : i64[]
-  %w = prims.add(%v, s0) : i64[]
-  return (%w)
-}
-"""
+""" + SIZE_KERNELS
 
 
-@cache
 def _compiled() -> tuple[Module, Module]:
-    src = parse(TEXT)
-    m = run_pipeline(src, "inductor-cuda-interpret")
-    load_module(m)
-    return src, m
+    return compiled(TEXT, "inductor-cuda-interpret")
 
 
 def test_no_kernel_is_left_to_the_reference() -> None:
