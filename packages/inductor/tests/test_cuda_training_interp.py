@@ -18,7 +18,6 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
 
-import copy  # noqa: E402
 import dataclasses  # noqa: E402
 import math  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
@@ -49,7 +48,12 @@ from ember.inductor.targets.cuda.attention import (  # noqa: E402
 from ember.ir import Graph  # noqa: E402
 from ember.ir.registry import default_registry  # noqa: E402
 from ember.ir.torch_ops import torch_opdef  # noqa: E402
-from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss  # noqa: E402
+from packages.runtime.tests.training_models import (  # noqa: E402
+    Block,
+    gpt_neox,
+    next_token_loss,
+    sgd_runs,
+)
 
 KERNELS = {"flash": (sdpa_choice.FLASH, FLASH), "efficient": (sdpa_choice.EFFICIENT, EFFICIENT),
            "cudnn": (sdpa_choice.CUDNN, CUDNN)}
@@ -159,20 +163,8 @@ def _train(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any,
     the losses and parameters must agree; returns the compiled function, losses, model."""
     import ember.runtime as er
 
-    out = []
-    for make in (lambda f: f, lambda f: er.compile(f, backend="inductor", dynamic=False)):
-        m = copy.deepcopy(model)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        fn = make(lambda *a, m=m: loss(m, *a))
-        losses = []
-        for _ in range(steps):
-            y = fn(*args)
-            y.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(y.detach())
-        out.append((fn, losses, m))
-    (_, want, me), (fn, got, mc) = out
+    (_, want, me), (fn, got, mc) = sgd_runs(
+        model, loss, args, steps, 0.1, lambda f: er.compile(f, backend="inductor", dynamic=False))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(list(mc.parameters()), list(me.parameters()), rtol=1e-4,
                                atol=1e-4)

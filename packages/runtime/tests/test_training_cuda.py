@@ -12,7 +12,6 @@ is packages/inductor/tests/test_cuda_training_interp.py.
 
 from __future__ import annotations
 
-import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime.training import TrainingRunner
-from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss
+from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss, sgd_runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from suites import TrainConvNet  # noqa: E402  (benchmarks/ is on the path now)
@@ -46,20 +45,8 @@ def train(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any, 
     `dtype`: losses, parameters and buffers must agree. Returns ember's compiled function."""
     model = model.to(DEV, dtype)
     args = tuple(a.to(DEV, dtype) if a.is_floating_point() else a.to(DEV) for a in args)
-    runs = []
-    for make in (lambda f: f, lambda f: er.compile(f, backend="inductor")):
-        m = copy.deepcopy(model)
-        opt = torch.optim.SGD(m.parameters(), lr=lr)
-        fn = make(lambda *a, m=m: loss(m, *a))
-        losses = []
-        for _ in range(steps):
-            y = fn(*args)
-            y.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(y.detach().float())
-        runs.append((fn, losses, m))
-    (_, want, me), (fn, got, mc) = runs
+    (_, want, me), (fn, got, mc) = sgd_runs(model, loss, args, steps, lr,
+                                            lambda f: er.compile(f, backend="inductor"))
     tol = TOL[dtype]
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     for a, b in ((mc.parameters(), me.parameters()), (mc.buffers(), me.buffers())):

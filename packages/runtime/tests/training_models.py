@@ -1,9 +1,11 @@
-"""Models that the CUDA training tests train, on a GPU (packages/runtime/tests/test_training_cuda.py)
+"""Models that the CUDA training tests train, and their SGD loop, on a GPU (packages/runtime/tests/test_training_cuda.py)
 and in its interpreter twin on the CPU (packages/inductor/tests/test_cuda_training_interp.py, at
 smaller sizes): a Llama-style block, and a GPT-NeoX from transformers with its next-token loss."""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,3 +62,27 @@ def next_token_loss(m: Any, ids: torch.Tensor, targets: torch.Tensor) -> torch.T
     """Cross-entropy of a causal LM's logits (in f32) against the next tokens."""
     y = m(ids).logits
     return F.cross_entropy(y.reshape(-1, y.shape[-1]).float(), targets.reshape(-1))
+
+
+Run = tuple[Any, list[torch.Tensor], nn.Module]
+
+
+def sgd_runs(model: nn.Module, loss: Callable[..., torch.Tensor], args: tuple[Any, ...],
+             steps: int, lr: float, compile: Callable[[Any], Any]) -> tuple[Run, Run]:
+    """`steps` SGD steps at `lr` of two copies of `model` from its weights, eager's and then
+    with its loss function (`loss(model, *args)`) through `compile`: for each, the function,
+    its losses (in f32) and the trained copy."""
+    runs = []
+    for make in (lambda f: f, compile):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=lr)
+        fn = make(lambda *a, m=m: loss(m, *a))
+        losses = []
+        for _ in range(steps):
+            y = fn(*args)
+            y.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(y.detach().float())
+        runs.append((fn, losses, m))
+    return runs[0], runs[1]
