@@ -55,3 +55,16 @@ def test_a_wrong_compiler_is_reported() -> None:
 
 def test_peak_counts_a_steps_allocations() -> None:
     assert peak_step_bytes(lambda: torch.ones(1 << 20)) >= 4 << 20
+
+
+def test_the_script_finds_every_training_case() -> None:
+    """Run as a script, training.py is `__main__`, and suites.py's cases are instances of the
+    module `training`'s TrainCase: the script must still select them (it once ran none)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "training.py"), "--list"],
+                         capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr
+    names = out.stdout.split("\n")
+    assert {"MLP train", "conv+BN train", "GPT-NeoX train", "Llama block train"} <= set(names)
