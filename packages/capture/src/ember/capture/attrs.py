@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.compiled import original_attr
 from ember.capture.errors import UserError, unhandled
 from ember.capture.lookups import guard_class_attr
 from ember.capture.mro import MISSING, lookup, lookup_type_attr
@@ -238,6 +239,9 @@ def _bind_class_attr(tx: Tracer, obj: Var, cls: type, name: str, cls_attr: Any) 
         return MethodVar(FunctionVar(cls_attr), obj)
     if isinstance(cls_attr, types.MethodDescriptorType | types.WrapperDescriptorType):
         return MethodVar(ConstVar(cls_attr), obj)
+    orig = original_attr(cls_attr)  # a method compiled by ember (`@compile` in the class body)
+    if orig is not None and isinstance(getattr(cls_attr, orig), types.FunctionType):
+        return MethodVar(FunctionVar(getattr(cls_attr, orig)), obj)  # its function is traced
     if hasattr(type(cls_attr), "__get__") and not isinstance(cls_attr, type):
         raise unhandled(f"descriptor {type(cls_attr).__name__} {name!r} of "
                         f"{cls.__qualname__}")

@@ -20,6 +20,7 @@ import torch
 
 from ember.capture import contexts, pyops
 from ember.capture.builtins import handler_for
+from ember.capture.compiled import original
 from ember.capture.containers import CONTAINER_TYPES, call_method, real_dict_read
 from ember.capture.errors import CaptureUnhandled, UserError, unhandled
 from ember.capture.lookups import guard_class_attr
@@ -92,6 +93,9 @@ def call_function(tx: Tracer, fn: Var, args: list[Var], kwargs: dict[str, Var]) 
         isrc = AttrSource(fn.source, "_torchdynamo_inline") if fn.source is not None else None
         return call_function(tx, tx.wrap(fn.value._torchdynamo_inline, isrc),  # type: ignore[attr-defined]
                              args, kwargs)
+    orig = original(tx, fn)  # a function ember compiled: its original is traced (compiled.py)
+    if orig is not None:
+        return call_function(tx, orig, args, kwargs)
     if isinstance(fn, ObjectVar | NewObjectVar):
         call = lookup_type_attr(fn.python_type(), "__call__")
         if isinstance(call, types.FunctionType):

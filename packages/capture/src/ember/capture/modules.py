@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
+from ember.capture.compiled import original
 from ember.capture.errors import UserError, unhandled
 from ember.capture.guards import Guard, GuardKind
 from ember.capture.lookups import guard_class_attr
@@ -55,6 +56,9 @@ def call_module(tx: Tracer, mod: ModuleVar, args: list[Var], kwargs: dict[str, V
     tx.guard(Guard(GuardKind.NO_GLOBAL_HOOKS, None))  # one registered later must recompile
     if mod.source is not None:
         tx.guard(Guard(GuardKind.NO_HOOKS, mod.source))
+    orig = original(tx, mod)  # a module ember compiled: its original is traced (compiled.py)
+    if isinstance(orig, ModuleVar):
+        return call_module(tx, orig, args, kwargs)
     call = type(m).__call__
     # `__call__` is looked up on the type only (a special method); `forward` as `self.forward`
     # is, so an instance attribute shadows it: both guarded, as patching either changes the call

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture import bytecode_gen as bg
+from ember.capture.compiled import original_attr
 from ember.capture.contexts import ExitVar
 from ember.capture.errors import CaptureUnhandled, Unhandled, unhandled
 from ember.capture.frame import PY_VERSION, CodeInfo, Frame, code_info
@@ -278,8 +279,8 @@ def _wrappable(v: Var) -> bool:
         from ember.capture.builtins import handler_for
 
         return not is_trusted_module(v.fn.__module__ or "") and handler_for(v.fn) is None
-    if isinstance(v, ModuleVar):
-        return not is_trusted_module(type(v.value).__module__)
+    if isinstance(v, ModuleVar):  # (a module ember compiled already runs its own cache)
+        return not is_trusted_module(type(v.value).__module__) and original_attr(v.value) is None
     return False
 
 

@@ -22,7 +22,7 @@ import time
 import types
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -158,6 +158,9 @@ class _EagerEntry:
 
 class CompiledFunction:
     """A function (or bound method, or module call) compiled by ember."""
+
+    # called inside another compiled function, capture traces `target` (ember.capture.compiled)
+    _ember_original: ClassVar[str] = "target"
 
     def __init__(self, target: Any, *, backend: str | BackendProtocol | Backend = "inductor",
                  fullgraph: bool = False, mode: str | None = None, dynamic: bool | None = None,
@@ -759,6 +762,9 @@ class CompiledFunction:
 class CompiledModule(nn.Module):
     """A module compiled by ember: it holds the original as `_orig_mod` (so parameters, buffers
     and state are shared) and runs its calls through the compiled function."""
+
+    # a submodule of another compiled model: capture traces `_orig_mod` (ember.capture.compiled)
+    _ember_original: ClassVar[str] = "_orig_mod"
 
     def __init__(self, mod: nn.Module, compiled: CompiledFunction):
         nn.Module.__init__(self)  # (not super(): modview's subclass has the model class next)
