@@ -5,6 +5,7 @@ the fast check must agree with the full Python check after any of them."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -148,6 +149,15 @@ def test_torch_function_mode_runs_the_full_check() -> None:
     m = Net()
     c, x = _compiled(m)
     code = _cf(c).entries[0].code
+    assert code.fast_source is not None
+    if not isinstance(code.guard, types.FunctionType):  # a C guard program (guardvm.py)
+        prog: Any = code.guard
+        assert isinstance(prog(m, (x,), {}), list) and prog.failed == -1
+        with Spy():
+            assert isinstance(prog(m, (x,), {}), list)
+        # the failing `if` is the last one, the tensor check's
+        assert prog.failed == code.fast_source.count("return _full(S, A, K)") - 2
+        return
     calls = [0]
     full = code.full
 

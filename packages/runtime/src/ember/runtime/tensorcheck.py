@@ -197,15 +197,43 @@ def _shim() -> list[int]:
     return [int(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0) for n in SHIM]
 
 
-def _load(path: Path) -> Any:
-    loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
+def load_extension(name: str, path: Path) -> Any:
+    """The extension module `name` from the shared library at `path`."""
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
+    return mod
+
+
+def _load(path: Path) -> Any:
+    mod = load_extension(MODULE, path)
     base = torch._C.TensorBase.__dict__
     mod.init(base["requires_grad"], base["_cdata"], *_shim())
     return mod
+
+
+def build_extension(src: str) -> Path:
+    """The shared library of a CPython extension source (one naming Python's headers), built
+    once per machine through the kernel cache, keyed by the source."""
+    from ember.inductor.targets.cpu import cache
+
+    counts = cache.STATS.hits, cache.STATS.builds
+    # Python's own headers include each other by paths relative to its include directory
+    # (3.13's cpython/pyatomic.h): that directory on g++'s path for this one build (the
+    # kernel cache's flags are fixed; the source names the headers, so it keys the entry)
+    inc = str(Path(str(_python_h())).parent)
+    old = os.environ.get("CPLUS_INCLUDE_PATH")
+    os.environ["CPLUS_INCLUDE_PATH"] = inc + (os.pathsep + old if old else "")
+    try:
+        return cache.build(src)
+    finally:  # (not a kernel: the kernel cache's counts stay the kernels')
+        cache.STATS.hits, cache.STATS.builds = counts
+        if old is None:
+            os.environ.pop("CPLUS_INCLUDE_PATH", None)
+        else:
+            os.environ["CPLUS_INCLUDE_PATH"] = old
 
 
 @functools.cache
@@ -218,24 +246,7 @@ def checker() -> Any:
         log.info("no Python headers: tensor guards stay Python")
         return None
     try:
-        from ember.inductor.targets.cpu import cache
-
-        counts = cache.STATS.hits, cache.STATS.builds
-        # Python's own headers include each other by paths relative to its include directory
-        # (3.13's cpython/pyatomic.h): that directory on g++'s path for this one build (the
-        # kernel cache's flags are fixed; the source names the headers, so it keys the entry)
-        inc = str(Path(str(_python_h())).parent)
-        old = os.environ.get("CPLUS_INCLUDE_PATH")
-        os.environ["CPLUS_INCLUDE_PATH"] = inc + (os.pathsep + old if old else "")
-        try:
-            path = cache.build(src)
-        finally:  # (not a kernel: the kernel cache's counts stay the kernels')
-            cache.STATS.hits, cache.STATS.builds = counts
-            if old is None:
-                os.environ.pop("CPLUS_INCLUDE_PATH", None)
-            else:
-                os.environ["CPLUS_INCLUDE_PATH"] = old
-        mod = _load(path)
+        mod = _load(build_extension(src))
         why = self_test(mod)
     except Exception as e:  # no compiler, no libtorch_cpu, a build error: Python checks
         why = f"{type(e).__name__}: {e}"
