@@ -25,9 +25,10 @@ from ember.inductor.targets.cpu.broadcast import broadcast_veto
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
+from ember.inductor.targets.cpu.multipass import multipass_veto
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
-from ember.ir import Node
+from ember.ir import Graph, Module, Node
 from ember.ir.passes import register_pipeline
 from ember.prims.decomp.passes import FUSED_ATTENTION
 
@@ -74,9 +75,18 @@ LOWERINGS[ATTENTION_FORWARD] = lower_attention
 CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
 # recompute: a cheap multi-reader pointwise value (a training backward's x - mean, xhat, the
 # masked cotangent) is inlined into its readers rather than written and read back (fusion.py)
-# veto: a costly broadcast value (a squeeze-excitation gate) is written once (broadcast.py)
+# veto: a costly broadcast value (a squeeze-excitation gate, broadcast.py) or a costly value a
+# multi-pass kernel reads in several passes (a GELU under a LayerNorm, multipass.py) is
+# written once
+
+
+def _veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
+    return broadcast_veto(m, g, producer, consumer) \
+        or multipass_veto(m, g, producer, consumer)
+
+
 CPU = register_target("cpu", "inductor-cpu", "cpp", lowerings=LOWERINGS, front=FRONT,
-                      fusion=FusionHooks(recompute=RECOMPUTE_NODES, veto=broadcast_veto),
+                      fusion=FusionHooks(recompute=RECOMPUTE_NODES, veto=_veto),
                       description="C++/OpenMP kernels built by g++")
 
 __all__ = ["CPU", "DEFAULT_PIPELINE", "FRONT", "INDUCTOR_CPU", "LOWERINGS"]
