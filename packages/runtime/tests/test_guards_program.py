@@ -235,3 +235,18 @@ def test_compiled_check_is_the_program_and_recompiles(change: Any, reason: str) 
     report = er.explain(c)
     assert len(cf.history.graphs) == 2, report
     assert len(report.recompilations) == 1 and reason in report.recompilations[0], report
+
+
+def test_without_the_machine_the_check_stays_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guardvm, "machine", lambda: None)
+    m = Net()
+    c = er.compile(m, backend="eager")
+    x = torch.randn(2, 3)
+    assert_same(m(x), c(x))
+    cf = c.compiled
+    assert isinstance(cf, CompiledFunction)
+    code = cf.entries[0].code
+    assert isinstance(code.guard, types.FunctionType) and code.guard is not code.full
+    m.config.mode = "none"
+    assert_same(m(x), c(x))
+    assert "self.config.mode is 'none'" in er.explain(c).recompilations[0]
