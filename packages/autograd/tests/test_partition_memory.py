@@ -61,6 +61,55 @@ def test_weight_gradients_come_out_in_the_weights_layout() -> None:
     torch.testing.assert_close(got, [t.grad for t in leaves])
 
 
+# two layers in bf16 (neg between them) as the decomposition writes a low-precision linear: operands
+# upcast to f32, one f32 product, rounded back to bf16 once
+LINEAR_BF16 = """ember.ir 1.0
+
+graph @f(%x: bf16[8, 16], %w1: bf16[32, 16], %w2: bf16[4, 32]) -> (f32[]) {
+  %t1 = prims.permute(%w1, dims=[1, 0]) : bf16[16, 32]
+  %x32 = prims.convert_element_type(%x, dtype=f32) : f32[8, 16]
+  %t1f = prims.convert_element_type(%t1, dtype=f32) : f32[16, 32]
+  %h32 = prims.matmul(%x32, %t1f) : f32[8, 32]
+  %h = prims.convert_element_type(%h32, dtype=bf16) : bf16[8, 32]
+  %a = prims.neg(%h) : bf16[8, 32]
+  %t2 = prims.permute(%w2, dims=[1, 0]) : bf16[32, 4]
+  %a32 = prims.convert_element_type(%a, dtype=f32) : f32[8, 32]
+  %t2f = prims.convert_element_type(%t2, dtype=f32) : f32[32, 4]
+  %y = prims.matmul(%a32, %t2f) : f32[8, 4]
+  %s = prims.sum(%y, dims=[0, 1]) : f32[]
+  return (%s)
+}
+"""
+
+
+def test_bf16_weight_gradients_come_out_in_the_weights_layout() -> None:
+    # the product is rounded to bf16 before the transpose's VJP sees it: still swapped, the
+    # rounding kept (no [in, out] product plus a transposed copy of it alive together)
+    m = build_joint(parse(LINEAR_BF16), inputs=[0, 1, 2], partitioner="min-cut")
+    verify(m)
+    bwd = m.graph("backward")
+    made = _producers(bwd)
+    for out in bwd.outputs[1:]:  # the weights' gradients: bf16, rounded from their product
+        conv = made[out]
+        assert conv.op == "prims.convert_element_type", conv.op
+        src = conv.args[0]
+        assert isinstance(src, Value) and made[src].op == "prims.matmul"
+        assert list(src.type.shape) == list(out.type.shape)
+    for n in bwd.nodes:  # no transpose of a (rounded) product anywhere in the backward
+        src = n.args[0] if n.op == "prims.permute" else None
+        while isinstance(src, Value) and src in made and \
+                made[src].op == "prims.convert_element_type":
+            src = made[src].args[0]
+        assert not (isinstance(src, Value) and src in made and made[src].op == "prims.matmul")
+    x, w1, w2 = (torch.randn(*s).bfloat16() for s in ((8, 16), (32, 16), (4, 32)))
+    leaves = [t.clone().requires_grad_() for t in (x, w1, w2)]
+    h = (leaves[0].float() @ leaves[1].T.float()).bfloat16()
+    ((-h).float() @ leaves[2].T.float()).sum().backward()
+    got = run_joint(m, [x, w1, w2], [torch.tensor(1.0)])
+    # (neg is exact in bf16: every gradient is eager's, rounded at eager's points)
+    torch.testing.assert_close(got, [t.grad for t in leaves])
+
+
 def test_batched_transposed_products_keep_eagers_gradients() -> None:
     # attention's q @ k^T: the gradient of k comes out as (ct^T @ q), no transposed copy
     text = """ember.ir 1.0

@@ -202,3 +202,35 @@ def test_linear_on_3d_input_is_one_f16_gemm_and_its_epilogue(
     on_cuda(lambda x, w: F.linear(x, w).float().softmax(-1) @ w.float(),
             args[0], args[1], passes="matmul-lowp{explain=true}")
     assert "kept in f32: an operand is not an upcast" in capsys.readouterr().err
+
+
+# a weight's gradient as the backward of a bf16/f16 linear computes it: the upcast operands'
+# f32 product, rounded straight back (no epilogue between)
+ROUNDED_BACK = """ember.ir 1.0
+
+graph @f(%g: f16[8, 4]{dev}, %x: f16[8, 16]{dev}) -> (f16[4, 16]{dev}) {{
+  %gt = prims.permute(%g, dims=[1, 0]) : f16[4, 8]{dev}
+  %g32 = prims.convert_element_type(%gt, dtype=f32) : f32[4, 8]{dev}
+  %x32 = prims.convert_element_type(%x, dtype=f32) : f32[8, 16]{dev}
+  %p = prims.matmul(%g32, %x32) : f32[4, 16]{dev}
+  %r = prims.convert_element_type(%p, dtype=f16) : f16[4, 16]{dev}
+  return (%r)
+}}
+"""
+
+
+def test_a_product_rounded_straight_back_is_the_gemms_own_result() -> None:
+    """The f32 product of upcasts rounded straight back to f16: the f16 GEMM's result is the
+    value itself (bf16/f16 -> f32 -> back is exact), no copy kernel rounding it into a second
+    buffer; with interpreted kernels, eager's product."""
+    m = run_pipeline(parse(ROUNDED_BACK.format(dev="@cuda:0")), "inductor-cuda")
+    assert triton_kernels(m) == 0
+    (g,) = m.graphs.values()
+    (mm,) = [n for n in g.nodes if n.op == "kernels.extern"]
+    assert mm.results[0].type.dtype == DType.f16  # type: ignore[union-attr]
+    assert g.outputs[0] in mm.results
+    cpu = run_pipeline(parse(ROUNDED_BACK.format(dev="")), "inductor-cuda-interpret")
+    load_module(cpu)
+    gr, x = torch.randn(8, 4).half(), torch.randn(8, 16).half()
+    (got,) = compiled_runner(cpu)(None, [gr, x]).outputs
+    torch.testing.assert_close(got, (gr.float().T @ x.float()).half())

@@ -18,7 +18,9 @@ where every operand of the matmul is an upcast of one f16/bf16 dtype to f32 (thr
 reshape, permute, broadcast, squeeze, unsqueeze), and the product only reaches a rounding back to
 that dtype through views, adds, subtracts and multiplies (the addmm/linear epilogue): the product
 is rounded once more before the bias add, as TorchInductor's mm + pointwise epilogue does (at
-most one more rounding of the dtype). A product that flows on in f32 (attention's scores into a
+most one more rounding of the dtype). A rounding straight back (`convert(%3, dtype=bf16)`, no
+epilogue: a weight's gradient in training) reads the GEMM's result itself, exactly: no copy
+kernel, and no second buffer of the product alive beside it. A product that flows on in f32 (attention's scores into a
 softmax) keeps its f32 GEMM: rounding scores to bf16 would change the softmax by percents.
 `matmul-lowp{explain=true}` prints why each f32 matmul was kept (stderr).
 """
@@ -31,6 +33,7 @@ import sys
 from ember.ir import DType, Graph, Module, Node, TensorType, Value
 from ember.ir.graph import fresh_name, value_names
 from ember.ir.passes import register_pass
+from ember.ir.passes.utils import replace_uses
 
 LOWP = (DType.bf16, DType.f16)
 VIEWS = ("prims.reshape", "prims.permute", "prims.broadcast_in_dim", "prims.squeeze",
@@ -90,6 +93,7 @@ def _rewrite(g: Graph, explain: bool) -> int:
             users.setdefault(v, []).append(n)
     outputs = set(g.outputs)
     taken = value_names(g)
+    same: dict[Value, Value] = {}  # roundings of a product back to its GEMM's dtype
     done = 0
     new_nodes: list[Node] = []
     for n in g.nodes:
@@ -133,8 +137,14 @@ def _rewrite(g: Graph, explain: bool) -> int:
         up = Node(CONVERT, [low], {"dtype": DType.f32}, [res], n.loc, n.pos)
         res.node = up
         new_nodes += [mm, up]
+        # a rounding straight back (no epilogue: a weight's gradient) is the GEMM's own result:
+        # bf16 -> f32 -> bf16 is exact, and a copy kernel would hold a second buffer of it
+        for u in users.get(res, []):
+            if u.op == CONVERT and u.kwargs.get("dtype") == dt:
+                same[u.results[0]] = low
         done += 1
     g.nodes = new_nodes
+    replace_uses(g, same)
     return done
 
 
