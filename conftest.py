@@ -8,11 +8,16 @@ lazy init) is slow enough to trip them at random. A failure prints its reproduce
 something, never that this run's draw found an old edge case (eager's own conventions at kinks,
 NaN and infinities keep turning up). Exploring is the job of `dev` (random draws on every local
 run) and `fuzz`; what they find is fixed or listed with its reason.
+
+It also decides, before any test module imports triton, how this process runs Triton kernels:
+in the interpreter, or launched on a GPU with EMBER_TEST_CUDA=1 (ember.testing.triton_mode).
 """
 
 import os
 
 from hypothesis import HealthCheck, settings
+
+import ember.testing.triton_mode  # noqa: F401  (sets TRITON_INTERPRET for the whole process)
 
 settings.register_profile(
     "ci",

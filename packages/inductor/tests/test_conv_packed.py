@@ -3,13 +3,15 @@ on the weight and repacked whenever the weight or the folded BatchNorm scale cha
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 import ember.inductor  # noqa: F401  (registers the CPU target)
 from ember.inductor.kernels import compile_module, compiled_runner
 from ember.inductor.targets.cpu import packed
-from ember.ir import parse
+from ember.ir import OpTypeError, parse
 from ember.runtime.bench import ember_status
 from ember.runtime.compile import compile as ember_compile
 
@@ -303,3 +305,54 @@ def test_residual_and_relu6_on_a_computed_weight_are_one_kernel() -> None:
     want = torch.clamp(torch.conv2d(x, w1 * 2, padding=1) + x, 0, 6)
     got = compiled_runner(compiled)(None, [x, w1]).outputs[0]
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@needs_mkldnn
+def test_the_wrapper_calls_each_convolution_bound_once_not_the_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generated wrapper binds each packed convolution's attributes when it is made
+    (packed.bind via wrapper.register_binder): a call runs the bound function, never the op's
+    reference with its per-call attribute checks, and matches eager on every path (oneDNN
+    with a ReLU, the small 1x1 matrix product, the residual post-op)."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = torch.nn.BatchNorm2d(8)
+            self.c2 = torch.nn.Conv2d(8, 8, 1)
+            self.c3 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(self.bn(self.c1(x)))
+            return self.c3(self.c2(y)) + y
+
+    net = Net().eval()
+    with torch.no_grad():
+        net.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 6, 6)
+
+    checks = [0]
+    operands = packed._operands
+
+    def counted(*a: Any) -> Any:
+        checks[0] += 1
+        return operands(*a)
+    monkeypatch.setattr(packed, "_operands", counted)  # the reference checks on every call
+    f = ember_compile(net)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), net(x))
+        bound = checks[0]  # once per convolution, as the wrapper was made
+        torch.testing.assert_close(f(x), net(x))
+        assert checks[0] == bound == 3
+        status = ember_status(f)
+        assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
+    assert all(packed.is_cached(c.weight) for c in (net.c1, net.c2, net.c3))
+
+
+def test_bind_refuses_bad_attributes_when_bound() -> None:
+    with pytest.raises(OpTypeError, match="scale"):
+        packed.bind({**KW, "scale": 1, "bias": False})
+    with pytest.raises(OpTypeError, match="silu"):
+        packed.bind({**KW, "relu": True, "silu": True})

@@ -14,36 +14,35 @@ eager sdpa), which checks the views, the heads-last output and the bias padding 
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import re
+from collections.abc import Iterator
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import dataclasses  # noqa: E402
-import re  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.indexing import affine_view, parse_index  # noqa: E402
-from ember.inductor.launch import strided_view  # noqa: E402
-from ember.inductor.targets import targets, unregister_target  # noqa: E402
-from ember.inductor.targets.cuda import FRONT, register_cuda_target  # noqa: E402
-from ember.inductor.targets.cuda.attention import (  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.indexing import affine_view, parse_index
+from ember.inductor.launch import strided_view
+from ember.inductor.targets import targets, unregister_target
+from ember.inductor.targets.cuda import FRONT, register_cuda_target
+from ember.inductor.targets.cuda.attention import (
     EFFICIENT,
     FLASH,
     HEADS_LAST,
     cuda_form_of_cpu_attention,
 )
-from ember.ir import Module, Node, Value, parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-from ember.prims.decomp.context import DecompositionError  # noqa: E402
+from ember.ir import Module, Node, Value, parse
+from ember.ir.passes import run_pipeline
+from ember.prims.decomp.context import DecompositionError
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 
 @pytest.fixture(autouse=True, scope="module")

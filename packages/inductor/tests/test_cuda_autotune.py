@@ -9,32 +9,31 @@ eager (f32 and f16; the interpreter computes bf16 wrongly). Shapes stay tiny.
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.inductor.targets import Target  # noqa: E402
-from ember.inductor.targets.cuda import autotune as at  # noqa: E402
-from ember.inductor.targets.cuda import matmul_template as mt  # noqa: E402
-from ember.ir import Module, parse, verify  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.inductor.targets import Target
+from ember.inductor.targets.cuda import autotune as at
+from ember.inductor.targets.cuda import matmul_template as mt
+from ember.ir import Module, parse, verify
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 PIPELINE = at.with_autotune("decompose,cse,dce,inductor-cuda-interpret")
 

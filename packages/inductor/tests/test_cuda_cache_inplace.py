@@ -10,36 +10,35 @@ the values, the cache tensors after the call, and that the graph returns the cac
 
 from __future__ import annotations
 
-import os
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import dataclasses  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-import ember.runtime as er  # noqa: E402
-from ember.capture import Captured, capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.targets import Target, targets  # noqa: E402
-from ember.inductor.targets.cuda import FRONT, inplace  # noqa: E402
-from ember.ir import Module  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-from ember.ir.registry import OpTypeError, default_registry  # noqa: E402
-from ember.runtime.writeback import REPLACED_INPUTS, backend_module  # noqa: E402
-from packages.inductor.tests.decode_steps import (  # noqa: E402
+import ember.inductor  # noqa: F401
+import ember.runtime as er
+from ember.capture import Captured, capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.targets import Target, targets
+from ember.inductor.targets.cuda import FRONT, inplace
+from ember.ir import Module
+from ember.ir.passes import run_pipeline
+from ember.ir.registry import OpTypeError, default_registry
+from ember.runtime.writeback import REPLACED_INPUTS, backend_module
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.decode_steps import (
     DECODE_FRONT,
     cuda_rules_on_cpu,
     last_decode_step,
     run_from,
     snapshot,
 )
+
+pytestmark = INTERPRETER_ONLY
 
 B, H, S, E = 2, 3, 6, 4
 

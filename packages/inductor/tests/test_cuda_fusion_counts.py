@@ -11,30 +11,29 @@ wrong) against eager.
 
 from __future__ import annotations
 
-import os
+import math
+import re
+from collections.abc import Callable
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import math  # noqa: E402
-import re  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-import ember.inductor.targets.cuda  # noqa: E402,F401  (the inductor-cuda pipelines)
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.inductor.targets import Target  # noqa: E402
-from ember.ir import DType, Module, parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor
+import ember.inductor.targets.cuda  # noqa: F401  (the inductor-cuda pipelines)
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.inductor.targets import Target
+from ember.ir import DType, Module, parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 _TYPE = re.compile(r"((?:f16|bf16|f32|f64|i8|i16|i32|i64|u8|b8)\[[^\]]*\](?:\{[^}]*\})?)(?!@)")
 FRONT = "decompose,cse,dce"

@@ -9,31 +9,30 @@ CUDA externs.
 
 from __future__ import annotations
 
-import os
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import Captured  # noqa: E402
-from ember.inductor.targets.cuda import gemv, gemv_group, inplace  # noqa: E402
-from ember.inductor.targets.cuda.gemv_fused import gemv_pair, reference  # noqa: E402
-from ember.ir import Module  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-from ember.ir.registry import OpTypeError  # noqa: E402
-from packages.inductor.tests.decode_steps import (  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import Captured
+from ember.inductor.targets.cuda import gemv, gemv_group, inplace
+from ember.inductor.targets.cuda.gemv_fused import gemv_pair, reference
+from ember.ir import Module
+from ember.ir.passes import run_pipeline
+from ember.ir.registry import OpTypeError
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.decode_steps import (
     cuda_rules_on_cpu,
     decode_front,
     last_decode_step,
     run_from,
     snapshot,
 )
+
+pytestmark = INTERPRETER_ONLY
 
 BF = torch.bfloat16
 

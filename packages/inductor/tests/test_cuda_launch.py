@@ -11,32 +11,24 @@ launch, and results, misaligned inputs included, match eager.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import sys
+from types import SimpleNamespace
+from typing import Any
 
-# the device run sets EMBER_TEST_CUDA=1: real launches there, the interpreter everywhere else
-CUDA = os.environ.get("EMBER_TEST_CUDA") == "1"
-REAL = os.environ.get("EMBER_TEST_REAL_COMPILE") == "1"  # real_compile_check's own process
-if not CUDA and not REAL:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import contextlib  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.targets.cuda import codegen, launcher  # noqa: E402
-from ember.ir import Kernel, Module, parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-
-CPU_ONLY = pytest.mark.skipif(CUDA, reason="the interpreter's tests (EMBER_TEST_CUDA=1 is set)")
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.targets.cuda import codegen, launcher
+from ember.ir import Kernel, Module, parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY, NEEDS_CUDA
 
 
 def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -78,7 +70,7 @@ def bound(k: Kernel, device: int = 0, current: int = 0) -> tuple[Any, Recorder]:
     return fast, run
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_aligned_call_goes_to_the_launcher_not_the_jit() -> None:
     x, y = torch.randn(8, 16), torch.randn(8, 16)
     (k,) = gpu_module(fn, x, y).kernels.values()
@@ -94,7 +86,7 @@ def test_aligned_call_goes_to_the_launcher_not_the_jit() -> None:
     assert bool((out == 7.0).all())  # nothing ran but the (recording) launcher
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 @pytest.mark.parametrize("why", ["misaligned", "device"])
 def test_misaligned_view_or_other_device_runs_the_jit(why: str) -> None:
     base = torch.randn(8 * 16 + 1)
@@ -109,7 +101,7 @@ def test_misaligned_view_or_other_device_runs_the_jit(why: str) -> None:
     torch.testing.assert_close(out, fn(x, y))
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_symbolic_sizes_are_int64_unspecialized_and_set_the_grid() -> None:
     from packages.inductor.tests.test_symbolic_kernels import GRAPHS, SYMS
     text = "ember.ir 1.0\n\n" + SYMS.format(h0=8, h1=16) + GRAPHS["pointwise"] + "\n"
@@ -140,7 +132,7 @@ def fake_binary(nargs: int, scratch: int = 0) -> Any:
                            src=SimpleNamespace(signature={i: "x" for i in range(nargs + 1)}))
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_compile_and_bind_compiles_in_parallel_and_keeps_failures_on_the_jit() -> None:
     def module(binary: Any) -> Any:
         def warmup(*args: Any) -> Any:
@@ -180,7 +172,7 @@ class Block(torch.nn.Module):
         return x + torch.softmax(self.proj(self.norm(x)) * self.scale, -1)
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_repeated_blocks_share_one_kernel_module() -> None:
     """Kernels equal but for their names (a repeated block's) load one module (one import,
     one compile on the GPU); a kernel that differs in a constant does not; results match."""
@@ -253,7 +245,7 @@ def test_launch_hooks_and_the_jit_knob_rule_the_bound_path_out(
     assert launcher.unavailable(False) == "EMBER_TRITON_LAUNCH=jit"
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_interpreter_loads_keep_the_jit_with_the_reason(caplog: pytest.LogCaptureFixture
                                                         ) -> None:
     import logging
@@ -350,7 +342,7 @@ def real_compile_check() -> None:
     print("real compile check: ok", report.summary())
 
 
-@CPU_ONLY
+@INTERPRETER_ONLY
 def test_real_triton_compile_fits_the_bound_launch() -> None:
     """real_compile_check in a fresh process (Triton cannot compile for real in a process
     that imported it interpreting)."""
@@ -360,10 +352,9 @@ def test_real_triton_compile_fits_the_bound_launch() -> None:
         from triton.backends.nvidia.compiler import get_ptxas
         if not os.path.exists(get_ptxas(90).path):
             pytest.skip("triton without its ptxas")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         pytest.skip(f"triton without its nvidia backend ({e})")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["EMBER_TEST_REAL_COMPILE"] = "1"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}  # (ember.testing.triton_mode: no interpreter)
     code = ("from packages.inductor.tests.test_cuda_launch import real_compile_check; "
             "real_compile_check()")
     p = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
@@ -371,8 +362,7 @@ def test_real_triton_compile_fits_the_bound_launch() -> None:
     assert p.returncode == 0 and "real compile check: ok" in p.stdout, p.stderr[-3000:]
 
 
-@pytest.mark.skipif(not (CUDA and torch.cuda.is_available()),
-                    reason="needs CUDA (run on the device with EMBER_TEST_CUDA=1)")
+@NEEDS_CUDA
 def test_cuda_kernels_launch_past_the_jit_and_match_eager() -> None:
     from ember.inductor.backend import compiled_runner
     from ember.inductor.launch import load_module

@@ -14,27 +14,23 @@ partition saved the right values). Checked against eager over SGD steps: losses,
 
 from __future__ import annotations
 
-import os
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import dataclasses  # noqa: E402
-import math  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.capture.sdpa_choice as sdpa_choice  # noqa: E402
-import ember.inductor  # noqa: E402,F401
-import ember.inductor.targets.cuda as cuda  # noqa: E402
-from ember.inductor.targets import FusionHooks, add_target, targets, unregister_target  # noqa: E402
-from ember.inductor.targets.cuda.attention import (  # noqa: E402
+import ember.capture.sdpa_choice as sdpa_choice
+import ember.inductor  # noqa: F401
+import ember.inductor.targets.cuda as cuda
+from ember.inductor.targets import FusionHooks, add_target, targets, unregister_target
+from ember.inductor.targets.cuda.attention import (
     BACKWARD,
     CUDNN,
     CUDNN_BACKWARD,
@@ -45,15 +41,18 @@ from ember.inductor.targets.cuda.attention import (  # noqa: E402
     HEADS_LAST,
     LOWERINGS,
 )
-from ember.ir import Graph  # noqa: E402
-from ember.ir.registry import default_registry  # noqa: E402
-from ember.ir.torch_ops import torch_opdef  # noqa: E402
-from packages.runtime.tests.training_models import (  # noqa: E402
+from ember.ir import Graph
+from ember.ir.registry import default_registry
+from ember.ir.torch_ops import torch_opdef
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.runtime.tests.training_models import (
     Block,
     gpt_neox,
     next_token_loss,
     sgd_runs,
 )
+
+pytestmark = INTERPRETER_ONLY
 
 KERNELS = {"flash": (sdpa_choice.FLASH, FLASH), "efficient": (sdpa_choice.EFFICIENT, EFFICIENT),
            "cudnn": (sdpa_choice.CUDNN, CUDNN)}

@@ -16,6 +16,7 @@ import torch
 from ember.capture import capture
 from ember.inductor.targets import mixed_devices, scalar_inputs_to_device
 from ember.ir import DType, Ref, TensorType, parse, verify
+from ember.testing.triton_mode import NEEDS_CUDA
 
 
 def _captured(fn: Any, *args: torch.Tensor) -> Any:
@@ -117,7 +118,7 @@ def test_the_cuda_target_compiles_the_scalar_chain_into_its_kernels() -> None:
     assert "tl.sqrt_rn(" in kernel and f"%{c.name}.load" in kernel
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@NEEDS_CUDA
 def test_deberta_scale_compiles_on_cuda_without_a_fallback() -> None:
     import ember.runtime as er
 

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 
 def test_a_scalar_first_operand_takes_the_block_shape() -> None:

@@ -17,20 +17,19 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton column needs the triton package")
 
-from ember.testing import coverage  # noqa: E402
-from ember.testing.opdb import Sample  # noqa: E402
-from packages.inductor.tests.opdb_cpu_check import SCOPE as CPU_SCOPE  # noqa: E402
-from packages.inductor.tests.opdb_cpu_check import examples_from_env, run_family  # noqa: E402
-from packages.inductor.tests.opdb_triton_check import (  # noqa: E402
+from ember.testing import coverage
+from ember.testing.opdb import Sample
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.opdb_cpu_check import SCOPE as CPU_SCOPE
+from packages.inductor.tests.opdb_cpu_check import examples_from_env, run_family
+from packages.inductor.tests.opdb_triton_check import (
     OPDB,
     SCOPE,
     check_family,
@@ -38,7 +37,9 @@ from packages.inductor.tests.opdb_triton_check import (  # noqa: E402
     family_entries,
     runnable,
 )
-from packages.inductor.tests.test_opdb_cpu import UNREACHED_PRIMS, _shift_operands  # noqa: E402
+from packages.inductor.tests.test_opdb_cpu import UNREACHED_PRIMS, _shift_operands
+
+pytestmark = INTERPRETER_ONLY
 
 FAMILIES = tuple(sorted(SCOPE.families))
 EXAMPLES = examples_from_env("EMBER_OPDB_TRITON_EXAMPLES", 2)

@@ -6,27 +6,26 @@ stores them)."""
 
 from __future__ import annotations
 
-import os
+import math
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import math  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.schedule import ScheduleError  # noqa: E402
-from ember.ir import parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-from packages.inductor.tests.prelude_kernels import elementwise, prelude_module  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.schedule import ScheduleError
+from ember.ir import parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.prelude_kernels import elementwise, prelude_module
+
+pytestmark = INTERPRETER_ONLY
 
 ERF1P_REL = 9.4e-4  # 1 + erf(C x), C x >= -4 (measured 9.33e-4: the fit's own error)
 ERF1P_ABS_TAIL = 2e-8  # C x < -4 (measured 3e-11)

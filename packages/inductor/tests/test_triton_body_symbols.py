@@ -14,27 +14,26 @@ Kernels run in Triton's interpreter on CPU tensors, checked against eager and th
 
 from __future__ import annotations
 
-import os
+import re
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import re  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.inductor.backend import compiled_runner, summary  # noqa: E402
-from ember.inductor.targets import Target  # noqa: E402
-from ember.inductor.targets.cuda.sizes import body_symbols  # noqa: E402
-from ember.ir import Interpreter, Module, parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
-from packages.inductor.tests.size_kernels import SIZE_KERNELS, compiled  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.inductor.backend import compiled_runner, summary
+from ember.inductor.targets import Target
+from ember.inductor.targets.cuda.sizes import body_symbols
+from ember.ir import Interpreter, Module, parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.size_kernels import SIZE_KERNELS, compiled
+
+pytestmark = INTERPRETER_ONLY
 
 FEW = settings(max_examples=10, deadline=None)
 

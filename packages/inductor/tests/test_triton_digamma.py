@@ -5,23 +5,23 @@ database's pointwise family draws only (0.1, 5))."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 
 def digamma(x: torch.Tensor) -> torch.Tensor:

@@ -3,22 +3,21 @@ erff): its error against erf in f64 over the whole f32 range, run by Triton's in
 
 from __future__ import annotations
 
-import os
+import math
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import math  # noqa: E402
-from typing import Any  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-from packages.inductor.tests.prelude_kernels import elementwise, prelude_module  # noqa: E402
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.inductor.tests.prelude_kernels import elementwise, prelude_module
+
+pytestmark = INTERPRETER_ONLY
 
 MAX_ULP = 10.0  # measured 9.0 (f32 arithmetic of the fit, exact division); libdevice erff: 2
 

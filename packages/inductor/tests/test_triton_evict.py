@@ -5,23 +5,22 @@ max-autotune times the default schedule with it. Checked in Triton's interpreter
 
 from __future__ import annotations
 
-import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.inductor.targets.cuda import autotune as at  # noqa: E402
-from ember.ir import parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.inductor.targets.cuda import autotune as at
+from ember.ir import parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 
 def ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

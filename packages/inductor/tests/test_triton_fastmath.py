@@ -5,28 +5,27 @@ Rendering checked as text, results in Triton's interpreter against eager."""
 
 from __future__ import annotations
 
-import os
+import re
+from collections.abc import Callable
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import re  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.inductor.schedule import ScheduleError  # noqa: E402
-from ember.ir import parse  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.inductor.schedule import ScheduleError
+from ember.ir import parse
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 Fn = Callable[..., torch.Tensor]
 

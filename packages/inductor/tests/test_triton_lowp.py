@@ -10,31 +10,25 @@ are skipped there), and in benchmarks/gpu_cuda_suite.py and cuda_schedule_sweep.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
+from typing import Any
 
-CUDA = os.environ.get("EMBER_TEST_CUDA") == "1"  # the device run: real launches
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compiled_runner  # noqa: E402
-from ember.inductor.launch import load_module  # noqa: E402
-from ember.ir import Module, parse  # noqa: E402
-from ember.ir.passes import PipelineError, run_pipeline  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compiled_runner
+from ember.inductor.launch import load_module
+from ember.ir import Module, parse
+from ember.ir.passes import PipelineError, run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
 
 FRONT = "decompose,cse,dce,lower-loops,fuse"
-CPU_ONLY = pytest.mark.skipif(CUDA, reason="the interpreter's tests (EMBER_TEST_CUDA=1 is set)")
-pytestmark = CPU_ONLY
+pytestmark = INTERPRETER_ONLY
 ROUND_F16 = ".to(tl.float16).to(tl.float32)"  # per-op rounding as render.py writes it
 
 

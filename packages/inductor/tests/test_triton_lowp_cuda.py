@@ -5,13 +5,12 @@ equals the f32 computation rounded once, bit for bit; "per-op" equals eager's pe
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-CUDA = os.environ.get("EMBER_TEST_CUDA") == "1" and torch.cuda.is_available()
-pytestmark = pytest.mark.skipif(not CUDA, reason="needs CUDA (the device run, EMBER_TEST_CUDA=1)")
+from ember.testing.triton_mode import NEEDS_CUDA
+
+pytestmark = NEEDS_CUDA
 
 
 def chain(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

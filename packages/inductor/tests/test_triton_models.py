@@ -10,27 +10,26 @@ H200 with real launches in benchmarks/gpu_cuda_suite.py.
 
 from __future__ import annotations
 
-import os
 import re
+from collections.abc import Callable
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-import ember.inductor.targets.cuda  # noqa: E402,F401  (the inductor-cuda pipeline)
-from ember.capture import capture  # noqa: E402
-from ember.inductor.targets import Target  # noqa: E402
-from ember.ir import Graph, Module, parse, verify  # noqa: E402
-from ember.ir.passes import run_pipeline  # noqa: E402
+import ember.inductor
+import ember.inductor.targets.cuda  # noqa: F401  (the inductor-cuda pipeline)
+from ember.capture import capture
+from ember.inductor.targets import Target
+from ember.ir import Graph, Module, parse, verify
+from ember.ir.passes import run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 
 def compiled_whole(model: Callable[..., Any], *args: torch.Tensor, tol: float = 1e-4

@@ -10,33 +10,32 @@ interpreter costs about a millisecond per program.
 
 from __future__ import annotations
 
-import os
+import re
+from collections.abc import Callable
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
-
-import re  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="the Triton target's tests need the triton package")
 
-import ember.inductor  # noqa: E402,F401
-from ember.capture import capture  # noqa: E402
-from ember.inductor.backend import compile_module, compiled_runner  # noqa: E402
-from ember.inductor.launch import LoadError, load_module  # noqa: E402
-from ember.inductor.targets import (  # noqa: E402
+import ember.inductor  # noqa: F401
+from ember.capture import capture
+from ember.inductor.backend import compile_module, compiled_runner
+from ember.inductor.launch import LoadError, load_module
+from ember.inductor.targets import (
     Target,
-    TargetError,  # noqa: E402
+    TargetError,
 )
-from ember.inductor.targets.cuda import render  # noqa: E402
-from ember.ir import Interpreter, Module, parse, verify  # noqa: E402
-from ember.ir.passes import PipelineError, run_pipeline  # noqa: E402
+from ember.inductor.targets.cuda import render
+from ember.ir import Interpreter, Module, parse, verify
+from ember.ir.passes import PipelineError, run_pipeline
+from ember.testing.triton_mode import INTERPRETER_ONLY
+
+pytestmark = INTERPRETER_ONLY
 
 PIPELINE = "decompose,cse,dce,inductor-cuda-interpret"
 FEW = settings(max_examples=12, deadline=None)

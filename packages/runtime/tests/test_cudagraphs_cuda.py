@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import ember.runtime as er
+from ember.testing.triton_mode import NEEDS_CUDA
 from packages.runtime.tests.test_cudagraphs import generate_through_recordings
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = NEEDS_CUDA
 
 
 def mlp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -12,20 +12,19 @@ with the stand-in recorders of test_cudagraphs.py / test_cudagraphs_reuse.py.
 
 from __future__ import annotations
 
-import os
+import importlib
+from typing import Any
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton.jit runs anywhere in this process
+import pytest
+import torch
 
-import importlib  # noqa: E402
-from typing import Any  # noqa: E402
+import ember.runtime as er
+from ember.runtime.cudagraphs import CudaGraphs, input_names, moved_reason
+from ember.runtime.history import CudaGraphRecord
+from ember.testing.triton_mode import INTERPRETER_ONLY
+from packages.runtime.tests.test_cudagraphs_reuse import ForgetfulRecorder
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-import ember.runtime as er  # noqa: E402
-from ember.runtime.cudagraphs import CudaGraphs, input_names, moved_reason  # noqa: E402
-from ember.runtime.history import CudaGraphRecord  # noqa: E402
-from packages.runtime.tests.test_cudagraphs_reuse import ForgetfulRecorder  # noqa: E402
+pytestmark = INTERPRETER_ONLY
 
 compile_mod = importlib.import_module("ember.runtime.compile")
 

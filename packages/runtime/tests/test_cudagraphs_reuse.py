@@ -21,6 +21,7 @@ import torch
 
 import ember.runtime as er
 from ember.runtime.cudagraphs import MAX_ALTERNATES, CudaGraphs
+from ember.testing.triton_mode import NEEDS_CUDA
 from packages.runtime.tests.test_cudagraphs import ReplayingRecorder, mlp
 
 compile_mod = importlib.import_module("ember.runtime.compile")
@@ -96,7 +97,7 @@ def test_alternates_per_binding_are_bounded(replaying: None) -> None:
     assert g.reused == 0 and g.recordings == len(ws) + 1, g.text()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@NEEDS_CUDA
 def test_a_new_tensor_at_a_freed_static_address_replays_without_recording_again() -> None:
     """On a GPU: the caller frees its static tensor (the last generate()'s cache) and makes a
     new one of its size, which the caching allocator puts at the same address: the recording

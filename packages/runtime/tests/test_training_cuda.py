@@ -24,12 +24,13 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime.training import TrainingRunner
+from ember.testing.triton_mode import NEEDS_CUDA
 from packages.runtime.tests.training_models import Block, gpt_neox, next_token_loss, sgd_runs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 from suites import TrainConvNet  # noqa: E402  (benchmarks/ is on the path now)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = NEEDS_CUDA
 
 DEV = "cuda"
 # bf16: eager and ember round different intermediates (ember's kernels compute in f32)
