@@ -141,11 +141,13 @@ ROOT_DEPTH = 8  # single-reader nodes walked back from a convolution's input
 
 def _roots(x: Value, readers: dict[Value, int]) -> list[Value]:
     """`x`, then the values read by several nodes that reach `x` through single-reader
-    elementwise prims and channel concatenations (a DenseNet layer's BatchNorm and ReLU before
-    its convolution, on the concatenation of the block's earlier outputs: its max pool's
-    result, read by every layer of the block, is such a root). The kernel computing `x` loops
-    channels-last (the convolution reads it NHWC), so a root computed NCHW is read with the
-    channels, its innermost loop, strided by the image size in each of those kernels."""
+    elementwise prims, channel concatenations and slices (a DenseNet layer's BatchNorm and
+    ReLU before its convolution, on the concatenation of the block's earlier outputs: its max
+    pool's result, read by every layer of the block, is such a root; EdgeNeXt's split
+    attention block convolves a channel chunk of its input, which the block's LayerNorm and
+    residual read too). The kernel computing `x` loops channels-last (the convolution reads
+    it NHWC), so a root computed NCHW is read with the channels, its innermost loop, strided
+    by the image size in each of those kernels."""
     out = [x]
     todo, seen = [(x, 0)], {x}
     while todo:
@@ -154,13 +156,14 @@ def _roots(x: Value, readers: dict[Value, int]) -> list[Value]:
         if p is None or depth >= ROOT_DEPTH or len(p.results) != 1 or v.type is None:
             continue
         cat = _channel_cat(p)
-        if not cat and not _elementwise(p):
+        part = p.op == "prims.slice"  # a [N, C', H', W'] piece: its operand's shape differs
+        if not cat and not part and not _elementwise(p):
             continue
         vt = v.type
-        for a in (p.args[0] if cat else p.args):  # type: ignore[union-attr]
+        for a in (p.args[0] if cat else p.args[:1] if part else p.args):  # type: ignore[union-attr]
             if not isinstance(a, Value) or a in seen or not isinstance(a.type, TensorType) \
                     or not isinstance(vt, TensorType) or a.type.rank != 4 \
-                    or (not cat and list(a.type.shape) != list(vt.shape)):
+                    or (not cat and not part and list(a.type.shape) != list(vt.shape)):
                 continue
             seen.add(a)
             if readers.get(a, 0) >= 2:
