@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_rows import host_ms, version_of
 
 START = time.perf_counter()
 OUT = Path(os.environ.get("OUT", "/tmp/generate_gpu"))
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = build_model(args.layers, device, args.tiny)
     emit({"section": "env", "device": torch.cuda.get_device_name() if device == "cuda"
           else platform.processor(), "torch": torch.__version__,
-          "triton": _version("triton"), "transformers": _version("transformers"),
+          "triton": version_of("triton"), "transformers": version_of("transformers"),
           "python": platform.python_version(), "layers": args.layers,
           "params": sum(p.numel() for p in model.parameters()),
           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -382,22 +383,12 @@ def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 
     at = [layer.cumulative_length.clone() - 3 for layer in layers]
     cuda = ids.is_cuda
 
+    def again() -> None:  # the step's own cache slot again, before each timed call
+        for layer, c in zip(layers, at, strict=True):
+            layer.cumulative_length.copy_(c)
+
     def timed(fn: Any) -> float:
-        out = []
-        for _ in range(reps):
-            t = 0.0
-            for _ in range(calls):
-                for layer, c in zip(layers, at, strict=True):  # the step's own slot again
-                    layer.cumulative_length.copy_(c)
-                if cuda:
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                if cuda:
-                    torch.cuda.synchronize()
-                t += time.perf_counter() - t0
-            out.append(t / calls * 1e3)
-        return round(statistics.median(out), 4)
+        return host_ms(fn, reps=reps, calls=calls, before=again)
 
     entry, S = cf._hot, cf.self_obj
     with torch.no_grad():
@@ -418,14 +409,6 @@ def step_times(model: Any, cf: Any, ids: torch.Tensor, cache: str, calls: int = 
             row["static_inputs"], row["copied_inputs"] = len(rec.static), len(rec.copied)
             row["host_ms"] = round(row["forward_ms"] - row["replay_ms"], 4)
     return row  # (the step's arguments, its cache among them, are dropped with this frame)
-
-
-def _version(name: str) -> str:
-    try:
-        mod = __import__(name)
-        return str(getattr(mod, "__version__", "?"))
-    except Exception:
-        return "-"
 
 
 def table(rows: list[dict[str, Any]]) -> str:

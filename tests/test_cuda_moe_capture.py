@@ -13,29 +13,14 @@ and benchmarks/cuda_checks.py's census.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import types
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
 
 import ember.runtime as er
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"ember_bench_{name}",
-                                                  ROOT / f"benchmarks/{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.bench_scripts import load_script
 
 
 def _h200_properties(device: Any = None) -> Any:
@@ -84,7 +69,7 @@ def _compiled_with_a_break() -> Any:
 
 
 def test_suite_reports_a_graph_break_as_not_compiled() -> None:
-    suite = _load("gpu_cuda_suite")
+    suite = load_script("gpu_cuda_suite")
     got = suite.what_ran(_compiled_with_a_break())
     assert got["graph_breaks"] and "_get_cpu_capability" in got["graph_breaks"][0]
     assert got["compiled"] is False
@@ -96,7 +81,7 @@ def test_suite_reports_a_graph_break_as_not_compiled() -> None:
 
 
 def test_checks_census_says_compiled_only_for_whole_graphs(sm90: None) -> None:
-    checks = _load("cuda_checks")
+    checks = load_script("cuda_checks")
     broken = checks.census(_compiled_with_a_break())
     assert broken["compiled"] is False and broken["graph_breaks"] >= 1
     cf = er.compile(_experts, backend="inductor")

@@ -5,8 +5,6 @@ parts that decide what runs and how it reports."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -14,18 +12,12 @@ from types import ModuleType
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ember_bench_gpu_cuda_suite",
-                                                  ROOT / "benchmarks/gpu_cuda_suite.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("gpu_cuda_suite")
 
 
 def test_zoo30_is_thirty_zoo_models_of_every_family(suite: ModuleType) -> None:

@@ -3,20 +3,14 @@ sweeping the whole zoo on a small machine; --ember-backend picks ember's backend
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_scripts import load_script
 
 
 def test_check_only_reports_correctness_and_breaks_without_timing(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("ember_bench_zoo_check", ROOT / "benchmarks/zoo.py")
-    assert spec and spec.loader
-    zoo = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = zoo
-    spec.loader.exec_module(zoo)
+    zoo = load_script("zoo", "zoo_check")
     assert zoo.main(["--models", "hf/bert", "--tiny", "--compilers", "ember", "--check-only",
                      "--ember-backend", "eager", "--timeout", "120", "--out", str(tmp_path),
                      "--tag", "t", "--threads", "1"]) == 0

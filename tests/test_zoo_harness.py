@@ -11,27 +11,15 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_scripts import load_script
 
-
-def _zoo() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ember_bench_zoo", ROOT / "benchmarks/zoo.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-zoo = _zoo()
+zoo = load_script("zoo")
 
 
 def _run(tmp: Path, *args: str) -> dict[str, Any]:

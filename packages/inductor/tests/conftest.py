@@ -2,7 +2,6 @@
 Triton target in the CPU's place, for the Triton tests."""
 
 import dataclasses
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,13 +13,9 @@ from ember.inductor.targets import Target, add_target, targets, unregister_targe
 @pytest.fixture(scope="session", autouse=True)
 def _kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     d = tmp_path_factory.mktemp("ember-cache")
-    old = os.environ.get("EMBER_CACHE_DIR")
-    os.environ["EMBER_CACHE_DIR"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("EMBER_CACHE_DIR", None)
-    else:
-        os.environ["EMBER_CACHE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBER_CACHE_DIR", str(d))
+        yield d
 
 
 @pytest.fixture
