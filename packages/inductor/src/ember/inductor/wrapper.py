@@ -77,6 +77,19 @@ class Wrapper:
     call: Callable[[Sequence[Any]], RunResult]
 
 
+# Extern ops that take their attributes once per node: op name -> bind(attributes) -> a
+# callable of the node's operands alone, returning its one tensor result, contiguous
+# (packed.py's convolution: the attribute checks and the argument list and dict the
+# reference builds cost ~4 us a call, ~100 calls per CNN forward)
+Binder = Callable[[dict[str, Any]], Callable[..., torch.Tensor]]
+_BINDERS: dict[str, Binder] = {}
+
+
+def register_binder(op: str, bind: Binder) -> None:
+    """Calls of extern op `op` in generated wrappers go through `bind(attributes)`."""
+    _BINDERS[op] = bind
+
+
 _SIZE_SYM = re.compile(r"[su][0-9]+")  # ir-v1's size symbols, which are Python names here
 
 
@@ -281,7 +294,8 @@ class _Gen:
         assert isinstance(ref, Ref)
         if not isinstance(self.m.items.get(ref.name), Kernel):
             raise WrapperUnsupported(f"@{ref.name} is not a kernel")
-        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse", "device", "sizes"}
+        unknown = set(node.kwargs) - {"out_dtypes", "out_shapes", "reuse", "device", "sizes",
+                                      "inplace"}
         if unknown:
             raise WrapperUnsupported(f"kernels.call with {', '.join(sorted(unknown))}")
         if self.table is None:
@@ -440,7 +454,11 @@ class _Gen:
         names = [f"v{i}_{j}" for j in range(len(node.results))]
         direct = self.direct(op, node, kw) if node.op == "kernels.extern" else None
         tensors = all(isinstance(r.type, TensorType) for r in node.results)
-        if direct is not None and len(names) == 1 and tensors:
+        bind = _BINDERS.get(op.name) if node.op == "kernels.extern" else None
+        if bind is not None and len(names) == 1 and tensors:
+            fn = self.const(bind(kw))
+            self.lines.append(f"    {names[0]} = {fn}({', '.join(self.arg(a) for a in node.args)})")
+        elif direct is not None and len(names) == 1 and tensors:
             self.lines.append(f"    {names[0]} = {direct}.contiguous()")
         elif direct is not None and len(names) > 1 and tensors \
                 and isinstance(op.torch_op, torch._ops.OpOverload):
