@@ -50,6 +50,7 @@ from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
+from ember.runtime.copying import deepcopy_function, deepcopy_module
 from ember.runtime.cudagraphs import (
     CUDAGRAPH_MODES,
     CudaGraphs,
@@ -583,6 +584,10 @@ class CompiledFunction:
         instance is the first argument, guarded like any other)."""
         return self if obj is None else types.MethodType(self, obj)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledFunction:
+        new: CompiledFunction = deepcopy_function(self, memo)  # nothing compiled yet
+        return new
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         S = self.self_obj
         self.history.calls += 1
@@ -793,6 +798,9 @@ class CompiledModule(nn.Module):
     @property
     def compiled(self) -> CompiledFunction:
         return self._ember_compiled  # type: ignore[no-any-return]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return deepcopy_module(self, memo)  # the original's copy, compiled afresh (copying.py)
 
     def __getattr__(self, name: str) -> Any:
         try:
