@@ -328,10 +328,19 @@ class ShapeEnv:
         got = self.known.get(v)
         if got is not None:
             return got
-        if abs(v) < least // 2 or least < 1000:
-            return None  # (small probes, in a narrowed range: only exact values are read back)
+        monomials = list(self._monomials(list(fit)))
+        if least < 1000:
+            # small probes (a narrowed range, a sequence capped by a static cache) stand
+            # unfitted: an int near them, or a multiple of them, is as likely static. A product
+            # with a large probe is still read back (a linear's `view(b * s, k)`)
+            large = {symbol(n) for n, p in fit.items() if p >= 1000}
+            if not large or abs(v) < min(fit[x.name] for x in large) // 2:
+                return None
+            monomials = [m for m in monomials if m.free_symbols & large]
+        elif abs(v) < least // 2:
+            return None
         best: tuple[tuple[int, int], sympy.Expr] | None = None
-        for m in self._monomials(list(fit)):
+        for m in monomials:
             mv = int(evaluate(m, fit))
             c = round(v / mv)
             d = v - c * mv

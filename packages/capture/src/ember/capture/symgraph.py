@@ -30,6 +30,7 @@ from ember.capture.sources import RefFn, Source
 from ember.capture.symbolic import BoundUnbacked, ShapeEnv, SymInt, Unbacked
 from ember.ir import Module, TensorType, Value
 from ember.ir.dtypes import DType
+from ember.ir.expr import evaluate
 from ember.ir.graph import BIND_SYMBOL, Symbol
 
 
@@ -237,6 +238,23 @@ def _add_carriers(cap: Captured, env: ShapeEnv) -> Captured:
     return replace(cap, input_sources=sources, input_examples=examples)
 
 
+def _row_major_symbolic(module: Module, e: OutResult, env: ShapeEnv) -> bool:
+    """Whether returned result `e` has a symbolic shape and was recorded dense row-major: its
+    strides are then no sizes of their own (`s1 * 100` at a probe of s1 too small to be read
+    back as an expression is the static 1500 at one probe, 1300 at the other)."""
+    t = module.graph().result_types[e.result]
+    if e.stride is None or not isinstance(t, TensorType) or all(isinstance(d, int)
+                                                                for d in t.shape):
+        return False
+    probes = env.probes()
+    shape = [d if isinstance(d, int) else int(evaluate(d, probes)) for d in t.shape]
+    dense, n = [], 1
+    for d in reversed(shape):
+        dense.append(n)
+        n *= max(d, 1)
+    return tuple(reversed(dense)) == tuple(e.stride)
+
+
 def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
     """The symbolic form of `cap` (recorded at probe sizes)."""
     if env.unbacked and torch.is_grad_enabled() and any(
@@ -253,6 +271,8 @@ def finish(cap: Captured, env: ShapeEnv, layouts: dict[Any, Any]) -> Captured:
         stride = None if e.stride is None else tuple(_dim(env, d) for d in e.stride)
         if stride is not None and not all(isinstance(d, int) for d in stride):
             stride = None  # backends return dense row-major results, eager's layout here
+        elif isinstance(e, OutResult) and _row_major_symbolic(cap.module, e, env):
+            stride = None  # (the same, where a stride is a small probe times a static size)
         if isinstance(e, OutAlias):
             if any(_arg(env, list(s.args)) != list(s.args) for s in e.steps):
                 raise NotSymbolic("a returned view whose sizes are symbolic")
