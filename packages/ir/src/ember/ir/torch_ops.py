@@ -288,9 +288,10 @@ _MAX_PLANS = 1024
 
 
 def _signature(a: Any) -> Any:
-    """What the meta kernel's answer depends on, hashable: a tensor's layout, else the value."""
+    """What the meta kernel's answer depends on, hashable: a tensor's layout (not its device:
+    the zeros go to the call's), else the value."""
     if isinstance(a, torch.Tensor):
-        return (tuple(a.shape), a.stride(), a.dtype, a.device.type)
+        return (a.shape, a.stride(), a.dtype)
     if isinstance(a, (list, tuple)):
         return tuple(_signature(x) for x in a)
     return a
