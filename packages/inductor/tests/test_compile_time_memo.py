@@ -174,8 +174,9 @@ def test_shared_kernel_is_the_kernel_it_would_generate(monkeypatch: pytest.Monke
         return re.sub(r"\b(?:n\d+_|v_)\w+", lambda mt: local.setdefault(mt[0], f"v{len(local)}"),
                       text)
 
-    def recording(name: str, n: Any, body: Any, prov: str, items: Any, syms: Any) -> Any:
-        src, sizes = orig(name, n, body, prov, items, syms)
+    def recording(name: str, n: Any, body: Any, prov: str, items: Any, syms: Any,
+                  *rest: Any) -> Any:
+        src, sizes = orig(name, n, body, prov, items, syms, *rest)
         key = real_key(codegen._Shared(), Module({}, dict(items)), n, body)
         made.setdefault(key, []).append(plain(src, name))
         return src, sizes

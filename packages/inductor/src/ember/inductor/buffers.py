@@ -14,7 +14,10 @@ op's record does not declare `aliasing="fresh"`, every op left to the reference)
 `kernels.call` outputs and the single result of a fresh extern (a convolution's output: the
 next activation kernel writes into it once it is dead, instead of into new memory) are reused
 (never graph inputs), never a buffer that a graph output may alias, and never by the node that
-reads it last (a kernel does not write where it reads). An extern result that is not
+reads it last (a kernel does not write where it reads), except where the call says it may
+(`inplace=`: the CPU target's pointwise kernels that read an operand only at the element they
+write, targets/cpu/inplace.py): its output then takes that operand's storage if the operand
+dies at the call. An extern result that is not
 contiguous at run time is not taken (launch.out_buffer allocates instead). A dead buffer is
 held for a later reuse only where holding it does not raise the graph's peak bytes (its
 owned buffers, and a training backward's inputs up to their last use); otherwise it is let go.
@@ -151,6 +154,22 @@ def _hold(prof: list[int], start: int, end: int, size: int | None) -> bool:
     return True
 
 
+def _operand_dying(n: Node, inplace: object, j: int, i: int, dies: dict[Value, float],
+                   key: tuple[str, object] | None) -> Value | None:
+    """The operand kernel call `n` (node i) may write its result j over (its `inplace=`, set
+    by the target's code generator where the kernel reads that operand only at the element it
+    writes): a buffer of the graph's own (a kernel output or a fresh extern's result) whose
+    storage, and everything aliasing it, is last read here; else None."""
+    if not isinstance(inplace, list) or j >= len(inplace) or not isinstance(inplace[j], int) \
+            or not 0 <= inplace[j] < len(n.args) - 1:
+        return None
+    a = n.args[1 + inplace[j]]
+    if not isinstance(a, Value) or dies.get(a) != i or key is None or _buffer_key(a) != key \
+            or sum(1 for b in n.args if b is a) != 1:  # (another operand's pointer: restrict)
+        return None
+    return a
+
+
 def plan_graph(g: Graph) -> int:
     """Add `reuse=` to the graph's kernel calls; the number of buffers reused. A graph that
     already carries a plan (a stored compiled module, planned by an earlier version whose
@@ -170,20 +189,27 @@ def plan_graph(g: Graph) -> int:
     released: list[tuple[float, Value]] = sorted(
         ((d, b) for b, d in dies.items() if d != NEVER), key=lambda x: x[0])
     prof = _profile(g, dies, last)
+    overwritten: set[Value] = set()
     k = 0
     count = 0
     for i, n in enumerate(g.nodes):
         while k < len(released) and released[k][0] < i:  # dead before this node runs
             b = released[k][1]
             key = _buffer_key(b)
-            if key is not None:
+            if key is not None and b not in overwritten:  # (its storage lives on as a result)
                 free.setdefault(key, []).append(b)
             k += 1
         if n.op != "kernels.call":
             continue
         reuse: list[Value] = []
-        for r in n.results:  # a prefix of the results (reuse= is positional)
+        inplace = n.kwargs.get("inplace")
+        for j, r in enumerate(n.results):  # a prefix of the results (reuse= is positional)
             key = _buffer_key(r)
+            own = _operand_dying(n, inplace, j, i, dies, key)
+            if own is not None:  # written over the operand it reads (inplace=)
+                reuse.append(own)
+                overwritten.add(own)
+                continue
             pool = free.get(key) if key is not None else None
             if not pool:
                 break

@@ -28,6 +28,7 @@ from ember.inductor.sanitize import kernel_symbol
 from ember.inductor.targets import require_device
 from ember.inductor.targets.cpu import cache
 from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
+from ember.inductor.targets.cpu.inplace import inplace_inputs
 from ember.inductor.targets.cpu.kernel import kernel_source_sizes
 from ember.ir import (
     Arg,
@@ -149,7 +150,8 @@ class _Shared:
     that kernel instead of generating and compiling the same function again."""
 
     def __init__(self) -> None:
-        self.made: dict[tuple[object, ...], tuple[str, list[str]]] = {}  # key -> name, sizes
+        # key -> name, sizes, inplace
+        self.made: dict[tuple[object, ...], tuple[str, list[str], list[int]]] = {}
         self.sigs = SignMemo()  # body_signature's memo
 
     def key(self, m: Module, n: Node, body: Graph) -> tuple[object, ...]:
@@ -179,13 +181,15 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     assert isinstance(body, Graph)
     key = shared.key(m, n, body) if shared is not None else None
     if shared is not None and key in shared.made:
-        name, sizes = shared.made[key]
-        return _call(n, name, sizes)
+        name, sizes, inplace = shared.made[key]
+        return _call(n, name, sizes, inplace)
     name = ref.name
     while any(k.name == name for k in kernels):  # two loop nodes may share one body
         name += "_"
+    inplace = inplace_inputs(n, body)
     try:
-        source, sizes = kernel_source_sizes(name, n, body, f"@{g.name}", m.items, m.symbols)
+        source, sizes = kernel_source_sizes(name, n, body, f"@{g.name}", m.items, m.symbols,
+                                            inplace)
     except CodegenError as e:
         body.attrs["cpp_fallback"] = str(e)
         fallback.append(body)
@@ -200,18 +204,21 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
         return n
     kernels.append(Kernel(name, "cpp", source))
     if shared is not None and key is not None:
-        shared.made[key] = (name, sizes)
-    return _call(n, name, sizes)
+        shared.made[key] = (name, sizes, inplace)
+    return _call(n, name, sizes, inplace)
 
 
-def _call(n: Node, name: str, sizes: list[str]) -> Node:
-    """`n` as the call of kernel @name (taking the size symbols `sizes` after its buffers)."""
+def _call(n: Node, name: str, sizes: list[str], inplace: list[int]) -> Node:
+    """`n` as the call of kernel @name (taking the size symbols `sizes` after its buffers;
+    `inplace`: per output, the operand whose storage it may take, -1 for none)."""
     types = [r.type for r in n.results]
     assert all(isinstance(t, TensorType) for t in types)
     kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
                           "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
     if sizes:  # the size symbols the kernel takes after its buffers (kernels.call's ABI)
         kw["sizes"] = [symbol(s) for s in sizes]
+    if any(k >= 0 for k in inplace):  # plan-buffers may write the output over that operand
+        kw["inplace"] = list(inplace)
     return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
                  [_retype(r) for r in n.results])
 

@@ -5,7 +5,7 @@ cppkernel.py's loop writer. `codegen-cpp` calls `kernel_source_sizes` for each l
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ember.inductor.indexing import flat_offset, ivar, rvar
 from ember.inductor.sanitize import comment, kernel_symbol
@@ -49,10 +49,12 @@ def kernel_source(name: str, node: Node, body: Graph, provenance: str,
 
 def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
                         bodies: Mapping[str, object] | None = None,
-                        symbols: Mapping[str, Symbol] | None = None) -> tuple[str, list[str]]:
+                        symbols: Mapping[str, Symbol] | None = None,
+                        inplace: Sequence[int] = ()) -> tuple[str, list[str]]:
     """`kernel_source`, and the size symbols its function takes after the buffers, in order.
     The loops follow the node's `sched_*` attributes (ember.inductor.schedule), the default
-    schedule (`kernel_schedule`) where it has none."""
+    schedule (`kernel_schedule`) where it has none. `inplace`: per output, the input it may
+    share storage with (inplace.py; -1: none): both are declared without `__restrict__`."""
     w = _Writer(bodies or {}, _hints(symbols))
     with size_symbols():  # (the default decisions' text is not the kernel's)
         args, ranges = _setup(node, body, w)
@@ -66,7 +68,7 @@ def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
             body = pieces[0].inner[0][2]
             args = {p: f"in{k}" for k, p in enumerate(body.params)}
         lines = _kernel_lines(name, node, body, provenance, w, args, ranges, s,
-                              pieces if split is not None else None)
+                              pieces if split is not None else None, inplace)
     sizes = symbol_order(used)
     if sizes:  # the symbols' values, bound from the inputs' shapes by the caller
         head = lines[1 + len(node.results)]
@@ -77,13 +79,18 @@ def kernel_source_sizes(name: str, node: Node, body: Graph, provenance: str,
 
 def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Writer,
                   args: dict[Value, str], ranges: list[Dim], s: Schedule,
-                  pieces: list[Piece] | None = None) -> list[str]:
+                  pieces: list[Piece] | None = None, inplace: Sequence[int] = ()
+                  ) -> list[str]:
     plan = _apply(w, node, body, args, ranges, s)
-    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* __restrict__ in{k}"
+
+    def restrict(shared: bool) -> str:
+        return "" if shared else "__restrict__ "
+    ins = [f"const {ctypes_of(_tensor(p).dtype)[0]}* {restrict(k in inplace)}in{k}"
            for k, p in enumerate(body.params)]
     outs = [_tensor(r) for r in node.results]
-    sig = ", ".join([*ins, *(f"{ctypes_of(t.dtype)[0]}* __restrict__ out{j}"
-                             for j, t in enumerate(outs))])
+    sig = ", ".join([*ins, *(
+        f"{ctypes_of(t.dtype)[0]}* {restrict(j < len(inplace) and inplace[j] >= 0)}out{j}"
+        for j, t in enumerate(outs))])
     lines = [comment(f"kernel @{name}: {node.op} of {provenance}"),
              *(comment(f"computes %{r.name}: {r.type}") for r in node.results),
              f'extern "C" void {kernel_symbol(name)}({sig}) {{']
