@@ -151,3 +151,22 @@ def test_a_break_inside_the_compiled_submodule_calls_its_wrapper() -> None:
     # at the break the wrapper itself runs (its own captures), not a compile of the wrapper
     assert inner.compiled.history.calls >= 2
     assert all(obj is not inner for obj, _ in compiled.compiled._spawned.values())
+
+
+class CallsForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = er.compile(nn.Linear(4, 4), backend="eager")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b.forward(self.a(x)).relu()  # the compiled submodule's forward, by name
+
+
+def test_the_compiled_submodules_forward_called_by_name() -> None:
+    m = CallsForward()
+    compiled = er.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x))
+    _one_graph(compiled)
