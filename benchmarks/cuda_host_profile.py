@@ -42,7 +42,8 @@ def top(fn: Callable[[], Any], calls: int, n: int = 25) -> list[dict[str, Any]]:
     prof.enable()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     prof.disable()
     stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:n]
