@@ -3,9 +3,11 @@ one table-driven printer of expressions to C++ / Python / Triton."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sympy
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ember.ir import IRParseError, parse
@@ -87,7 +89,7 @@ E = parse_expr("max(i0, 3) * 8 + mod(r0, 4) // 2 + 4000000000 + min(min(s0, 2), 
 
 
 @pytest.mark.parametrize(("lang", "want"), [
-    (CPP, "(4000000000LL + (8 * std::max<int64_t>(3, i0)) + ember_floordiv(ember_mod(r0, 4), 2)"
+    (CPP, "(4000000000LL + (8 * std::max<int64_t>(3, i0)) + ((r0 % 4) / 2)"
           " + std::min<int64_t>(std::min<int64_t>(2, i1), s0))"),
     (PYTHON, "(4000000000 + (8 * max(3, i0)) + ((r0 % 4) // 2) + min(2, i1, s0))"),
     (TRITON, "(4000000000 + (8 * tl.maximum(3, i0)) + _floordiv(_mod(r0, 4), 2)"
@@ -95,6 +97,23 @@ E = parse_expr("max(i0, 3) * 8 + mod(r0, 4) // 2 + 4000000000 + min(min(s0, 2), 
 ])
 def test_one_printer_per_language_table(lang: object, want: str) -> None:
     assert print_expr(E, lang) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # never negative (loop variables and sizes are non-negative): C++'s own / and %
+    ("mod(i0, 64)", "(i0 % 64)"),
+    ("i0 // 8 * 7 + mod(r0 + 3 * s0, 7)", "((7 * (i0 / 8)) + ((r0 + (3 * s0)) % 7))"),
+    ("max(0, i3 - 288) // 2", "(std::max<int64_t>(0, (-288 + i3)) / 2)"),
+    ("mod(i0 // 3, 5)", "((i0 / 3) % 5)"),
+    # a dividend that may be negative keeps the helpers (C++ truncates toward zero)
+    ("mod(i0 - 3, 7)", "ember_mod((-3 + i0), 7)"),
+    ("(i0 - 3) // 4", "ember_floordiv((-3 + i0), 4)"),
+    ("min(i0 - 3, 5) // 2", "ember_floordiv(std::min<int64_t>(5, (-3 + i0)), 2)"),
+])
+def test_cpp_divides_non_negative_indices_with_its_own_operators(text: str, want: str) -> None:
+    # the helpers' sign fix-up is a branch that kept g++ from hoisting a loop-invariant
+    # `mod(i0, 64)` out of an `omp simd` loop (docs/perf-notes.md)
+    assert print_expr(parse_expr(text), CPP) == want
 
 
 def test_printer_spells_symbols_and_relations_through_its_caller() -> None:
@@ -133,3 +152,59 @@ def test_random_loop_indices_round_trip_through_module_text(index: list[sympy.Ex
     got = [n.kwargs["index"] for n in again.graph("k").nodes]
     assert [sympy.Integer(g) if isinstance(g, int) else g for g in got] == index
     assert str(again) == printed
+
+
+_SIGNED = st.recursive(_ATOMS, lambda sub: st.one_of(
+    st.tuples(sub, sub).map(lambda t: t[0] + t[1]),
+    st.tuples(sub, sub).map(lambda t: t[0] - t[1]),
+    st.tuples(sub, sub).map(lambda t: t[0] * t[1]),
+    st.tuples(sub, st.integers(1, 9)).map(lambda t: FloorDiv(t[0], t[1])),
+    st.tuples(sub, st.integers(1, 9)).map(lambda t: PyMod(t[0], t[1])),
+    st.tuples(sub, sub).map(lambda t: sympy.Max(t[0], t[1])),
+    st.tuples(sub, sub).map(lambda t: sympy.Min(t[0], t[1]))), max_leaves=8)
+
+
+def _c_int(text: str, env: dict[str, int]) -> int:
+    """Evaluate printed C++ index text with C's truncating / and % (the helpers as Python)."""
+    def trunc_div(a: int, b: int) -> int:
+        q = abs(a) // abs(b)
+        return q if (a < 0) == (b < 0) else -q
+
+    class C(int):  # C's operators on ints: / truncates, % takes the dividend's sign
+        def __add__(self, o: int) -> C:
+            return C(int(self) + int(o))
+
+        __radd__ = __add__
+
+        def __mul__(self, o: int) -> C:
+            return C(int(self) * int(o))
+
+        __rmul__ = __mul__
+
+        def __neg__(self) -> C:
+            return C(-int(self))
+
+        def __truediv__(self, o: int) -> C:
+            return C(trunc_div(int(self), int(o)))
+
+        def __mod__(self, o: int) -> C:
+            return C(int(self) - trunc_div(int(self), int(o)) * int(o))
+
+    ns: dict[str, object] = {k: C(v) for k, v in env.items()}
+    ns.update(ember_floordiv=lambda a, b: C(int(a) // int(b)),
+              ember_mod=lambda a, b: C(int(a) % int(b)))
+    text = text.replace("std::max<int64_t>", "max").replace("std::min<int64_t>", "min")
+    text = re.sub(r"(?<![\w.])(-?\d+)(LL)?", r"C(\1)", text)  # every literal a C int
+    ns["C"] = C
+    return int(eval(text, {"__builtins__": {"max": max, "min": min}}, ns))  # noqa: S307
+
+
+@settings(max_examples=150)
+@given(_SIGNED, st.lists(st.integers(0, 6), min_size=7, max_size=7))
+@example(PyMod(symbol("i0") - 3, 7), [1, 0, 0, 0, 0, 0, 0])
+def test_cpp_index_text_computes_python_floor_semantics(e: sympy.Expr, vals: list[int]) -> None:
+    """Where the printer writes C's own / and % (a dividend it proves non-negative), the value
+    is Python's // and mod for every non-negative value of the symbols."""
+    env = dict(zip(["i0", "i1", "i8", "i64", "r0", "r3", "s0"], vals, strict=True))
+    want = eval(print_expr(e, PYTHON), {"__builtins__": {"max": max, "min": min}}, env)  # noqa: S307
+    assert _c_int(print_expr(e, CPP), env) == want
