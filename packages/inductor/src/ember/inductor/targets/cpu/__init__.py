@@ -25,6 +25,7 @@ from ember.inductor.targets.cpu.broadcast import broadcast_veto
 from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
+from ember.inductor.targets.cpu.gather import gather_veto
 from ember.inductor.targets.cpu.multipass import multipass_veto
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
@@ -77,12 +78,14 @@ CPP_LOADER = register_loader("cpp", load_cpp, devices=("cpu",))
 # masked cotangent) is inlined into its readers rather than written and read back (fusion.py)
 # veto: a costly broadcast value (a squeeze-excitation gate, broadcast.py) or a costly value a
 # multi-pass kernel reads in several passes (a GELU under a LayerNorm, multipass.py) is
-# written once
+# written once, as is a value gathered through index arithmetic that its reader would
+# evaluate several times per element (Swin's window mask under a softmax, gather.py)
 
 
 def _veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
     return broadcast_veto(m, g, producer, consumer) \
-        or multipass_veto(m, g, producer, consumer)
+        or multipass_veto(m, g, producer, consumer) \
+        or gather_veto(m, g, producer, consumer)
 
 
 CPU = register_target("cpu", "inductor-cpu", "cpp", lowerings=LOWERINGS, front=FRONT,
