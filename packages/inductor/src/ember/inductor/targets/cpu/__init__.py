@@ -1,8 +1,9 @@
 """The CPU target: C++/OpenMP kernels built by g++ (docs/inductor.md).
 
 Registers, for device kind "cpu": the `cpp` loader (codegen.py: g++ through the compile cache,
-cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `window-reduce` (pool.py:
-pooling's stacked windows as elementwise chains), `conv-nhwc`, the target-neutral
+cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `cache-inplace` (a static KV
+cache's rows written in place, targets/cuda/inplace.py), `window-reduce` (pool.py: pooling's
+stacked windows as elementwise chains), `conv-nhwc`, the target-neutral
 `lower-loops` and `fuse`, `schedule-cpu` (schedule.py: the kernels' schedules as attributes),
 `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
 `decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
@@ -36,7 +37,8 @@ from ember.prims.decomp.passes import FUSED_ATTENTION
 FRONT = "decompose{keep_attention=true},cse,dce"
 INDUCTOR_CPU = register_pipeline(
     "inductor-cpu",
-    "window-reduce,conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,plan-buffers",
+    "cache-inplace,dce,window-reduce,conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,"
+    "plan-buffers",
     "prims -> loop kernels, fused, scheduled, as C++ kernel blocks with planned buffers (CPU)"
 ).text
 # compile()'s default on CPU graphs: the inductor backend runs the pipeline of the graph's
@@ -64,9 +66,23 @@ def _extern(lw: Any, n: Node) -> None:
 # torch.nonzero: its row count is an unbacked symbol the graph binds from the data (capture)
 NONZERO = "aten.nonzero.default"
 
+# a static KV cache's new rows written into the cache itself (`cache-inplace`, first in
+# inductor-cpu: the op and the pass are targets/cuda/inplace.py's, target-neutral but the
+# decode attention kernel); without it a decode step cloned each cache whole for the scatter
+# and the runtime copied the result back
+CACHE_ROWS = "loop.index_copy_inplace"
+
+
+def _cache_rows(lw: Any, n: Node) -> None:
+    """`index_copy_` into the cache, its rows a buffer of their own (the kernel computing the
+    rows, rotary, writes them there)."""
+    from ember.inductor.targets.cuda.inplace import lower_inplace  # (imported after this one)
+    lower_inplace(lw, n)
+
+
 # convolution gradients channels-last (conv_backward.py)
 LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_backward,
-                              NONZERO: _extern,
+                              NONZERO: _extern, CACHE_ROWS: _cache_rows,
                               **{op: _attention for op in FUSED_ATTENTION}}
 # the attention backward's gradients read where the kernel writes them ([B, L, H, E] buffers)
 LOWERINGS[ATTENTION_BACKWARD] = lower_attention_backward

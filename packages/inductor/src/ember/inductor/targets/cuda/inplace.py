@@ -1,4 +1,7 @@
-"""`cache-inplace` (CUDA, before lower-loops): a static KV cache's new slots written in place.
+"""`cache-inplace` (before lower-loops): a static KV cache's new slots written in place.
+
+Both targets run it (first in `inductor-cpu`; in `inductor-cuda` with `attention=true`, the
+CUDA decode attention kernel); the op's lowering is `lower_inplace` on both.
 
 A decode step with a static cache (transformers' `StaticCache.update`) writes each layer's new
 key and value rows with `keys.index_copy_(2, cache_position, k)`. Capture makes that pure: the
@@ -352,14 +355,16 @@ def _fuse_attentions(g: Graph, explain: bool, max_len: int) -> int:
     return done
 
 
-@register_pass("cache-inplace", "CUDA: an input the runtime replaces with an index_copy of it "
-               "(a static KV cache's update) gets its new rows written in place by one extern "
-               "(no copy of the cache, no write-back); attention=true also makes a decode "
-               "step's attention over two such caches (of at most attention_max_len rows) one "
-               "Triton kernel with the row writes; "
+@register_pass("cache-inplace", "CPU and CUDA: an input the runtime replaces with an "
+               "index_copy of it (a static KV cache's update) gets its new rows written in "
+               "place by one extern (no copy of the cache, no write-back); CUDA's "
+               "attention=true also makes a decode step's attention over two such caches (of "
+               "at most attention_max_len rows) one Triton kernel with the row writes; "
                "explain=true says why each was or was not; dce after it drops the scatter")
 def cache_inplace(module: Module, *, explain: bool = False, attention: bool = False,
                   attention_max_len: int = 512) -> Module:
+    if not any(REPLACED_INPUTS in g.attrs for g in module.graphs.values()):
+        return module  # (most graphs: nothing to do, no clone)
     out = module.clone()
     for g in out.graphs.values():
         if _rewrite(g, explain) and attention:
