@@ -185,13 +185,15 @@ def _packed(w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
 
 
 # A 1x1 convolution on few pixels is a small matrix product: oneDNN's per-call setup
-# (~40 us) dwarfs it (a squeeze-excitation's [N, C, 1, 1] convolutions: ~300 us each in
+# (~20-40 us) dwarfs it (a squeeze-excitation's [N, C, 1, 1] convolutions: ~300 us each in
 # efficientnet_b0 vs ~10 us as addmm). Up to this many multiply-adds (or 16 rows) it runs as
-# addmm on the NHWC rows. Measured on the 2-core EPYC at 1 thread over 26 shapes of
-# ShuffleNet, RegNet, MobileNetV3, EfficientNet: addmm took 0.63-0.99x oneDNN's time on every
-# one up to 9.0M (ShuffleNet's 58/116/232-channel ones 0.76-0.99x, 24->58 at 56x56 0.63x),
-# 1.11-1.12x at 9.6M, 0.9-1.3x beyond.
-SMALL_MATMUL = 9 << 20
+# addmm on the NHWC rows. Measured on the 2-core EPYC at 1 thread (session 8, oneDNN on the
+# packed weight against addmm, min of 3x30 calls): addmm 0.33-0.74x oneDNN's time up to 0.9M,
+# 0.91x at 1.3M, 1.09x at 1.8M; beyond, oneDNN took about half: ShuffleNet's 116 channels at
+# 14x14 (5.3M) 67 vs 110 us, GhostNet's 16->8 at 112x112 (3.2M) 94 vs 332 us. Against the
+# 9M of session 7 (whose sweep had found addmm faster up to 9M), interleaved in one process:
+# ghostnet_100 15.4 -> 14.0 ms a call, shufflenet_v2 10.9 -> 9.2, regnet_y_400mf unchanged.
+SMALL_MATMUL = 3 << 19
 
 
 def _matmul(x: torch.Tensor, w: torch.Tensor, kw: Mapping[str, Any]) -> bool:
