@@ -193,3 +193,36 @@ def test_deepcopy_of_a_compiled_hf_model_generates_with_its_own_weights() -> Non
         want = ref.generate(ids, max_new_tokens=6, do_sample=False)
     torch.testing.assert_close(got, want)
     assert er.explain(dup).graph_count >= 1
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return torch.cos(x) * 2
+
+
+def test_pickle_round_trip_compiles_the_loaded_original() -> None:
+    """torch.save of a compiled model (its class is made per compile call, so it pickles as
+    the original and compile's settings): the loaded module is compiled afresh around the
+    loaded original, eval mode kept; a compiled module-level function pickles too."""
+    import io
+    import pickle
+    torch.manual_seed(0)
+    m = Scaled()
+    cm = er.compile(m, dynamic=False)
+    cm.eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        cm(x)
+        buf = io.BytesIO()
+        torch.save(cm, buf)
+        buf.seek(0)
+        back = torch.load(buf, weights_only=False)
+        assert isinstance(back, Scaled) and isinstance(back, er.CompiledModule)
+        assert not back.training and back._modules["_orig_mod"] is not m
+        cf = compiled_function_of(back)
+        assert cf is not None and cf.dynamic is False and not cf.entries
+        torch.testing.assert_close(back(x), m(x))
+        _bump(m, 1.0)
+        torch.testing.assert_close(back(x), back._modules["_orig_mod"](x))
+    f = pickle.loads(pickle.dumps(er.compile(_double)))
+    assert compiled_function_of(f) is not None
+    torch.testing.assert_close(f(x), _double(x))

@@ -50,7 +50,13 @@ from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
 from ember.runtime.breaks import BreakEntry, run_with_effects
-from ember.runtime.copying import deepcopy_function, deepcopy_module
+from ember.runtime.copying import (
+    deepcopy_function,
+    deepcopy_module,
+    reduce_function,
+    reduce_module,
+    shallow_module,
+)
 from ember.runtime.cudagraphs import (
     CUDAGRAPH_MODES,
     CudaGraphs,
@@ -588,6 +594,9 @@ class CompiledFunction:
         new: CompiledFunction = deepcopy_function(self, memo)  # nothing compiled yet
         return new
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_function(self)  # the target and the settings: compiled again on load
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         S = self.self_obj
         self.history.calls += 1
@@ -801,6 +810,12 @@ class CompiledModule(nn.Module):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         return deepcopy_module(self, memo)  # the original's copy, compiled afresh (copying.py)
+
+    def __copy__(self) -> Any:
+        return shallow_module(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_module(self)  # pickled: the original and the settings (copying.py)
 
     def __getattr__(self, name: str) -> Any:
         try:

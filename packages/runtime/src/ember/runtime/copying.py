@@ -13,6 +13,12 @@ new wrapper of a copy of the original module).
 
 `copy.copy` keeps nn.Module's meaning: the shallow copy shares the original's submodules, so
 it shares the compiled function too (it runs the same parameters).
+
+Pickling (`torch.save(compiled_model)`, multiprocessing) stores the original and the settings
+`compile` was called with, and unpickling compiles the loaded original again
+(`rebuild`): the compiled module's class is made per `compile` call (modview.py), so it
+cannot be pickled by name, and compiled state is never stored. A backend given as a callable
+must itself pickle (a module-level function).
 """
 
 from __future__ import annotations
@@ -52,4 +58,37 @@ def deepcopy_module(cm: Any, memo: dict[int, Any]) -> Any:
     new.__dict__.update(copy.deepcopy(state, memo))  # (its _modules: the original's copy)
     object.__setattr__(new, "_ember_compiled", copy.deepcopy(cm.__dict__["_ember_compiled"],
                                                              memo))
+    return new
+
+
+def settings(cf: Any) -> tuple[Any, ...]:
+    """What `compile` was called with for `cf`: (backend, fullgraph, mode, dynamic, options)."""
+    backend, options = cf._args
+    return (backend, cf.fullgraph, cf.mode, cf.dynamic, options)
+
+
+def rebuild(target: Any, how: tuple[Any, ...]) -> Any:
+    """`compile(target, ...)` with the settings `settings` stored (unpickling)."""
+    from ember.runtime.compile import compile  # (compile.py imports this module)
+    backend, fullgraph, mode, dynamic, options = how
+    return compile(target, backend=backend, fullgraph=fullgraph, mode=mode, dynamic=dynamic,
+                   options=options)
+
+
+def reduce_function(cf: Any) -> tuple[Any, ...]:
+    return rebuild, (cf.target, settings(cf))
+
+
+def reduce_module(cm: Any) -> tuple[Any, ...]:
+    """The original and the settings, and nn.Module's own state of the compiled module."""
+    state = {k: v for k, v in cm.__dict__.items() if k not in (*_COMPILED_STATE, "_modules")}
+    return rebuild, (cm._modules["_orig_mod"], settings(cm.__dict__["_ember_compiled"])), state
+
+
+def shallow_module(cm: Any) -> Any:
+    """nn.Module's shallow copy: the same `__dict__` entries (the original, the compiled
+    function) in a new instance of the same class."""
+    cls: Any = type(cm)
+    new = cls.__new__(cls)
+    new.__dict__.update(cm.__dict__)
     return new
