@@ -49,6 +49,7 @@ from ember.ir import (
 )
 from ember.ir.expr import INT64_MAX, INT64_MIN, Dim, simplify_dim
 from ember.ir.parser import RESERVED
+from ember.ir.printer import required_version
 
 _T = TypeVar("_T")
 
@@ -409,6 +410,9 @@ def text_modules(draw: st.DrawFn) -> Module:
             m.add(Kernel(n, draw(_NAMES), draw(_KERNEL_SOURCES)))
         else:
             m.add(_graph(draw, n, ctx))
+    # the printer raises the header to the version the content needs (an unbacked u-symbol is
+    # ember.ir 1.2): the module a text stands for carries that version
+    m.version = max(m.version, required_version(m))
     return m
 
 
