@@ -23,7 +23,7 @@ import math
 
 import sympy
 
-from ember.inductor.indexing import flat_offset, ivar
+from ember.inductor.indexing import flat_offset, ivar, parse_index
 from ember.ir import Graph, Node, TensorType, Value
 from ember.ir.expr import as_sympy
 
@@ -52,9 +52,7 @@ def inplace_inputs(node: Node, body: Graph) -> list[int]:
         if shape is None or math.prod(shape) != math.prod(ranges) or not loads \
                 or any(_uses(n, p) for n in body.nodes if n.op != "loop.load"):
             continue
-        if all(isinstance(n.kwargs.get("index"), list) and sympy.expand(as_sympy(
-                flat_offset(n.kwargs["index"], shape))) == here  # type: ignore[arg-type]
-               for n in loads):
+        if all(_reads_at(n, shape, here) for n in loads):
             ok.append(k)
     out = list(none)
     for j, r in enumerate(node.results):
@@ -67,6 +65,16 @@ def inplace_inputs(node: Node, body: Graph) -> list[int]:
                 out[j] = k
                 break
     return out
+
+
+def _reads_at(load: Node, shape: list[int], here: sympy.Expr) -> bool:
+    """The load reads the element at flat offset `here`. Its index is a list of expressions,
+    or of strings where the graph came from ir-v1.0 text (parse_index reads both)."""
+    index = load.kwargs.get("index")
+    if not isinstance(index, list):
+        return False
+    dims = [parse_index(i) for i in index]
+    return bool(sympy.expand(as_sympy(flat_offset(dims, shape))) == here)
 
 
 def _uses(n: Node, p: Value) -> bool:
