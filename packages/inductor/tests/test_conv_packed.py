@@ -359,3 +359,33 @@ def test_bind_refuses_bad_attributes_when_bound() -> None:
         packed.bind({**KW, "scale": 1, "bias": False})
     with pytest.raises(OpTypeError, match="silu"):
         packed.bind({**KW, "relu": True, "silu": True})
+
+
+CONV_RELU_CONV_AND_ADD = """ember.ir 1.0
+
+graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5]) {
+  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %r = prims.maximum(%c1, 0.0) : f32[2, 4, 6, 5]
+  %c2 = prims.convolution(%r, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+  %s = prims.mul(%r, 2.0) : f32[2, 4, 6, 5]
+  %o = prims.add(%c2, %s) : f32[2, 4, 6, 5]
+  return (%o)
+}
+"""
+
+
+def test_relu_read_by_a_convolution_and_a_kernel_runs_inside_the_extern() -> None:
+    """A ReLU a convolution reads is a whole NHWC buffer whoever else reads it (GhostNet's
+    primary convolution: its cheap convolution and its concatenation): torch's relu_ in place
+    in the extern (NaN kept), and the kernel reads that buffer; no ReLU kernel writes a
+    second one."""
+    compiled = compile_module(parse(CONV_RELU_CONV_AND_ADD))
+    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    assert [(n.kwargs["op"], n.kwargs["relu"]) for n in externs] \
+        == [("loop.conv2d_packed", True), ("loop.conv2d_packed", False)]
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(s, generator=g) for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
+    x[0, 0, 0, 0] = float("nan")
+    r = torch.relu(torch.conv2d(x, w1, padding=1))
+    got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
+    torch.testing.assert_close(got, torch.conv2d(r, w2) + r * 2, equal_nan=True)

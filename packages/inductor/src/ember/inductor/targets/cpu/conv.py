@@ -16,7 +16,7 @@ NaN-propagating max(y, 0) kernel over the NHWC result (not oneDNN's post-op: epi
 Where the weight is a graph input (a parameter), the extern is `loop.conv2d_packed`
 (packed.py) instead: it takes the raw weight and A, and keeps oneDNN's packed `weight * A`
 across calls (repacked when the weight or A changes), so neither the scaled weight nor
-oneDNN's per-call weight reorder is paid each call; a ReLU read only by convolutions is then
+oneDNN's per-call weight reorder is paid each call; a ReLU that a convolution reads is then
 applied in place inside that extern (torch's relu_, NaN kept).
 """
 
@@ -421,10 +421,10 @@ def _packable(lw: _Lowering, w: Value) -> bool:
 def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) -> None:
     """A weight that is a graph input (a parameter): `loop.conv2d_packed` (packed.py) on the
     raw weight, with the steps' scale A and shift B as [C] kernels; oneDNN's packed, scaled
-    weight is cached across calls. ReLU runs in place inside the extern where only other
-    convolutions read the result (they read its NHWC buffer as it is: no kernel to fuse it
-    into), and SiLU or hardswish also where several nodes read it; otherwise it stays a kernel that fuses
-    into the pointwise reader."""
+    weight is cached across calls. ReLU runs in place inside the extern where another
+    convolution reads the result (it reads the NHWC buffer as it is: no kernel to fuse it
+    into, and other readers read that buffer too), and SiLU or hardswish also where several
+    nodes read it; otherwise it stays a kernel that fuses into the pointwise reader."""
     res = n.results[0]
     steps, residual = _parts(n.args, n.kwargs)
     channels = int(t.shape[1])
@@ -436,8 +436,11 @@ def _lower_packed(lw: _Lowering, n: Node, xb: Value, w: Value, t: TensorType) ->
     readers = lw.readers(res)
     # a SiLU or hardswish read by several nodes (a squeeze-excitation's pool and its scale)
     # runs in place once too: in their kernels each reader would recompute its exp (fuse's rule 5)
+    # a ReLU that a convolution reads as its input is a whole NHWC buffer anyway, whoever else
+    # reads it (a ghost module's primary output: its cheap convolution and its concatenation):
+    # in place, where a kernel would write a second buffer
     inside = relu and res not in lw.g.outputs and bool(readers) \
-        and (all(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
+        and (any(m.op == CONV_OP and m.args[0] is res and res not in m.args[1:]
                  for m in readers) or (bool(act) and len(readers) > 1))
     args: list[Arg] = [xb, w]
     if scale:
