@@ -134,6 +134,10 @@ FRESH_CASES: dict[str, list[Case]] = {
     # two of them in one launch with bias/GELU epilogues (gemv_group.py)
     "loop.gemv_group": [lambda: ([_r(1, 8), _r(5, 8), _r(5), _r(1, 6), _r(3, 6)],
                                  {"epilogues": ["bias+gelu", "none"]})],
+    # x @ w.T on oneDNN's packed Parameter w (CPU linear.py; torch.mm when small)
+    "loop.linear_packed": [lambda: ([_r(3, 8), _r(5, 8)], {}),
+                           lambda: ([_r(64, 128), torch.nn.Parameter(_r(256, 128),
+                                                                      requires_grad=False)], {})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],

@@ -1,6 +1,7 @@
 """The wrapper's view and allocation calls in their cheapest forms (wrapper.py): a transposed
-2-D weight is `.t()`, other permutations take their dims as separate ints, a view at offset 0
-from its base calls `as_strided` without an offset (torch then keeps the base's own, so an
+2-D operand is `.t()` (x.T @ w here: a transposed 2-D input on the right is the CPU target's
+packed linear, linear.py), other permutations take their dims as separate ints, a view at
+offset 0 from its base calls `as_strided` without an offset (torch then keeps the base's own, so an
 input that is itself a view at an offset is still read where it lies), and a kernel's output
 is allocated with its sizes as separate arguments."""
 
@@ -19,9 +20,9 @@ from packages.inductor.tests.wrapper_checks import compiled_once, same
 
 TEXT = """ember.ir 1.0
 
-graph @lin(%x: f32[8, 16], %w: f32[4, 16]) -> (f32[8, 4]) {
-  %wt = aten.t.default(%w) : f32[16, 4]
-  %y = aten.mm.default(%x, %wt) : f32[8, 4]
+graph @lin(%x: f32[16, 8], %w: f32[16, 4]) -> (f32[8, 4]) {
+  %xt = aten.t.default(%x) : f32[8, 16]
+  %y = aten.mm.default(%xt, %w) : f32[8, 4]
   return (%y)
 }
 
@@ -73,10 +74,11 @@ def test_view_forms_match_eager(seed: int, strided: bool) -> None:
     m = compiled()
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(8, 16, generator=g)
-    w = torch.randn(16, 4, generator=g).t() if strided else torch.randn(4, 16, generator=g)
-    got = generate(m, "lin").call([x, w]).outputs
-    same(got, Interpreter(m).run([x, w], "lin").outputs)
-    torch.testing.assert_close(got[0], x @ w.t())
+    xl = x.t() if strided else torch.randn(16, 8, generator=g)
+    w = torch.randn(16, 4, generator=g)
+    got = generate(m, "lin").call([xl, w]).outputs
+    same(got, Interpreter(m).run([xl, w], "lin").outputs)
+    torch.testing.assert_close(got[0], xl.t() @ w)
     xs = torch.randn(2, 3, 4, 5, generator=g)[1] if strided else \
         torch.randn(3, 4, 5, generator=g)
     w3 = torch.randn(4, 5, 6, generator=g)

@@ -27,6 +27,7 @@ from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
 from ember.inductor.targets.cpu.gather import gather_veto
+from ember.inductor.targets.cpu.linear import lower_matmul
 from ember.inductor.targets.cpu.multipass import multipass_veto
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
@@ -83,6 +84,8 @@ def _cache_rows(lw: Any, n: Node) -> None:
 # convolution gradients channels-last (conv_backward.py)
 LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_backward,
                               NONZERO: _extern, CACHE_ROWS: _cache_rows,
+                              # F.linear's x @ w.T on oneDNN's packed w (linear.py)
+                              "prims.matmul": lower_matmul,
                               **{op: _attention for op in FUSED_ATTENTION}}
 # the attention backward's gradients read where the kernel writes them ([B, L, H, E] buffers)
 LOWERINGS[ATTENTION_BACKWARD] = lower_attention_backward

@@ -156,10 +156,25 @@ def _attrs(kw: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _packed(w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
             attrs: tuple[Any, ...], kw: Mapping[str, Any]) -> torch.Tensor:
+    def make() -> torch.Tensor:
+        if not size:  # the 1x1 convolution's matrix, [I, O]
+            return _scaled(w, a).reshape(w.shape[0], w.shape[1]).t()
+        out: torch.Tensor = torch.ops.mkldnn._reorder_convolution_weight(
+            _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
+            list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
+        return out
+    key = (size, attrs, None if a is None else a.detach().numpy().tobytes()) \
+        if isinstance(w, torch.nn.Parameter) else ()
+    return cached_pack(w, key, make)
+
+
+def cached_pack(w: torch.Tensor, key: tuple[Any, ...],
+                make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """`make()` (a packed form of `w`, made under no_grad) cached under `key` while `w`, an
+    `nn.Parameter`, keeps its version and data pointer; for any other tensor made per call.
+    (linear.py's packed matrix products share this cache: their keys differ.)"""
     p: _Packs | None = None
-    key: tuple[Any, ...] = ()
     if isinstance(w, torch.nn.Parameter):
-        key = (size, attrs, None if a is None else a.detach().numpy().tobytes())
         state = (w._version, w.data_ptr())
         p = _PACKS.get(id(w))
         if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
@@ -171,12 +186,7 @@ def _packed(w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
             p.streak = 0
             return hit
     with torch.no_grad():  # packing is not part of any autograd graph
-        if not size:  # the 1x1 convolution's matrix, [I, O]
-            packed = _scaled(w, a).reshape(w.shape[0], w.shape[1]).t()
-        else:
-            packed = torch.ops.mkldnn._reorder_convolution_weight(
-                _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
-                list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
+        packed = make()
     if p is not None:
         if len(p.entries) >= MAX_ENTRIES:
             p.entries.clear()
@@ -314,4 +324,4 @@ if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
 register_binder(PACKED_OP, bind)
 
-__all__ = ["PACKED_OP", "is_cached", "packed_weight"]
+__all__ = ["PACKED_OP", "cached_pack", "changing_weight", "is_cached", "packed_weight"]

@@ -1,0 +1,142 @@
+"""`loop.linear_packed`: `x @ w.T` for a 2-d parameter `w`, on oneDNN's packed weight.
+
+torch.mm (what eager's and torch.compile's linear call, here MKL's sgemm) took 2-2.5× the
+time of oneDNN's linear on a prepacked weight for the products of LeViT and Swin on this
+AMD EPYC at one thread (6272×96×384: 5.6 vs 2.2 ms). The CPU target's rule for
+`prims.matmul` (`lower_matmul`) emits, where the right operand is the transpose of a 2-d f32
+graph input with concrete sizes (`F.linear`'s weight), in a graph that is not a training
+forward (no `saved=` attribute: training keeps torch.mm, as eager does),
+
+    %y = loop.extern(%x, %w, op="loop.linear_packed") : f32[M, N]
+
+on the raw [N, K] weight. The call runs oneDNN's linear on the packed `w`, cached per weight
+by packed.py's cache (`cached_pack`: repacked when the weight's version counter or data
+pointer changes, Parameters only), where `w` is an `nn.Parameter` on the CPU in f32, `x` is
+contiguous, autograd does not need the product (grad mode off or `w` not requiring grad), the
+weight is not changing every call (`changing_weight`: training) and the product has at least
+SMALL_LINEAR multiply-adds (oneDNN's ~12 us per-call setup is more than a small product);
+otherwise it is `torch.mm(x, w.t())`, what the plain extern computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ember.inductor.indexing import ivar
+from ember.inductor.lowering import View, _Lowering
+from ember.inductor.targets.cpu.packed import cached_pack, changing_weight
+from ember.inductor.wrapper import register_binder
+from ember.ir import (
+    Arg,
+    DType,
+    InferContext,
+    Interpreter,
+    Node,
+    OpDef,
+    OpTypeError,
+    TensorType,
+    Type,
+    Value,
+    default_registry,
+)
+
+LINEAR_OP = "loop.linear_packed"
+
+# oneDNN's packed linear against torch.mm (MKL sgemm) on the 2-core EPYC, 1 thread, min of 7
+# (session 8): mm 0.21-0.46x oneDNN's time up to 0.13M multiply-adds (1x64x64 2.7 vs 12.4 us),
+# 0.87x at 0.52M, 1.2x at 1.05M, 1.5x at 2.1M, 2-2.5x from 7M (LeViT's 32x384x768 221 vs
+# 106 us, Swin's 6272x96x384 5608 vs 2248 us)
+SMALL_LINEAR = 1 << 20
+
+_ONEDNN = torch.backends.mkldnn.is_available() \
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
+    if len(args) != 2 or kw:
+        raise OpTypeError(f"{LINEAR_OP} takes x [M, K] and w [N, K], no attributes")
+    x, w = args
+    if not (isinstance(x, Value) and isinstance(w, Value) and isinstance(x.type, TensorType)
+            and isinstance(w.type, TensorType) and x.type.rank == 2 and w.type.rank == 2
+            and x.type.dtype == w.type.dtype and x.type.shape[1] == w.type.shape[1]):
+        raise OpTypeError(f"{LINEAR_OP}: x [M, K] and w [N, K] of one dtype")
+    return [TensorType(x.type.dtype, (x.type.shape[0], w.type.shape[0]), None, x.type.device)]
+
+
+def _packed_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """oneDNN's packed weight serves this call (module docstring)."""
+    return _ONEDNN and isinstance(w, torch.nn.Parameter) and x.dtype == torch.float32 \
+        and w.dtype == torch.float32 and x.device.type == "cpu" and w.device.type == "cpu" \
+        and x.shape[0] * x.shape[1] * w.shape[0] >= SMALL_LINEAR and x.is_contiguous() \
+        and not (w.requires_grad and torch.is_grad_enabled()) and not changing_weight(w)
+
+
+def _pack(w: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T, contiguous: oneDNN's linear on the cached packed `w` where it serves."""
+    if _packed_ok(x, w):
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, cached_pack(w, (LINEAR_OP,), _pack(w)), None, "none", [], "")
+        return y
+    return torch.mm(x, w.t())
+
+
+def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
+    """The generated wrapper's call of the op (wrapper.register_binder)."""
+    if kw:
+        raise OpTypeError(f"{LINEAR_OP} takes no attributes")
+    return linear
+
+
+def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
+    return bind(kw)(*args)
+
+
+def _parameter_transpose(lw: _Lowering, b: Value) -> Value | None:
+    """The 2-d graph input `w` (a parameter as it is) that `b` is the transpose of, if so."""
+    lazy = lw.env.get(b)
+    if not isinstance(lazy, View) or lazy.index != (ivar(1), ivar(0)):
+        return None
+    w = lazy.src
+    wt = w.type
+    if w not in lw.g.params or lw.env.get(w, w) is not w or not isinstance(wt, TensorType) \
+            or wt.rank != 2 or wt.dtype != DType.f32 \
+            or not all(isinstance(d, int) for d in wt.shape):
+        return None
+    return w
+
+
+def lower_matmul(lw: _Lowering, n: Node) -> None:
+    """`prims.matmul(x, w.T)` with `w` a 2-d f32 parameter: `loop.linear_packed`; any other
+    matmul: the plain extern."""
+    x, b = n.args[0], n.args[1]
+    # a training forward (values saved for its backward) keeps torch.mm: its weights change
+    # every step, so each pack would serve one call
+    w = _parameter_transpose(lw, b) if "saved" not in lw.g.attrs \
+        and isinstance(b, Value) and isinstance(x, Value) \
+        and isinstance(x.type, TensorType) and x.type.rank == 2 and len(n.results) == 1 \
+        and x.type.dtype == DType.f32 else None
+    if w is None:
+        lw.passthrough(n, n.op)
+        return
+    assert isinstance(x, Value)
+    res = n.results[0]
+    lw.b.taken.discard(res.name)
+    lw.env[res] = lw.b.emit("loop.extern", [lw.extern_operand(x), w], {"op": LINEAR_OP},
+                            types=[res.type], names=[res.name], loc=n.loc)[0]
+
+
+LINEAR_OPDEF = OpDef(LINEAR_OP, "x [M, K] times the transpose of a [N, K] weight; oneDNN's "
+                     "packed weight cached on the weight (an extern's op)", _infer, _run,
+                     aliasing="fresh")
+if default_registry().lookup(LINEAR_OP) is None:
+    default_registry().register(LINEAR_OPDEF)
+register_binder(LINEAR_OP, bind)
+
+__all__ = ["LINEAR_OP", "SMALL_LINEAR", "linear", "lower_matmul"]

@@ -1,0 +1,117 @@
+"""`loop.linear_packed` (targets/cpu/linear.py): `x @ w.T` for a parameter `w` on oneDNN's packed
+weight, cached on the weight and repacked when it changes; small products, training and other
+matmuls stay torch.mm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ember.inductor  # noqa: F401  (registers the CPU target)
+from ember.inductor.kernels import compile_module, compiled_runner
+from ember.inductor.targets.cpu import linear, packed
+from ember.ir import parse
+from ember.runtime.bench import ember_status
+from ember.runtime.compile import compile as ember_compile
+
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                  reason="oneDNN's packed weights need mkldnn")
+
+MATMULS = """ember.ir 1.0
+
+graph @f(%x: f32[64, 32], %w: f32[48, 32], %v: f32[32, 48]) -> (f32[64, 48], f32[64, 48], f32[64, 48]) {
+  %wt = prims.permute(%w, dims=[1, 0]) : f32[32, 48]
+  %a = prims.matmul(%x, %wt) : f32[64, 48]
+  %b = prims.matmul(%x, %v) : f32[64, 48]
+  %w2 = prims.mul(%w, 2.0) : f32[48, 32]
+  %w2t = prims.permute(%w2, dims=[1, 0]) : f32[32, 48]
+  %c = prims.matmul(%x, %w2t) : f32[64, 48]
+  return (%a, %b, %c)
+}
+"""
+
+
+def test_only_the_transpose_of_a_graph_input_weight_is_a_packed_linear() -> None:
+    """x @ w.T on the input w: the packed extern; x @ v (not transposed) and x @ (2w).T (a
+    computed weight, new every call): the plain matmul extern. All match torch."""
+    compiled = compile_module(parse(MATMULS))
+    ops = [n.kwargs["op"] for n in compiled.graph().nodes if n.op == "kernels.extern"
+           and n.kwargs["op"] in ("prims.matmul", linear.LINEAR_OP)]
+    assert ops == [linear.LINEAR_OP, "prims.matmul", "prims.matmul"]
+    g = torch.Generator().manual_seed(0)
+    x, w, v = (torch.randn(s, generator=g) for s in ([64, 32], [48, 32], [32, 48]))
+    got = compiled_runner(compiled)(None, [x, w, v]).outputs
+    for a, b in zip(got, [x @ w.T, x @ v, x @ (2 * w).T], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def _mlp() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    # 256x256x512 and 256x512x128 multiply-adds: packed; 256x128x4 (0.13M): below SMALL_LINEAR
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(),
+                               torch.nn.Linear(512, 128), torch.nn.ReLU(),
+                               torch.nn.Linear(128, 4)).eval()
+
+
+@needs_mkldnn
+def test_compiled_linears_match_eager_and_follow_weight_updates() -> None:
+    """Inference: the large products run on packed weights (cached), the small one on
+    torch.mm (not cached); an in-place update and a `.data` reassignment between calls are
+    picked up."""
+    net = _mlp()
+    x = torch.randn(4, 64, 256)
+    f = ember_compile(net)
+    big, mid, small = net[0], net[2], net[4]
+    assert isinstance(big, torch.nn.Linear) and isinstance(mid, torch.nn.Linear) \
+        and isinstance(small, torch.nn.Linear)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), net(x))
+        status = ember_status(f)
+        assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
+        assert [packed.is_cached(m.weight) for m in (big, mid, small)] == [True, True, False]
+        first = packed.cached_pack(big.weight, (linear.LINEAR_OP,), lambda: torch.empty(0))
+        big.weight.mul_(-0.5)  # an optimizer-like in-place step: repacked
+        torch.testing.assert_close(f(x), net(x))
+        assert packed.cached_pack(big.weight, (linear.LINEAR_OP,),
+                                  lambda: torch.empty(0)) is not first
+        mid.weight.data = torch.randn(128, 512)  # a new storage, same version counter
+        torch.testing.assert_close(f(x), net(x))
+
+
+@needs_mkldnn
+def test_training_runs_torch_mm_and_its_gradients_match_eager() -> None:
+    """A training forward (the joint graph's @forward) keeps the plain matmul extern: nothing
+    packed, and the gradients are eager's, step after step."""
+    net = _mlp().train()
+    ref = _mlp().train()
+    x = torch.randn(4, 64, 256)
+    f = ember_compile(net)
+    for _ in range(2):
+        for m in (net, ref):
+            m.zero_grad()
+        f(x).square().sum().backward()
+        ref(x).square().sum().backward()
+        assert not any(packed.is_cached(p) for p in net.parameters())
+        for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+            assert p.grad is not None and q.grad is not None
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-3)
+        with torch.no_grad():
+            for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+                assert p.grad is not None and q.grad is not None
+                p.sub_(0.1 * p.grad)
+                q.sub_(0.1 * q.grad)
+
+
+@needs_mkldnn
+def test_the_call_picks_onednn_by_size_and_operands() -> None:
+    """`linear.linear`: oneDNN (a cached pack) only for a large f32 product on a contiguous x
+    with a Parameter weight; every path is x @ w.T."""
+    w = torch.nn.Parameter(torch.randn(256, 128), requires_grad=False)
+    cases = [(torch.randn(64, 128), w, True),  # 2M multiply-adds
+             (torch.randn(8, 128), w, False),  # 0.26M: torch.mm
+             (torch.randn(128, 64).t(), w, False),  # not contiguous
+             (torch.randn(64, 128), w.detach().clone(), False)]  # not a Parameter
+    for x, wt, fast in cases:
+        packed._PACKS.pop(id(wt), None)
+        torch.testing.assert_close(linear.linear(x, wt), x @ wt.T)
+        assert packed.is_cached(wt) == fast
