@@ -137,7 +137,10 @@ FRESH_CASES: dict[str, list[Case]] = {
     # x @ w.T on oneDNN's packed Parameter w (CPU linear.py; torch.mm when small)
     "loop.linear_packed": [lambda: ([_r(3, 8), _r(5, 8)], {}),
                            lambda: ([_r(64, 128), torch.nn.Parameter(_r(256, 128),
-                                                                      requires_grad=False)], {})],
+                                                                      requires_grad=False)], {}),
+                           lambda: ([_r(64, 128), torch.nn.Parameter(_r(128, 256),
+                                                                      requires_grad=False)],
+                                    {"kn": True})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],
@@ -252,9 +255,11 @@ def test_fresh_results_never_share_an_operands_storage(name: str) -> None:
 
 # ---- the inductor reads aliasing ---------------------------------------------------------------
 
+# (a computed weight: on a graph-input weight the CPU target's matmul is its packed linear)
 CHAIN = """ember.ir 1.0
 
-graph @f(%x: f32[8, 16], %w: f32[16, 16]) -> (f32[8, 16]) {
+graph @f(%x: f32[8, 16], %u: f32[16, 16]) -> (f32[8, 16]) {
+  %w = prims.mul(%u, 2.0) : f32[16, 16]
   %a = prims.exp(%x) : f32[8, 16]
   %m = prims.matmul(%a, %w) : f32[8, 16]
   %b = prims.sin(%m) : f32[8, 16]

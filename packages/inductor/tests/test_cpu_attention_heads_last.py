@@ -10,6 +10,7 @@ import torch
 
 import ember.inductor  # noqa: F401
 from ember.inductor.kernels import compile_module, compiled_runner
+from ember.inductor.targets.cpu.linear import LINEAR_OP
 from ember.ir import parse
 
 # q, k, v split from one projection, attention, heads merged, output projection; the logsumexp
@@ -58,9 +59,10 @@ def test_heads_last_output_and_logsumexp_are_read_where_the_kernel_writes_them()
     assert ops[0] == "loop.attention_heads_last_cpu", ops
     assert externs[0].kwargs["kernel"] == \
         "aten._scaled_dot_product_flash_attention_for_cpu.default"
-    # between the attention and the output projection's GEMM: views only, no copy kernel
+    # between the attention and the output projection's GEMM (on the input weight: the
+    # packed linear, linear.py): views only, no copy kernel
     at, mm = nodes.index(externs[0]), nodes.index(next(n for n in externs
-                                                        if n.kwargs["op"] == "prims.matmul"))
+                                                        if n.kwargs["op"] == LINEAR_OP))
     assert not any(n.op == "kernels.call" for n in nodes[at:mm]), \
         [n.op for n in nodes[at:mm]]
     y, lse = compiled_runner(compiled)(None, [x, w]).outputs

@@ -31,13 +31,14 @@ graph @f(%x: f32[64, 32], %w: f32[48, 32], %v: f32[32, 48]) -> (f32[64, 48], f32
 """
 
 
-def test_only_the_transpose_of_a_graph_input_weight_is_a_packed_linear() -> None:
-    """x @ w.T on the input w: the packed extern; x @ v (not transposed) and x @ (2w).T (a
-    computed weight, new every call): the plain matmul extern. All match torch."""
+def test_only_a_graph_input_weight_is_a_packed_linear() -> None:
+    """x @ w.T on the input w: the packed extern; x @ v on the input v: the packed extern with
+    kn=true; x @ (2w).T (a computed weight, new every call): the plain matmul extern. All
+    match torch."""
     compiled = compile_module(parse(MATMULS))
-    ops = [n.kwargs["op"] for n in compiled.graph().nodes if n.op == "kernels.extern"
-           and n.kwargs["op"] in ("prims.matmul", linear.LINEAR_OP)]
-    assert ops == [linear.LINEAR_OP, "prims.matmul", "prims.matmul"]
+    ops = [(n.kwargs["op"], n.kwargs.get("kn")) for n in compiled.graph().nodes
+           if n.op == "kernels.extern" and n.kwargs["op"] in ("prims.matmul", linear.LINEAR_OP)]
+    assert ops == [(linear.LINEAR_OP, None), (linear.LINEAR_OP, True), ("prims.matmul", None)]
     g = torch.Generator().manual_seed(0)
     x, w, v = (torch.randn(s, generator=g) for s in ([64, 32], [48, 32], [32, 48]))
     got = compiled_runner(compiled)(None, [x, w, v]).outputs
@@ -75,6 +76,37 @@ def test_compiled_linears_match_eager_and_follow_weight_updates() -> None:
         assert packed.cached_pack(big.weight, (linear.LINEAR_OP,),
                                   lambda: torch.empty(0)) is not first
         mid.weight.data = torch.randn(128, 512)  # a new storage, same version counter
+        torch.testing.assert_close(f(x), net(x))
+
+
+class Conv1D(torch.nn.Module):
+    """GPT-2's linear: x @ w + b on an [in, out] weight (transformers' pytorch_utils.Conv1D)."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_in, n_out) * 0.05)
+        self.bias = torch.nn.Parameter(torch.randn(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
+        return y.reshape(*x.shape[:-1], -1)
+
+
+@needs_mkldnn
+def test_an_untransposed_weight_is_packed_from_its_transpose() -> None:
+    """Conv1D's x @ w: packed (kn=true), matches eager, an in-place update is picked up."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(Conv1D(256, 384), torch.nn.GELU(), Conv1D(384, 256)).eval()
+    x = torch.randn(2, 64, 256)
+    f = ember_compile(net)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), net(x))
+        status = ember_status(f)
+        assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
+        assert all(packed.is_cached(m.weight) for m in net if isinstance(m, Conv1D))
+        w = net[0].weight
+        assert isinstance(w, torch.nn.Parameter)
+        w.mul_(-2)
         torch.testing.assert_close(f(x), net(x))
 
 

@@ -1,6 +1,6 @@
 """The wrapper's view and allocation calls in their cheapest forms (wrapper.py): a transposed
-2-D operand is `.t()` (x.T @ w here: a transposed 2-D input on the right is the CPU target's
-packed linear, linear.py), other permutations take their dims as separate ints, a view at
+2-D operand is `.t()` (x.T @ w here: the right operand of a 2-D product, a graph input as
+it is or transposed, is the CPU target's packed linear, linear.py), other permutations take their dims as separate ints, a view at
 offset 0 from its base calls `as_strided` without an offset (torch then keeps the base's own, so an
 input that is itself a view at an offset is still read where it lies), and a kernel's output
 is allocated with its sizes as separate arguments."""

@@ -1,4 +1,4 @@
-"""`loop.linear_packed`: `x @ w.T` for a 2-d parameter `w`, on oneDNN's packed weight.
+"""`loop.linear_packed`: `x @ w.T` (or `x @ w`) for a 2-d parameter `w`, on oneDNN's packed weight.
 
 torch.mm (what eager's and torch.compile's linear call, here MKL's sgemm) took 2-2.5× the
 time of oneDNN's linear on a prepacked weight for the products of LeViT and Swin on this
@@ -9,13 +9,14 @@ forward (no `saved=` attribute: training keeps torch.mm, as eager does),
 
     %y = loop.extern(%x, %w, op="loop.linear_packed") : f32[M, N]
 
-on the raw [N, K] weight. The call runs oneDNN's linear on the packed `w`, cached per weight
-by packed.py's cache (`cached_pack`: repacked when the weight's version counter or data
+on the raw [N, K] weight; where the right operand is such a [K, N] input itself (GPT-2's
+`Conv1D`: `addmm(b, x, w)`), the same with kn=true (the pack is made from `w.T`). The call
+runs oneDNN's linear on the packed `w`, cached per weight by packed.py's cache (`cached_pack`: repacked when the weight's version counter or data
 pointer changes, Parameters only), where `w` is an `nn.Parameter` on the CPU in f32, `x` is
 contiguous, autograd does not need the product (grad mode off or `w` not requiring grad), the
 weight is not changing every call (`changing_weight`: training) and the product has at least
 SMALL_LINEAR multiply-adds (oneDNN's ~12 us per-call setup is more than a small product);
-otherwise it is `torch.mm(x, w.t())`, what the plain extern computes.
+otherwise it is `torch.mm(x, w.t())` (kn: `torch.mm(x, w)`), what the plain extern computes.
 """
 
 from __future__ import annotations
@@ -55,27 +56,41 @@ _ONEDNN = torch.backends.mkldnn.is_available() \
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def _kn(kw: Mapping[str, Any]) -> bool:
+    """The kn= attribute (false when absent); refuses any other attribute."""
+    kn = kw.get("kn", False)
+    if kn.__class__ is not bool or set(kw) - {"kn"}:
+        raise OpTypeError(f"{LINEAR_OP} takes x [M, K] and w [N, K] (kn=true: w [K, N]), "
+                          f"no other attributes")
+    return bool(kn)
+
+
 def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
-    if len(args) != 2 or kw:
-        raise OpTypeError(f"{LINEAR_OP} takes x [M, K] and w [N, K], no attributes")
+    kn = _kn(kw)
+    if len(args) != 2:
+        raise OpTypeError(f"{LINEAR_OP} takes x [M, K] and w [N, K] (kn=true: w [K, N])")
     x, w = args
     if not (isinstance(x, Value) and isinstance(w, Value) and isinstance(x.type, TensorType)
             and isinstance(w.type, TensorType) and x.type.rank == 2 and w.type.rank == 2
-            and x.type.dtype == w.type.dtype and x.type.shape[1] == w.type.shape[1]):
-        raise OpTypeError(f"{LINEAR_OP}: x [M, K] and w [N, K] of one dtype")
-    return [TensorType(x.type.dtype, (x.type.shape[0], w.type.shape[0]), None, x.type.device)]
+            and x.type.dtype == w.type.dtype and x.type.shape[1] == w.type.shape[1 - kn]):
+        raise OpTypeError(f"{LINEAR_OP}: x [M, K] and w [N, K] (kn=true: w [K, N]) of one dtype")
+    return [TensorType(x.type.dtype, (x.type.shape[0], w.type.shape[kn]), None, x.type.device)]
 
 
 def _packed_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """oneDNN's packed weight serves this call (module docstring)."""
     return _ONEDNN and isinstance(w, torch.nn.Parameter) and x.dtype == torch.float32 \
         and w.dtype == torch.float32 and x.device.type == "cpu" and w.device.type == "cpu" \
-        and x.shape[0] * x.shape[1] * w.shape[0] >= SMALL_LINEAR and x.is_contiguous() \
+        and x.shape[0] * w.numel() >= SMALL_LINEAR and x.is_contiguous() \
         and not (w.requires_grad and torch.is_grad_enabled()) and not changing_weight(w)
 
 
 def _pack(w: torch.Tensor) -> Callable[[], torch.Tensor]:
     return lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+
+
+def _pack_kn(w: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach().t().contiguous(), None)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -87,48 +102,61 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.mm(x, w.t())
 
 
+def linear_kn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w for a [K, N] `w` (GPT-2's Conv1D), as `linear` on its transpose, packed once."""
+    if _packed_ok(x, w):
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, cached_pack(w, (LINEAR_OP, "kn"), _pack_kn(w)), None, "none", [], "")
+        return y
+    return torch.mm(x, w)
+
+
 def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """The generated wrapper's call of the op (wrapper.register_binder)."""
-    if kw:
-        raise OpTypeError(f"{LINEAR_OP} takes no attributes")
-    return linear
+    return linear_kn if _kn(kw) else linear
 
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     return bind(kw)(*args)
 
 
-def _parameter_transpose(lw: _Lowering, b: Value) -> Value | None:
-    """The 2-d graph input `w` (a parameter as it is) that `b` is the transpose of, if so."""
+def _parameter_weight(lw: _Lowering, b: Value) -> tuple[Value, bool] | None:
+    """The 2-d graph input `w` (a parameter as it is) that `b` is the transpose of (w, False),
+    or is itself (b, True: kn=true), if so."""
     lazy = lw.env.get(b)
-    if not isinstance(lazy, View) or lazy.index != (ivar(1), ivar(0)):
+    if isinstance(lazy, View) and lazy.index == (ivar(1), ivar(0)):
+        w, kn = lazy.src, False
+    elif lazy is None:
+        w, kn = b, True
+    else:
         return None
-    w = lazy.src
     wt = w.type
     if w not in lw.g.params or lw.env.get(w, w) is not w or not isinstance(wt, TensorType) \
             or wt.rank != 2 or wt.dtype != DType.f32 \
             or not all(isinstance(d, int) for d in wt.shape):
         return None
-    return w
+    return w, kn
 
 
 def lower_matmul(lw: _Lowering, n: Node) -> None:
-    """`prims.matmul(x, w.T)` with `w` a 2-d f32 parameter: `loop.linear_packed`; any other
-    matmul: the plain extern."""
+    """`prims.matmul(x, w.T)` or `prims.matmul(x, w)` with `w` a 2-d f32 graph input:
+    `loop.linear_packed` (kn=true for the latter); any other matmul: the plain extern."""
     x, b = n.args[0], n.args[1]
     # a training forward (values saved for its backward) keeps torch.mm: its weights change
     # every step, so each pack would serve one call
-    w = _parameter_transpose(lw, b) if "saved" not in lw.g.attrs \
+    found = _parameter_weight(lw, b) if "saved" not in lw.g.attrs \
         and isinstance(b, Value) and isinstance(x, Value) \
         and isinstance(x.type, TensorType) and x.type.rank == 2 and len(n.results) == 1 \
         and x.type.dtype == DType.f32 else None
-    if w is None:
+    if found is None:
         lw.passthrough(n, n.op)
         return
     assert isinstance(x, Value)
+    w, kn = found
     res = n.results[0]
     lw.b.taken.discard(res.name)
-    lw.env[res] = lw.b.emit("loop.extern", [lw.extern_operand(x), w], {"op": LINEAR_OP},
+    kw: dict[str, Arg] = {"op": LINEAR_OP, **({"kn": True} if kn else {})}
+    lw.env[res] = lw.b.emit("loop.extern", [lw.extern_operand(x), w], kw,
                             types=[res.type], names=[res.name], loc=n.loc)[0]
 
 
@@ -139,4 +167,4 @@ if default_registry().lookup(LINEAR_OP) is None:
     default_registry().register(LINEAR_OPDEF)
 register_binder(LINEAR_OP, bind)
 
-__all__ = ["LINEAR_OP", "SMALL_LINEAR", "linear", "lower_matmul"]
+__all__ = ["LINEAR_OP", "SMALL_LINEAR", "linear", "linear_kn", "lower_matmul"]
