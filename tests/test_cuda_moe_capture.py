@@ -88,7 +88,9 @@ def test_checks_census_says_compiled_only_for_whole_graphs(sm90: None) -> None:
     cf(torch.randn(4, 8), torch.randn(8, 8))
     whole = checks.census(cf)
     assert whole["compiled"] is True and whole["kernels"] >= 1
-    assert whole["externs"].get("prims.matmul") == 1
+    # the product is the one extern (on CPU tensors the CPU target's packed linear, since
+    # `w` is a graph input)
+    assert sum(whole["externs"].values()) == 1, whole["externs"]
 
 
 def _only_a_break(x: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,9 @@ from ember.ir import Module, parse, verify
 from ember.ir.passes import run_pipeline
 from ember.testing.triton_mode import INTERPRETER_ONLY
 
-pytestmark = INTERPRETER_ONLY
+# the interpreted Triton target in the CPU's place: the graphs here are on CPU tensors, and the
+# CPU target's own rules (its packed linear for `x @ w.T`) would take the matmul first
+pytestmark = [INTERPRETER_ONLY, pytest.mark.usefixtures("triton_on_cpu")]
 
 PIPELINE = at.with_autotune("decompose,cse,dce,inductor-cuda-interpret")
 
