@@ -78,3 +78,27 @@ def test_plain_results_come_back_as_the_graph_made_them() -> None:
         assert got[0]._base is None
     e = c.entries[0]
     assert e.epilogue._plain is not None
+
+
+
+def test_the_fast_aliasing_path_never_rejects_by_itself() -> None:
+    """The aliasing check's fast path (only moved inputs' storages are read) answers only
+    "no alias". What it takes for an alias is decided by the full check: the cache below keeps
+    its address, but the record the fast path compares a moved `pos` with may be stale (a
+    freed storage's, its address reused by `pos`'s new storage, as happened to a recycled KV
+    cache one time in ten: a spurious recompilation). Here the record is made to name `pos`."""
+    def step(cache: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_fill_(0, pos, 1.0)
+        return cache.sum()
+
+    c = er.compile(step, backend="eager")
+    cache = torch.zeros(64)
+    for k in range(3):  # compiled, a full check, then one where only `pos` moved
+        c(cache, torch.tensor([k]))
+    ep = c.entries[0].epilogue
+    assert ep._stable is not None  # the fast path is armed
+    pos = torch.tensor([5])
+    s = pos.untyped_storage()
+    ep._stable_storages = frozenset({s._cdata, s.data_ptr()})  # a stale record naming `pos`
+    torch.testing.assert_close(c(cache, pos), cache.clone().index_fill_(0, pos, 1.0).sum())
+    assert len(c.entries) == 1 and not er.explain(c).recompilations

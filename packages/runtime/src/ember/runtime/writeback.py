@@ -75,7 +75,7 @@ class Epilogue:
             self.aliasing[i] == i for i in at)
         self._stable: Callable[[Sequence[int]], Any] | None = None  # the unmoved positions
         self._stable_ptrs: Any = None  # their addresses at the last full check
-        self._stable_storages: frozenset[int] = frozenset()
+        self._stable_storages: frozenset[int] = frozenset()  # their storages' base addresses
         self._moving: list[int] = []  # positions (among the tensors) that moved last time
         self._seen: list[int] | None = None  # all tensor addresses at the last full check
         # the output plan read per call: where every output is a distinct graph result, their
@@ -92,16 +92,20 @@ class Epilogue:
         # Storages are read only for inputs whose address moved since the last full check: a
         # decode step passes the same ~400 tensors every call but a new token-ids tensor, and
         # reading ~400 storages costs ~1 ms per call where their addresses cost ~50 us.
-        # (A tensor at the same address as before in another storage than before would need
-        # the allocator to have merged blocks under a live tensor: not assumed.)
+        # The fast path compares the moved inputs' storages by their memory (base address),
+        # not by the StorageImpl: an unmoved address may now be another tensor's (the old one
+        # freed, a new one allocated there, as a recycled cache is), and the freed StorageImpl's
+        # address taken by a moved input's new storage, which read as an alias (a spurious
+        # recompilation, one time in ten). Where it cannot tell, the full check decides.
         ts = self._tensors(inputs)
         ptrs = list(map(_DATA_PTR, ts))
         if ptrs == self._seen:
             return True
         if self._distinct and self._stable is not None and \
                 self._stable(ptrs) == self._stable_ptrs:
-            moved = [ts[j].untyped_storage()._cdata for j in self._moving]
-            return len(set(moved)) == len(moved) and self._stable_storages.isdisjoint(moved)
+            bases = [b for j in self._moving if (b := ts[j].untyped_storage().data_ptr())]
+            if len(set(bases)) == len(bases) and self._stable_storages.isdisjoint(bases):
+                return True
         ok = aliasing(inputs) == self.aliasing
         if ok and self._distinct:
             old = self._seen
@@ -112,8 +116,8 @@ class Epilogue:
             if self._moving and len(self._moving) <= 8 and still:
                 self._stable = _getter(still)
                 self._stable_ptrs = self._stable(ptrs)
-                self._stable_storages = frozenset(ts[j].untyped_storage()._cdata
-                                                  for j in still)
+                self._stable_storages = frozenset(
+                    b for j in still if (b := ts[j].untyped_storage().data_ptr()))
             else:
                 self._stable = None
         self._seen = ptrs if ok else None
