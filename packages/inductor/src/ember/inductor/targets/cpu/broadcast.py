@@ -16,11 +16,11 @@ per-channel value over an NCHW image) is hoisted by the C++ compiler and still f
 
 from __future__ import annotations
 
-import math
 import re
 
 from ember.inductor.indexing import index_text
-from ember.ir import Graph, Module, Node, Ref
+from ember.inductor.targets.cpu.veto import bound, numel, pointwise_pair
+from ember.ir import Graph, Module, Node
 
 _VAR = re.compile(r"\bi\d+\b")
 # the reader covers at least this many times the producer's elements
@@ -31,36 +31,22 @@ COSTLY = frozenset(f"prims.{op}" for op in (
     "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma"))
 
 
-def _numel(ranges: object) -> int | None:
-    if not isinstance(ranges, list) or not all(isinstance(d, int) for d in ranges):
-        return None  # symbolic sizes: no ratio to judge by
-    return math.prod(ranges)
-
-
-def _body(m: Module, n: Node) -> Graph | None:
-    ref = n.args[0] if n.args else None
-    g = m.items.get(ref.name) if isinstance(ref, Ref) else None
-    return g if isinstance(g, Graph) else None
-
-
 def broadcast_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
     """Why `producer` stays a kernel of its own rather than fusing into `consumer`, or None."""
-    if producer.op != "loop.pointwise" or consumer.op != "loop.pointwise" \
-            or len(producer.results) != 1:
+    pair = pointwise_pair(m, producer, consumer, ("loop.pointwise",))
+    if pair is None:
         return None
-    pn, cn = _numel(producer.kwargs.get("ranges")), _numel(consumer.kwargs.get("ranges"))
+    pn, cn = numel(producer.kwargs.get("ranges")), numel(consumer.kwargs.get("ranges"))
     if pn is None or cn is None or cn < BROADCAST * pn:
         return None
-    pbody, cbody = _body(m, producer), _body(m, consumer)
-    if pbody is None or cbody is None:
-        return None
+    pbody, cbody = pair
     costly = next((n.op for n in pbody.nodes if n.op in COSTLY), None)
     if costly is None:
         return None
     ranges = consumer.kwargs["ranges"]
     assert isinstance(ranges, list)
     r = producer.results[0]
-    params = {p for p, a in zip(cbody.params, consumer.args[1:], strict=False) if a is r}
+    params = bound(cbody, consumer.args[1:], {r})
     # the loop variables the producer's value moves with, and those some access moves along
     # contiguously: the output's last dim, each other load's last index (schedule-cpu puts
     # one of them innermost). Top-level loads only: a reduction's run per outer index.

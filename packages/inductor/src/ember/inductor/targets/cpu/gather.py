@@ -35,23 +35,12 @@ import math
 import sympy
 
 from ember.inductor.indexing import ivar, parse_index
-from ember.ir import Graph, Module, Node, Ref, Value
+from ember.inductor.targets.cpu.veto import bound, loop_body, numel, pointwise_pair
+from ember.ir import Graph, Module, Node, Value
 from ember.ir.expr import FloorDiv, PyMod
 
 # the reader evaluates each of the producer's elements at least this many times
 REPEATS = 2
-
-
-def _body(m: Module, n: Node) -> Graph | None:
-    ref = n.args[0] if n.args else None
-    g = m.items.get(ref.name) if isinstance(ref, Ref) else None
-    return g if isinstance(g, Graph) else None
-
-
-def _numel(ranges: object) -> int | None:
-    if not isinstance(ranges, list) or not all(isinstance(d, int) for d in ranges):
-        return None  # symbolic sizes: no count to judge by
-    return math.prod(ranges)
 
 
 def _gathers(body: Graph, inner: sympy.Symbol) -> str | None:
@@ -87,13 +76,12 @@ def _evaluations(m: Module, body: Graph, domain: int, mine: set[Value], reducing
             total += domain
             in_reduction |= reducing
         elif n.op == "loop.reduce":
-            sub = _body(m, n)
-            smine = set() if sub is None else {
-                p for p, a in zip(sub.params, n.args[1:], strict=False) if a in mine}
+            sub = loop_body(m, n)
+            smine = set() if sub is None else bound(sub, n.args[1:], mine)
             if sub is None or not smine:
                 continue
             ranges, reduce = n.kwargs.get("ranges"), n.kwargs.get("reduce_ranges")
-            sub_domain = _numel([*ranges, *reduce]) if isinstance(ranges, list) \
+            sub_domain = numel([*ranges, *reduce]) if isinstance(ranges, list) \
                 and isinstance(reduce, list) else None
             got = None if sub_domain is None else _evaluations(m, sub, sub_domain, smine, True)
             if got is None:
@@ -121,14 +109,12 @@ def _spread(body: Graph, ranges: list[object], mine: set[Value]) -> int:
 
 def gather_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
     """Why `producer` stays a kernel of its own rather than fusing into `consumer`, or None."""
-    if producer.op != "loop.pointwise" or len(producer.results) != 1 \
-            or consumer.op not in ("loop.pointwise", "loop.reduction"):
+    pair = pointwise_pair(m, producer, consumer)
+    if pair is None:
         return None
-    pbody, cbody = _body(m, producer), _body(m, consumer)
-    if pbody is None or cbody is None:
-        return None
+    pbody, cbody = pair
     pranges = producer.kwargs.get("ranges")
-    pn = _numel(pranges)
+    pn = numel(pranges)
     if not pn or not isinstance(pranges, list):
         return None
     what = _gathers(pbody, ivar(len(pranges) - 1))
@@ -136,11 +122,11 @@ def gather_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | No
     reduce = consumer.kwargs.get("reduce_ranges", [])
     if what is None or not isinstance(ranges, list) or not isinstance(reduce, list):
         return None
-    cn = _numel([*ranges, *reduce])
+    cn = numel([*ranges, *reduce])
     if cn is None:
         return None
     r = producer.results[0]
-    mine = {p for p, a in zip(cbody.params, consumer.args[1:], strict=False) if a is r}
+    mine = bound(cbody, consumer.args[1:], {r})
     got = _evaluations(m, cbody, cn, mine, consumer.op == "loop.reduction")
     # a pointwise reader's loops are split where the indices divide them and cut at a
     # concatenation's break points (splitloops.py), a reduction's passes are not: a reader

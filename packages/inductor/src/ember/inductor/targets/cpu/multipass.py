@@ -20,16 +20,11 @@ one pass only (`sum(exp(x))`, a plain pointwise reader) still fuses.
 from __future__ import annotations
 
 from ember.inductor.targets.cpu.broadcast import COSTLY as _BROADCAST_COSTLY
-from ember.ir import Graph, Module, Node, Ref, Value
+from ember.inductor.targets.cpu.veto import bound, loop_body, pointwise_pair
+from ember.ir import Graph, Module, Node, Value
 
 # sqrt/rsqrt of a per-row value read per element (a normalisation's xhat) stay recomputed
 COSTLY = _BROADCAST_COSTLY - {"prims.sqrt", "prims.rsqrt"}
-
-
-def _body(m: Module, n: Node) -> Graph | None:
-    ref = n.args[0] if n.args else None
-    g = m.items.get(ref.name) if isinstance(ref, Ref) else None
-    return g if isinstance(g, Graph) else None
 
 
 def _passes(m: Module, body: Graph, mine: set[Value], out: set[str]) -> None:
@@ -39,28 +34,25 @@ def _passes(m: Module, body: Graph, mine: set[Value], out: set[str]) -> None:
         if n.op == "loop.load" and n.args and n.args[0] in mine:
             out.add(body.name)
         elif n.op == "loop.reduce":
-            sub = _body(m, n)
-            smine = set() if sub is None else {
-                p for p, a in zip(sub.params, n.args[1:], strict=False) if a in mine}
+            sub = loop_body(m, n)
+            smine = set() if sub is None else bound(sub, n.args[1:], mine)
             if sub is not None and smine:
                 _passes(m, sub, smine, out)
 
 
 def multipass_veto(m: Module, g: Graph, producer: Node, consumer: Node) -> str | None:
     """Why `producer` stays a kernel of its own rather than fusing into `consumer`, or None."""
-    if producer.op != "loop.pointwise" or len(producer.results) != 1 \
-            or consumer.op not in ("loop.pointwise", "loop.reduction"):
+    pair = pointwise_pair(m, producer, consumer)
+    if pair is None:
         return None
-    pbody, cbody = _body(m, producer), _body(m, consumer)
-    if pbody is None or cbody is None:
-        return None
+    pbody, cbody = pair
     costly = next((n.op for n in pbody.nodes if n.op in COSTLY), None)
     # a producer holding a reduction (softmax's exp(x - max)) is a normalisation's own chain:
     # codegen computes softmax's exp once (the sum's pass stores it, cppkernel.py)
     if costly is None or any(n.op == "loop.reduce" for n in pbody.nodes):
         return None
     r = producer.results[0]
-    mine = {p for p, a in zip(cbody.params, consumer.args[1:], strict=False) if a is r}
+    mine = bound(cbody, consumer.args[1:], {r})
     passes: set[str] = set()
     _passes(m, cbody, mine, passes)
     if len(passes) > 1:
