@@ -1,8 +1,10 @@
-"""A tiny Hugging Face model's decode step for the CUDA target's decode tests (cache-inplace,
-decode-gemv), shared by test_cuda_cache_inplace.py and test_cuda_gemv_group.py: the step
-captured with its static cache, the CUDA externs' lowering rules on the CPU target, the front of
-the CUDA pipeline up to the decode passes, and runs of a compiled module from one snapshot of
-the step's inputs (the caches are written in place)."""
+"""Decode steps for the `cache-inplace` and decode tests of both targets
+(test_cpu_cache_inplace.py, test_cuda_cache_inplace.py, test_cuda_gemv_group.py): a toy static
+cache's update and its inputs, captured with the cache as an updated input; a tiny Hugging Face
+model's decode step captured with its static cache, the CUDA externs' lowering rules on the CPU
+target, the front of the CUDA pipeline up to the decode passes, and runs of a compiled module
+from one snapshot of the step's inputs (the caches are written in place). The fixture counting
+the in-place op's runs, `inplace_runs`, is conftest.py's."""
 
 from __future__ import annotations
 
@@ -20,6 +22,44 @@ from ember.runtime.writeback import backend_module
 
 # the CUDA pipeline's front with the decode attention extern (cache-inplace{attention=true})
 DECODE_FRONT = "cuda-attention,matmul-lowp,cache-inplace{attention=true},dce"
+
+# the toy cache: [batch, heads, length, head dim]
+B, H, S, E = 2, 3, 6, 4
+
+
+def cache_step(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """A static cache's update (transformers' StaticCache: index_copy_ along the length dim),
+    then attention-like reads of the updated cache."""
+    cache.index_copy_(2, pos, k)
+    return torch.softmax(cache.sum(-1) * 0.5, -1)
+
+
+def cache_step_reading_old(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor
+                           ) -> torch.Tensor:
+    old = cache.sum(-1)  # the old value is read: the rows cannot be written in place
+    cache.index_copy_(2, pos, k)
+    return cache.sum(-1) - old
+
+
+def cache_inputs(at: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cache, the new row, its position `at`), random but fixed by `at`."""
+    g = torch.Generator().manual_seed(at)
+    return (torch.randn(B, H, S, E, generator=g), torch.randn(B, H, 1, E, generator=g),
+            torch.tensor([at]))
+
+
+def captured(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Captured:
+    """`fn` captured without grad; it must update an input (the cache)."""
+    with torch.no_grad():
+        c = capture(fn, args, kwargs or {})
+    assert isinstance(c, Captured) and c.updates, c
+    return c
+
+
+def externs(m: Module) -> list[str]:
+    """The ops of m's extern calls, in order."""
+    return [str(n.kwargs.get("op")) for g in m.graphs.values() for n in g.nodes
+            if n.op == "kernels.extern"]
 
 
 def last_decode_step(model: Any, ids: torch.Tensor, new: int
@@ -43,10 +83,7 @@ def last_decode_step(model: Any, ids: torch.Tensor, new: int
     cache: Any = kwargs.get("past_key_values", kwargs.get("cache"))  # (the name by version)
     for layer in cache.layers:  # the last step again: its slot, not one past the end
         layer.cumulative_length.sub_(1)
-    with torch.no_grad():
-        c = capture(model.forward, args, kwargs)
-    assert isinstance(c, Captured) and c.updates, c
-    return c, real, args, kwargs
+    return captured(model.forward, args, kwargs), real, args, kwargs
 
 
 def cuda_rules_on_cpu(monkeypatch: pytest.MonkeyPatch, rules: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ the values, the cache tensors after the call, and that the graph returns the cac
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +20,6 @@ pytest.importorskip("triton", reason="the Triton target's tests need the triton 
 
 import ember.inductor  # noqa: F401
 import ember.runtime as er
-from ember.capture import Captured, capture
 from ember.inductor.backend import compiled_runner
 from ember.inductor.targets import Target, targets
 from ember.inductor.targets.cuda import FRONT, inplace
@@ -32,16 +30,19 @@ from ember.runtime.writeback import REPLACED_INPUTS, backend_module
 from ember.testing.triton_mode import INTERPRETER_ONLY
 from packages.inductor.tests.decode_steps import (
     DECODE_FRONT,
+    S,
+    cache_inputs,
+    cache_step,
+    cache_step_reading_old,
+    captured,
     cuda_rules_on_cpu,
+    externs,
     last_decode_step,
     run_from,
     snapshot,
 )
 
 pytestmark = INTERPRETER_ONLY
-
-B, H, S, E = 2, 3, 6, 4
-
 
 @pytest.fixture
 def cpu_rules(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,91 +51,39 @@ def cpu_rules(monkeypatch: pytest.MonkeyPatch) -> None:
                         inplace.lower_inplace)
 
 
-@pytest.fixture
-def spy() -> Iterator[list[bool]]:
-    """Per run of the in-place op: whether its result was its input tensor itself."""
-    reg = default_registry()
-    real = reg.lookup(inplace.OP)
-    assert real is not None
-    seen: list[bool] = []
-
-    def run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
-        out = real.reference(interp, args, kw)
-        seen.append(out is args[0])
-        return out
-    reg.unregister(inplace.OP)
-    reg.register(dataclasses.replace(real, reference=run))
-    try:
-        yield seen
-    finally:
-        reg.unregister(inplace.OP)
-        reg.register(real)
-
-
-def step(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """A static cache's update (transformers' StaticCache: index_copy_ along the length dim),
-    then attention-like reads of the updated cache."""
-    cache.index_copy_(2, pos, k)
-    return torch.softmax(cache.sum(-1) * 0.5, -1)
-
-
-def step_reading_old(cache: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    old = cache.sum(-1)  # the old value is read: the rows cannot be written in place
-    cache.index_copy_(2, pos, k)
-    return cache.sum(-1) - old
-
-
-def inputs(at: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(at)
-    return (torch.randn(B, H, S, E, generator=g), torch.randn(B, H, 1, E, generator=g),
-            torch.tensor([at]))
-
-
-def captured(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Captured:
-    with torch.no_grad():
-        c = capture(fn, args, kwargs or {})
-    assert isinstance(c, Captured) and c.updates, c
-    return c
-
-
 def compiled(fn: Any, args: tuple[torch.Tensor, ...]) -> Module:
     m = backend_module(captured(fn, args))
     assert m.graph().attrs[REPLACED_INPUTS] == [[0, 1]]
     return run_pipeline(m, f"{FRONT},inductor-cuda-interpret")
 
 
-def externs(m: Module) -> list[str]:
-    return [str(n.kwargs.get("op")) for g in m.graphs.values() for n in g.nodes
-            if n.op == "kernels.extern"]
-
-
 def test_rows_written_in_place_and_the_cache_returned(cpu_rules: None,
-                                                      spy: list[bool]) -> None:
-    args = inputs()
-    m = compiled(step, args)
+                                                      inplace_runs: list[bool]) -> None:
+    args = cache_inputs()
+    m = compiled(cache_step, args)
     ops = externs(m)
     assert ops.count(inplace.OP) == 1 and "prims.scatter" not in ops, ops
     want_cache = args[0].clone()
-    want = step(want_cache, args[1], args[2])
+    want = cache_step(want_cache, args[1], args[2])
     cache = args[0].clone()
     got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
     assert got[1] is cache  # the graph returns the input itself: no write-back to do
-    assert spy == [True]
+    assert inplace_runs == [True]
     torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
     torch.testing.assert_close(got[0], want)
 
 
 def test_kept_where_the_old_value_is_read(cpu_rules: None,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    args = inputs()
-    c = captured(step_reading_old, args)
+    args = cache_inputs()
+    c = captured(cache_step_reading_old, args)
     m = run_pipeline(backend_module(c), f"{FRONT},cache-inplace{{explain=true}}")
     assert "the input's old value is read by other nodes" in capsys.readouterr().err
     assert not any(n.op == inplace.OP for n in m.graph().nodes)
     m = run_pipeline(backend_module(c), f"{FRONT},inductor-cuda-interpret")
     assert inplace.OP not in externs(m)
     want_cache = args[0].clone()
-    want = step_reading_old(want_cache, args[1], args[2])
+    want = cache_step_reading_old(want_cache, args[1], args[2])
     cache = args[0].clone()
     got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
     torch.testing.assert_close(cache, args[0], rtol=0, atol=0)  # pure: the runtime writes back
@@ -143,7 +92,7 @@ def test_kept_where_the_old_value_is_read(cpu_rules: None,
 
 
 def test_a_graph_without_replaced_inputs_stays_pure(cpu_rules: None) -> None:
-    c = captured(step, inputs())
+    c = captured(cache_step, cache_inputs())
     m = run_pipeline(c.module.clone(), f"{FRONT},cache-inplace")  # input_updates: no promise
     assert not any(n.op == inplace.OP for n in m.graph().nodes)
 
@@ -156,23 +105,24 @@ def triton_cpu(triton_on_cpu: Target, monkeypatch: pytest.MonkeyPatch) -> Target
 
 
 def test_compile_updates_the_callers_cache_each_call(triton_cpu: Target,
-                                                     spy: list[bool]) -> None:
+                                                     inplace_runs: list[bool]) -> None:
     """Through compile(): each call writes its row into the caller's tensor (which the runtime's
     write-back then leaves alone), as eager does, call after call."""
-    cf = er.compile(step)
-    cache, want_cache = inputs()[0], inputs()[0].clone()
+    cf = er.compile(cache_step)
+    cache, want_cache = cache_inputs()[0], cache_inputs()[0].clone()
     for at in range(S):
-        _, k, pos = inputs(at)
+        _, k, pos = cache_inputs(at)
         with torch.no_grad():
             got = cf(cache, k, pos)
-        want = step(want_cache, k, pos)
+        want = cache_step(want_cache, k, pos)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
-    assert spy and all(spy), spy
+    assert inplace_runs and all(inplace_runs), inplace_runs
     assert er.explain(cf).fallbacks == []
 
 
-def test_static_cache_generate_matches_eager(triton_cpu: Target, spy: list[bool]) -> None:
+def test_static_cache_generate_matches_eager(triton_cpu: Target,
+                                             inplace_runs: list[bool]) -> None:
     """A tiny GPT-NeoX's greedy generate() with a static cache: eager's tokens, each decode
     step writing its 2 layers x (keys, values) rows in place."""
     pytest.importorskip("transformers")
@@ -183,7 +133,8 @@ def test_static_cache_generate_matches_eager(triton_cpu: Target, spy: list[bool]
     want, got = generate_with(model, cf, ids, max_new_tokens=4, do_sample=False, pad_token_id=0,
                               cache_implementation="static")
     assert torch.equal(got, want)
-    assert spy and len(spy) % 4 == 0 and all(spy), spy
+    runs = inplace_runs
+    assert runs and len(runs) % 4 == 0 and all(runs), runs
     assert er.explain(cf).fallbacks == []
 
 
