@@ -31,6 +31,10 @@ Correct = `torch.testing.assert_close(compiled, eager, rtol=1e-3, atol=1e-3 * ma
 equal_nan=True)` on the logits (or last hidden state) — an absolute tolerance relative to the
 output's scale, since random-weight deep nets have outputs of very different magnitudes.
 
+`--realtime` (the census mode for `--threads 2` on this shared 2-core machine) runs the warm-up
+and timed calls with all of the worker's threads under SCHED_FIFO (benchmarks/realtime.py), the
+compiles under the normal scheduler: a 2-thread call is otherwise mostly waiting for its cores.
+
 `--budget` stops starting models when the time is spent (a running model's timeout is cut to
 what is left) and the results (`zoo-<date>-<tag>.json` and `.md` in --out) are rewritten after
 every model, so a run cut short still leaves a report. Models whose library does not import are
@@ -68,6 +72,7 @@ if (ROOT / ".devlibs").is_dir():  # `bytecode` carried to a machine with no inde
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from realtime import realtime  # noqa: E402
 from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size, tm  # noqa: E402
 
 COMPILERS = ("torch.compile", "ember")
@@ -254,7 +259,7 @@ def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float
 
 def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
            warm: bool, check_only: bool = False, ember_backend: str = "inductor",
-           clock_name: str = "wall") -> int:
+           clock_name: str = "wall", rt: bool = False) -> int:
     clock = CLOCKS[clock_name]
     try:
         import importlib
@@ -316,24 +321,27 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
                 emit("compile_error", who=who, error=_short(e))
         if check_only:
             return 0
-        for n, f in list(runs.items()):
-            try:
-                for _ in range(2):
-                    f(*args)
-            except Exception as e:  # noqa: BLE001
-                emit("run_error", who=n, error=_short(e))
-                del runs[n]
-        number = _calibrate(fn, args, 0.005, clock)
-        samples: dict[str, list[float]] = {n: [] for n in runs}
-        names = list(runs)
-        for r in range(reps):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
-                f = runs[n]
-                t = clock()
-                for _ in range(number):
-                    f(*args)
-                samples[n].append((clock() - t) / number * 1e3)
+        with realtime(rt) as not_rt:  # (benchmarks/realtime.py: the timed calls only)
+            if rt and not_rt:
+                emit("note", text=f"--realtime: timed under the normal scheduler: {not_rt}")
+            for n, f in list(runs.items()):
+                try:
+                    for _ in range(2):
+                        f(*args)
+                except Exception as e:  # noqa: BLE001
+                    emit("run_error", who=n, error=_short(e))
+                    del runs[n]
+            number = _calibrate(fn, args, 0.005, clock)
+            samples: dict[str, list[float]] = {n: [] for n in runs}
+            names = list(runs)
+            for r in range(reps):
+                k = r % len(names)
+                for n in names[k:] + names[:k]:
+                    f = runs[n]
+                    t = clock()
+                    for _ in range(number):
+                        f(*args)
+                    samples[n].append((clock() - t) / number * 1e3)
         timings = {}
         for n, s in samples.items():
             q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
@@ -371,6 +379,8 @@ def record_of(model: Model, events: list[dict[str, Any]]) -> dict[str, Any]:
         elif kind == "timed":
             for who, t in ev["timings"].items():
                 con.setdefault(who, {}).update(t)
+        elif kind == "note":
+            rec.setdefault("notes", []).append(ev["text"])
     return rec
 
 
@@ -397,7 +407,8 @@ def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdi
            "--events", str(ev_path), "--threads", str(a.threads), "--reps", str(a.reps),
            "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
         + ([] if a.warm else ["--no-warm"]) + (["--check-only"] if a.check_only else []) \
-        + ["--ember-backend", a.ember_backend, "--clock", a.clock]
+        + ["--ember-backend", a.ember_backend, "--clock", a.clock] \
+        + (["--realtime"] if a.realtime else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
 
     def pin() -> None:  # (inherited by g++ and inductor's compile workers)
@@ -620,6 +631,7 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
             for key in ("breaks", "fallbacks", "eager_graphs", "reference"):
                 notes += [f"{w} {key[:-1] if key != 'reference' else 'reference op'}: {x}"
                           for x in info.get(key, [])]
+        notes += r.get("notes", [])
         if r.get("built") and not r["built"].get("eager_finite", True):
             notes.append("note: eager's output has non-finite values")
         if notes:
@@ -648,11 +660,12 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             "slots": slots(a), "tiny": a.tiny, "shard": a.shard,
             "check_only": a.check_only, "ember_backend": a.ember_backend,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
-            "clock": a.clock,
+            "clock": a.clock, "realtime": a.realtime,
             "method": f"each model in its own process; {a.reps} interleaved repetitions per "
                       f"contender (round robin, order rotating), median ms of "
                       + ("the calling thread's CPU time (time.thread_time) per call; " if
                          a.clock == "thread" else "wall time per call; ")
+                      + ("timed calls under SCHED_FIFO (--realtime); " if a.realtime else "")
                       + f"cold s = first call "
                       f"with empty caches in a fresh process (wall; CPU = the process, its "
                       f"children and its live descendants), warm s = first call of a new "
@@ -750,6 +763,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="time calls by wall time, or by the calling thread's CPU time "
                          "(thread: for a loaded machine, with --threads 1)")
+    ap.add_argument("--realtime", action="store_true",
+                    help="time the calls with the worker's threads under SCHED_FIFO (a shared "
+                         "machine at --threads > 1: benchmarks/realtime.py; needs root)")
     ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
     ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
     ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
@@ -769,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
         m = model_named(a.worker)
         assert m is not None, a.worker
         return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
-                      a.warm, a.check_only, a.ember_backend, a.clock)
+                      a.warm, a.check_only, a.ember_backend, a.clock, a.realtime)
     models = select(a)
     if a.list:
         for m in models:
