@@ -56,6 +56,59 @@ def captured(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = Non
     return c
 
 
+def check_cache_step(m: Module, fn: Any, args: tuple[torch.Tensor, ...], in_place: bool) -> None:
+    """m (compiled from `fn`, a cache step) run on a copy of `args`' cache against eager `fn`:
+    the value, and the cache bit for bit. `in_place`: the graph writes the cache tensor itself
+    and returns it (no write-back to do); otherwise it leaves the cache as it was (pure: the
+    runtime writes the result back) and returns the updated cache as a new value."""
+    want_cache = args[0].clone()
+    want = fn(want_cache, *args[1:])
+    cache = args[0].clone()
+    got = compiled_runner(m)(None, [cache, *args[1:]]).outputs
+    if in_place:
+        assert got[1] is cache
+        torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(cache, args[0], rtol=0, atol=0)
+        torch.testing.assert_close(got[1], want_cache, rtol=0, atol=0)
+    torch.testing.assert_close(got[0], want)
+
+
+def check_compiled_cache_calls(runs: list[bool]) -> None:
+    """compile()'s `cache_step`, called at each of the cache's positions: each call writes its
+    row into the caller's tensor (which the runtime's write-back then leaves alone), as eager
+    does, call after call; `runs` (conftest.py's `inplace_runs`) saw one in-place run a call."""
+    import ember.runtime as er
+    cf = er.compile(cache_step)
+    cache, want_cache = cache_inputs()[0], cache_inputs()[0].clone()
+    for at in range(S):
+        _, k, pos = cache_inputs(at)
+        with torch.no_grad():
+            got = cf(cache, k, pos)
+        want = cache_step(want_cache, k, pos)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    assert len(runs) == S and all(runs), runs
+    assert er.explain(cf).fallbacks == []
+
+
+def check_static_generate(name: str, new: int, runs: list[bool]) -> None:
+    """The tiny HF model `name`'s greedy generate() of `new` tokens with a static cache through
+    its compiled forward: eager's tokens, every decode step writing each of its 2 layers' key
+    and value rows in place (`runs`: conftest.py's `inplace_runs`), no fallback."""
+    pytest.importorskip("transformers")
+    import ember.runtime as er
+    from ember.runtime.testing import generate_with, tiny_hf_model
+    model: Any = tiny_hf_model(name)[0]
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    cf = er.compile(model.forward)
+    want, got = generate_with(model, cf, ids, max_new_tokens=new, do_sample=False,
+                              pad_token_id=0, cache_implementation="static")
+    assert torch.equal(got, want)
+    assert runs and len(runs) % 4 == 0 and all(runs), runs  # 2 layers x (keys, values) a step
+    assert er.explain(cf).fallbacks == []
+
+
 def externs(m: Module) -> list[str]:
     """The ops of m's extern calls, in order."""
     return [str(n.kwargs.get("op")) for g in m.graphs.values() for n in g.nodes

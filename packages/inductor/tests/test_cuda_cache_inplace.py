@@ -30,11 +30,13 @@ from ember.runtime.writeback import REPLACED_INPUTS, backend_module
 from ember.testing.triton_mode import INTERPRETER_ONLY
 from packages.inductor.tests.decode_steps import (
     DECODE_FRONT,
-    S,
     cache_inputs,
     cache_step,
     cache_step_reading_old,
     captured,
+    check_cache_step,
+    check_compiled_cache_calls,
+    check_static_generate,
     cuda_rules_on_cpu,
     externs,
     last_decode_step,
@@ -63,14 +65,8 @@ def test_rows_written_in_place_and_the_cache_returned(cpu_rules: None,
     m = compiled(cache_step, args)
     ops = externs(m)
     assert ops.count(inplace.OP) == 1 and "prims.scatter" not in ops, ops
-    want_cache = args[0].clone()
-    want = cache_step(want_cache, args[1], args[2])
-    cache = args[0].clone()
-    got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
-    assert got[1] is cache  # the graph returns the input itself: no write-back to do
+    check_cache_step(m, cache_step, args, in_place=True)
     assert inplace_runs == [True]
-    torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
-    torch.testing.assert_close(got[0], want)
 
 
 def test_kept_where_the_old_value_is_read(cpu_rules: None,
@@ -82,13 +78,7 @@ def test_kept_where_the_old_value_is_read(cpu_rules: None,
     assert not any(n.op == inplace.OP for n in m.graph().nodes)
     m = run_pipeline(backend_module(c), f"{FRONT},inductor-cuda-interpret")
     assert inplace.OP not in externs(m)
-    want_cache = args[0].clone()
-    want = cache_step_reading_old(want_cache, args[1], args[2])
-    cache = args[0].clone()
-    got = compiled_runner(m)(None, [cache, args[1], args[2]]).outputs
-    torch.testing.assert_close(cache, args[0], rtol=0, atol=0)  # pure: the runtime writes back
-    torch.testing.assert_close(got[1], want_cache, rtol=0, atol=0)
-    torch.testing.assert_close(got[0], want)
+    check_cache_step(m, cache_step_reading_old, args, in_place=False)
 
 
 def test_a_graph_without_replaced_inputs_stays_pure(cpu_rules: None) -> None:
@@ -108,34 +98,14 @@ def test_compile_updates_the_callers_cache_each_call(triton_cpu: Target,
                                                      inplace_runs: list[bool]) -> None:
     """Through compile(): each call writes its row into the caller's tensor (which the runtime's
     write-back then leaves alone), as eager does, call after call."""
-    cf = er.compile(cache_step)
-    cache, want_cache = cache_inputs()[0], cache_inputs()[0].clone()
-    for at in range(S):
-        _, k, pos = cache_inputs(at)
-        with torch.no_grad():
-            got = cf(cache, k, pos)
-        want = cache_step(want_cache, k, pos)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
-    assert inplace_runs and all(inplace_runs), inplace_runs
-    assert er.explain(cf).fallbacks == []
+    check_compiled_cache_calls(inplace_runs)
 
 
 def test_static_cache_generate_matches_eager(triton_cpu: Target,
                                              inplace_runs: list[bool]) -> None:
     """A tiny GPT-NeoX's greedy generate() with a static cache: eager's tokens, each decode
     step writing its 2 layers x (keys, values) rows in place."""
-    pytest.importorskip("transformers")
-    from ember.runtime.testing import generate_with, tiny_hf_model
-    model: Any = tiny_hf_model("neox")[0]
-    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(1))
-    cf = er.compile(model.forward)
-    want, got = generate_with(model, cf, ids, max_new_tokens=4, do_sample=False, pad_token_id=0,
-                              cache_implementation="static")
-    assert torch.equal(got, want)
-    runs = inplace_runs
-    assert runs and len(runs) % 4 == 0 and all(runs), runs
-    assert er.explain(cf).fallbacks == []
+    check_static_generate("neox", 4, inplace_runs)
 
 
 def test_bad_operands_are_a_type_error() -> None:
