@@ -213,6 +213,16 @@ def _no_grad() -> Iterator[None]:
         yield
 
 
+def _compiled(m: Net, x: torch.Tensor) -> tuple[Any, CompiledFunction, Any]:
+    """`m` compiled (eager backend) and called once on `x`, eager's value: the compiled module,
+    its compiled function and the one entry's code."""
+    c = er.compile(m, backend="eager")
+    assert_same(m(x), c(x))
+    cf = c.compiled
+    assert isinstance(cf, CompiledFunction)
+    return c, cf, cf.entries[0].code
+
+
 @pytest.mark.parametrize("change, reason", [
     (lambda m: setattr(m.config, "mode", "none"), "self.config.mode is 'none'"),
     (lambda m: setattr(m.config, "eps", 1e-6), "self.config.eps is 1e-06"),
@@ -222,13 +232,8 @@ def _no_grad() -> Iterator[None]:
     (lambda m: torch.set_grad_enabled(True), "torch.is_grad_enabled() is False"),
 ])
 def test_compiled_check_is_the_program_and_recompiles(change: Any, reason: str) -> None:
-    m = Net()
-    c = er.compile(m, backend="eager")
-    x = torch.randn(2, 3)
-    assert_same(m(x), c(x))
-    cf = c.compiled
-    assert isinstance(cf, CompiledFunction)
-    code = cf.entries[0].code
+    m, x = Net(), torch.randn(2, 3)
+    c, cf, code = _compiled(m, x)
     assert type(code.guard) is guardvm.machine().Program
     change(m)
     assert_same(m(x), c(x))
@@ -239,13 +244,8 @@ def test_compiled_check_is_the_program_and_recompiles(change: Any, reason: str) 
 
 def test_without_the_machine_the_check_stays_python(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(guardvm, "machine", lambda: None)
-    m = Net()
-    c = er.compile(m, backend="eager")
-    x = torch.randn(2, 3)
-    assert_same(m(x), c(x))
-    cf = c.compiled
-    assert isinstance(cf, CompiledFunction)
-    code = cf.entries[0].code
+    m, x = Net(), torch.randn(2, 3)
+    c, _, code = _compiled(m, x)
     assert isinstance(code.guard, types.FunctionType) and code.guard is not code.full
     m.config.mode = "none"
     assert_same(m(x), c(x))
