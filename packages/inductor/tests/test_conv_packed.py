@@ -11,7 +11,7 @@ import torch
 import ember.inductor  # noqa: F401  (registers the CPU target)
 from ember.inductor.kernels import compile_module, compiled_runner
 from ember.inductor.targets.cpu import packed
-from ember.ir import OpTypeError, parse
+from ember.ir import Module, Node, OpTypeError, parse
 from ember.runtime.bench import ember_status
 from ember.runtime.compile import compile as ember_compile
 
@@ -27,6 +27,7 @@ def _net() -> torch.nn.Sequential:
     with torch.no_grad():
         bn = net[1]
         assert isinstance(bn, torch.nn.BatchNorm2d)
+        assert bn.running_mean is not None and bn.running_var is not None
         bn.running_mean.uniform_(-1, 1)
         bn.running_var.uniform_(0.5, 2)
     return net.eval()
@@ -75,6 +76,7 @@ def test_compiled_conv_bn_relu_follows_weight_and_statistics_updates() -> None:
         conv0 = net[0]
         bn = net[1]
         assert isinstance(conv0, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d)
+        assert bn.running_mean is not None and bn.running_var is not None
         status = ember_status(f)
         assert status["compiled_graphs"] == 1 and not status["fallbacks"], status["status"]
         assert packed.is_cached(conv0.weight)  # the packed path ran, and cached
@@ -87,6 +89,23 @@ def test_compiled_conv_bn_relu_follows_weight_and_statistics_updates() -> None:
         want = net(x)
         assert want.isnan().any()
         torch.testing.assert_close(f(x), want, equal_nan=True)
+
+
+def _two_convs(text: str, scale: float = 1.0, infs: bool = False
+               ) -> tuple[Module, list[Node], list[torch.Tensor]]:
+    """`text` (a graph of x [2, 3, 6, 5], w1 [4, 3, 3, 3], w2 [4, 4, 1, 1]) compiled, its
+    extern calls, and random inputs (times `scale`), x NaN at one element (and, with `infs`,
+    +inf and -inf at two more)."""
+    compiled = compile_module(parse(text))
+    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(s, generator=g) * scale
+                 for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
+    x[0, 0, 0, 0] = float("nan")
+    if infs:
+        x[1, 1, 2, 2] = float("inf")
+        x[1, 2, 4, 1] = -float("inf")
+    return compiled, externs, [x, w1, w2]
 
 
 CONV_RELU_CONV = """ember.ir 1.0
@@ -103,13 +122,9 @@ graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f3
 def test_relu_read_only_by_a_convolution_runs_inside_the_extern() -> None:
     """No kernel would fuse that ReLU (the next convolution reads the NHWC buffer as it is):
     the extern applies torch's relu_ in place, NaN kept."""
-    compiled = compile_module(parse(CONV_RELU_CONV))
-    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    compiled, externs, (x, w1, w2) = _two_convs(CONV_RELU_CONV)
     assert [(n.kwargs["op"], n.kwargs["relu"]) for n in externs] \
         == [("loop.conv2d_packed", True), ("loop.conv2d_packed", False)]
-    g = torch.Generator().manual_seed(0)
-    x, w1, w2 = (torch.randn(s, generator=g) for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
-    x[0, 0, 0, 0] = float("nan")
     want = torch.conv2d(torch.relu(torch.conv2d(x, w1, padding=1)), w2)
     got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
     torch.testing.assert_close(got, want, equal_nan=True)
@@ -154,16 +169,9 @@ def test_relu6_folds_into_the_convolution_and_keeps_nan() -> None:
     """max(., 0) then min(., 6) after a convolution (ReLU6) is one clamp: inside the extern
     (torch.clamp_, in place) where only a convolution reads it, else a max/min kernel; NaN,
     +inf and -inf come out as eager's clamp gives them."""
-    compiled = compile_module(parse(CONV_RELU6_CONV))
-    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    compiled, externs, (x, w1, w2) = _two_convs(CONV_RELU6_CONV, 4, infs=True)
     assert [(n.kwargs["op"], n.kwargs["relu"], n.kwargs.get("relu_max")) for n in externs] \
         == [("loop.conv2d_packed", True, 6.0), ("loop.conv2d_packed", False, None)]
-    g = torch.Generator().manual_seed(0)
-    x, w1, w2 = (torch.randn(s, generator=g) * 4
-                 for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
-    x[0, 0, 0, 0] = float("nan")
-    x[1, 1, 2, 2] = float("inf")
-    x[1, 2, 4, 1] = -float("inf")
     h = torch.clamp(torch.conv2d(x, w1, padding=1), 0, 6)
     c2 = torch.conv2d(h, w2)
     want = [c2, torch.clamp(c2, 0, 6) + 1]
@@ -199,20 +207,13 @@ def test_silu_folds_into_the_convolution_and_dead_conv_outputs_are_reused() -> N
     """SiLU as prims write it (y / (1 + exp(-y))) after a convolution read only by another
     convolution runs inside the extern (torch's silu_, eager's kernel): no kernel writes a
     new activation. plan-buffers hands a dead convolution output's storage to a later kernel."""
-    compiled = compile_module(parse(CONV_SILU_CONV))
-    nodes = compiled.graph().nodes
-    externs = [n for n in nodes if n.op == "kernels.extern"]
+    compiled, externs, (x, w1, w2) = _two_convs(CONV_SILU_CONV, 4, infs=True)
     assert [(n.kwargs["op"], n.kwargs.get("silu")) for n in externs] \
         == [("loop.conv2d_packed", True), ("loop.conv2d_packed", None)]
     conv_out = {n.results[0] for n in externs}
-    reused = [v for n in nodes if n.op == "kernels.call" for v in n.kwargs.get("reuse", [])]
+    reuse = [n.kwargs.get("reuse") for n in compiled.graph().nodes if n.op == "kernels.call"]
+    reused = [v for r in reuse if isinstance(r, list) for v in r]
     assert conv_out & set(reused), "a dead convolution output is reused"
-    g = torch.Generator().manual_seed(0)
-    x, w1, w2 = (torch.randn(s, generator=g) * 4
-                 for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
-    x[0, 0, 0, 0] = float("nan")
-    x[1, 1, 2, 2] = float("inf")
-    x[1, 2, 4, 1] = -float("inf")
     p = torch.conv2d(torch.nn.functional.silu(torch.conv2d(x, w1, padding=1)), w2) + 1
     got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
     # the 1x1 convolution on 60 pixels runs as addmm: another summation order than eager's
@@ -361,17 +362,11 @@ def test_bind_refuses_bad_attributes_when_bound() -> None:
         packed.bind({**KW, "relu": True, "silu": True})
 
 
-CONV_RELU_CONV_AND_ADD = """ember.ir 1.0
-
-graph @f(%x: f32[2, 3, 6, 5], %w1: f32[4, 3, 3, 3], %w2: f32[4, 4, 1, 1]) -> (f32[2, 4, 6, 5]) {
-  %c1 = prims.convolution(%x, %w1, stride=[1, 1], padding=[1, 1], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
-  %r = prims.maximum(%c1, 0.0) : f32[2, 4, 6, 5]
-  %c2 = prims.convolution(%r, %w2, stride=[1, 1], padding=[0, 0], dilation=[1, 1], groups=1) : f32[2, 4, 6, 5]
+# CONV_RELU_CONV whose ReLU a kernel also reads: o = c2 + 2 * r
+CONV_RELU_CONV_AND_ADD = CONV_RELU_CONV.replace("  return (%c2)", """\
   %s = prims.mul(%r, 2.0) : f32[2, 4, 6, 5]
   %o = prims.add(%c2, %s) : f32[2, 4, 6, 5]
-  return (%o)
-}
-"""
+  return (%o)""")
 
 
 def test_relu_read_by_a_convolution_and_a_kernel_runs_inside_the_extern() -> None:
@@ -379,13 +374,9 @@ def test_relu_read_by_a_convolution_and_a_kernel_runs_inside_the_extern() -> Non
     primary convolution: its cheap convolution and its concatenation): torch's relu_ in place
     in the extern (NaN kept), and the kernel reads that buffer; no ReLU kernel writes a
     second one."""
-    compiled = compile_module(parse(CONV_RELU_CONV_AND_ADD))
-    externs = [n for n in compiled.graph().nodes if n.op == "kernels.extern"]
+    compiled, externs, (x, w1, w2) = _two_convs(CONV_RELU_CONV_AND_ADD)
     assert [(n.kwargs["op"], n.kwargs["relu"]) for n in externs] \
         == [("loop.conv2d_packed", True), ("loop.conv2d_packed", False)]
-    g = torch.Generator().manual_seed(0)
-    x, w1, w2 = (torch.randn(s, generator=g) for s in ([2, 3, 6, 5], [4, 3, 3, 3], [4, 4, 1, 1]))
-    x[0, 0, 0, 0] = float("nan")
     r = torch.relu(torch.conv2d(x, w1, padding=1))
     got = compiled_runner(compiled)(None, [x, w1, w2]).outputs[0]
     torch.testing.assert_close(got, torch.conv2d(r, w2) + r * 2, equal_nan=True)
