@@ -2,9 +2,11 @@
 
 A compiled function keeps a cache of entries, each a capture's generated guard check plus what
 to run when it holds: the captured graph through a backend, or (when capture stopped at an
-unsupported construct) the original function, eagerly. A call runs the first entry whose guards
-hold; a miss captures again (a recompilation), up to a cache limit (default 8 per compiled
-function, i.e. per code object), after which the function runs eagerly with one warning.
+unsupported construct) the original function, eagerly (entries.py). A call runs the first entry
+whose guards hold; a miss captures again (a recompilation, entries.py's `miss`), up to a cache
+limit (default 8 per compiled function, i.e. per code object), after which the function runs
+eagerly with one warning. This module holds the compiled function and module, and how a
+backend turns a captured graph into what an entry runs.
 
 The compiler is data: the inductor backend runs a pipeline string (default: the registered
 pipeline `inductor`), and `options=` picks another pipeline, decomposition table, per-stage
@@ -30,9 +32,8 @@ from torch import nn
 import ember.inductor  # noqa: F401  (registers the IR backend "inductor")
 from ember.autograd.partition import PartitionReport
 from ember.autograd.vjp import VJPError
-from ember.capture import Captured, Unhandled, capture, describe, graph_name, target_code
+from ember.capture import graph_name, target_code
 from ember.capture.modules import has_own_hooks
-from ember.capture.resume import Broken
 from ember.inductor.backend import pipeline_for
 from ember.inductor.cache import STATS
 from ember.inductor.kernels import PRELUDE_NAME, compiled_runner, load_module, summary
@@ -41,15 +42,12 @@ from ember.inductor.targets import targets as inductor_targets
 from ember.ir import Module, PrintError
 from ember.ir.backends import BackendProtocol
 from ember.ir.backends import Runner as IRRunner
-from ember.ir.effects import allow_effects
 from ember.ir.interpreter import SymbolAssertionError
 from ember.ir.passes import expand_pipeline, run_pipeline
-from ember.ir.registry import default_registry
 from ember.prims.decomp.context import DecompositionError
 from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
-from ember.runtime.breaks import BreakEntry, run_with_effects
 from ember.runtime.copying import (
     deepcopy_function,
     deepcopy_module,
@@ -74,16 +72,12 @@ from ember.runtime.distributed import (
 )
 from ember.runtime.dump import (
     TrainingDump,
-    dump_capture,
-    dump_compiled,
     dump_dir,
-    dump_outputs,
-    dump_stages,
 )
 from ember.runtime.dynamic import DynamicPolicy
+from ember.runtime.entries import Entry, miss
 from ember.runtime.fallbacks import decompose_tables, interpreter_reason, missing_ops, record
-from ember.runtime.guards import CallCode
-from ember.runtime.history import Fallback, GraphRecord, History
+from ember.runtime.history import Fallback, History
 from ember.runtime.modview import compiled_module
 from ember.runtime.options import DEFAULT_PIPELINE_NAME, check_options
 from ember.runtime.training import (
@@ -98,69 +92,10 @@ from ember.runtime.training import (
     store_training,
     training_cache_key,
 )
-from ember.runtime.writeback import Epilogue, backend_module
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # backends that run training graphs as compiled forward/backward graphs (runtime/training.py)
 TRAINING_BACKENDS = ("aot_eager", "inductor")
-
-
-class CaptureError(RuntimeError):
-    """fullgraph=True and capture met a construct it does not cover."""
-
-    def __init__(self, unhandled: Unhandled):
-        super().__init__(f"ember could not capture the whole function: {unhandled.reason} "
-                         f"at {unhandled.where}")
-        self.unhandled = unhandled
-
-
-class _GraphEntry:
-    def __init__(self, cap: Captured, runner: Runner):
-        self.code = CallCode(cap.guards, cap.input_sources, cap.output)
-        self.runner = runner
-        self.captured = cap
-        self.epilogue = Epilogue(cap)  # input write-back, outputs as eager's (views, strides)
-        self.matches = self.epilogue.matches
-        self.mutated = [u.param for u in cap.updates]
-
-    def feed(self, inputs: list[Any]) -> list[Any]:
-        """The inputs the graph runs on. Where autograd records the call, a mutated input
-        (BatchNorm's running stats) is passed as a clone: autograd may save what the graph
-        read, and the write-back into the caller's tensor must not bump the version of a
-        tensor autograd saved (eager's in-place update happens after its op saved a copy)."""
-        if not self.mutated or not needs_training(inputs):
-            return inputs
-        out = list(inputs)
-        for p in self.mutated:
-            if isinstance(out[p], torch.Tensor):
-                out[p] = out[p].clone()
-        return out
-
-    def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
-        outs = self.runner(self.feed(inputs))
-        return self.resume(outs, S, A, K, inputs)
-
-    def resume(self, outs: list[Any], S: Any, A: tuple[Any, ...], K: dict[str, Any],
-               inputs: list[Any]) -> Any:
-        """The caller's return value from the graph's results (and side effects applied)."""
-        results = self.epilogue(outs, inputs)
-        if self.captured.effects:
-            return run_with_effects(self.code, self.captured, results, S, A, K)
-        assert self.code.output is not None
-        return self.code.output(results, S, A, K)
-
-
-class _EagerEntry:
-    def __init__(self, unhandled: Unhandled, call: Callable[..., Any]):
-        self.code = CallCode(list(unhandled.guards), [], None)
-        self.call = call
-        self.unhandled = unhandled
-
-    def matches(self, inputs: list[Any]) -> bool:
-        return True
-
-    def run(self, S: Any, A: tuple[Any, ...], K: dict[str, Any], inputs: list[Any]) -> Any:
-        return self.call(*A, **K)
 
 
 class CompiledFunction:
@@ -223,8 +158,8 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.options = dict(options or {})
         self.cache_limit = self.opts.cache_limit
-        self.entries: list[_GraphEntry | _EagerEntry | BreakEntry] = []
-        self._hot: _GraphEntry | _EagerEntry | BreakEntry | None = None  # the last one run
+        self.entries: list[Entry] = []
+        self._hot: Entry | None = None  # the last one run
         self._last_compiled: Module | None = None  # set by _inductor, read by EMBER_DUMP
         self._last_stages: list[tuple[str, str]] = []  # (stage, module text): dump_each
         self._last_producer = ""  # what made _last_compiled, named in its dump's header
@@ -612,7 +547,7 @@ class CompiledFunction:
                     return e.run(S, args, kwargs, inputs)
                 except SymbolAssertionError as err:
                     return self._assert_failed(err, args, kwargs)
-        return self._miss(args, kwargs)
+        return miss(self, args, kwargs)
 
     def _assert_failed(self, err: SymbolAssertionError, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> Any:
@@ -621,129 +556,6 @@ class CompiledFunction:
         or eager's error for a value eager refuses too); later calls still try the graph."""
         self.history.note(f"{err}; this call ran eagerly")
         return self.eager(*args, **kwargs)
-
-    def _miss(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        S = self.self_obj
-        if self._gave_up:
-            return self.eager(*args, **kwargs)
-        if self.entries:
-            reasons = [r for e in self.entries if (r := e.code.failure(S, args, kwargs))]
-            reason = reasons[-1] if reasons else "no cache entry matched"
-            if len(self.entries) >= self.cache_limit:
-                self._gave_up = True
-                msg = (f"{self.name} was recompiled {self.cache_limit} times (the cache "
-                       f"limit); it runs eagerly from now on. Last reason: {reason}")
-                self.history.note("ember: " + msg)
-                self._fallback("cache limit", msg, graph=None)
-                return self.eager(*args, **kwargs)
-            self.history.recompilations.append(reason)
-            if logs.recompiles.isEnabledFor(logging.INFO):
-                logs.recompiles.info("recompiling %s (%s:%d): %s", self._root[0], *self._root[1:],
-                                     reason)
-        got = capture(self.target, args, kwargs, dynamic=self.dyn_policy)
-        if isinstance(got, Captured):  # later sizes are compared with these (automatic dynamic)
-            for src, x in zip(got.input_sources, got.input_examples, strict=True):
-                self.dyn_policy.observe(describe(src), x)
-        brk = got if isinstance(got, Broken) else None
-        res: Captured | Unhandled
-        if brk is not None:  # the graph up to a graph break, then the break and a resume
-            if self.fullgraph:
-                raise CaptureError(brk.unhandled)
-            u = brk.unhandled
-            self.history.breaks.append(Fallback(u.reason, u.file, u.line, u.stack))
-            if logs.graph_breaks.isEnabledFor(logging.INFO):
-                via = "".join(f"\n  via {s}" for s in u.stack) \
-                    if logs.graph_breaks.isEnabledFor(logging.DEBUG) else ""
-                logs.graph_breaks.info("graph break in %s at %s:%d: %s%s", self._root[0],
-                                       u.file, u.line, u.reason, via)
-            res = brk.captured
-        else:
-            assert not isinstance(got, Broken)
-            res = got
-        if isinstance(res, Unhandled):
-            if self.fullgraph:
-                raise CaptureError(res)
-            record(self.history, Fallback(res.reason, res.file, res.line, res.stack),
-                   self._root[0])
-            entry: _GraphEntry | _EagerEntry | BreakEntry = _EagerEntry(res, self.eager)
-            self.entries.append(entry)
-            return entry.run(S, args, kwargs, [])
-        # nothing captured before a break, or in a resume function: no graph to speak of
-        empty = (brk is not None or self._child) and not res.graph.nodes
-        backend = eager_backend if empty else self.backend
-        self._last_compiled, self._last_stages, self._last_producer = None, [], ""
-        self._last_training = []
-        self._graph_no = None if empty else len(self.history.graphs)
-        self._no_grad_results = {u.result for u in res.updates if not u.grad}
-        self._capturing = res
-        runner = self._compile_graph(backend, backend_module(res), res.input_examples)
-        self._capturing = None  # (it holds the first call's inputs)
-        graph_entry = _GraphEntry(res, runner) if brk is None else BreakEntry(
-            brk, runner, [self.child(r) for r in brk.resumes], self.callee)
-        self.entries.append(graph_entry)
-        inputs = graph_entry.code.guard(S, args, kwargs)
-        if not isinstance(inputs, list):
-            raise RuntimeError(f"ember: the guards of a fresh capture of {self.name} fail on "
-                               f"the call that produced them: "
-                               f"{graph_entry.code.failure(S, args, kwargs)}")
-        dumped = None if empty else dump_capture(res, inputs, self.opts.dump_dir)
-        if dumped is not None and self._last_compiled is not None:
-            dump_compiled(dumped, self._last_compiled, res.graph, self._last_producer)
-        if dumped is not None and self._last_stages:
-            dump_stages(dumped, self._last_stages, self._last_producer)
-        for td in self._last_training:
-            if dumped is not None:
-                td.write(dumped)
-        if not empty:
-            self.history.graphs.append(GraphRecord(
-                res.graph.name, str(res.module), res.op_counts, [g.text() for g in res.guards],
-                [describe(s) for s in res.input_sources], str(dumped) if dumped else None))
-            if logs.guards.isEnabledFor(logging.INFO):
-                g = self.history.graphs[-1]
-                logs.guards.info("%s: graph %d @%s: %d guard(s)%s", self._root[0],
-                                 len(self.history.graphs) - 1, g.name, len(g.guards),
-                                 "".join(f"\n  {t}" for t in g.guards))
-        try:
-            outs = runner(graph_entry.feed(inputs) if isinstance(graph_entry, _GraphEntry)
-                          else inputs)
-        except SymbolAssertionError as err:
-            return self._assert_failed(err, args, kwargs)
-        if dumped is not None:
-            dump_outputs(dumped, outs, res.graph)
-        return graph_entry.resume(outs, S, args, kwargs, inputs)
-
-    def _compile_graph(self, backend: Backend, module: Module, examples: Sequence[Any]
-                       ) -> Runner:
-        """The backend's runner for a captured graph. Ops with effects outside the graph (a
-        custom op taking unreviewed text, say) are allowed here: a captured graph holds only
-        operators the user's own code called, as eager would (IR files need --allow-effects)."""
-        if not _has_effects(module):
-            return self._prepare_graph(backend, module, examples)
-        with allow_effects():
-            runner = self._prepare_graph(backend, module, examples)
-
-        def run(inputs: Sequence[Any]) -> list[Any]:
-            with allow_effects():
-                return runner(inputs)
-
-        return run
-
-    def _prepare_graph(self, backend: Backend, module: Module, examples: Sequence[Any]
-                       ) -> Runner:
-        """The backend's runner for a captured graph; where a backend other than ember's
-        inductor (which handles its own) raises, the eager backend's, as a fallback."""
-        if backend is self.backend and not self.pipelined:
-            try:
-                return backend(module, examples)
-            except Exception as e:
-                ops = self._missing(module, e)
-                why = f"no decomposition for {', '.join(ops)}" if ops else \
-                    f"backend {self.backend_name!r} failed: {type(e).__name__}: {e}"
-                self.history.note(f"graph @{module.graph().name}: {why}; the eager backend ran "
-                                  f"it")
-                self._fallback("missing ops" if ops else "backend", why, ops=ops)
-                return eager_backend(module, examples)
-        return backend(module, examples)
 
     # -- graph breaks -----------------------------------------------------------------------
     def _spawn(self, target: Any) -> CompiledFunction:
@@ -876,13 +688,3 @@ def compiled_function_of(obj: Any) -> CompiledFunction | None:
         return func  # a compiled method, bound to an instance
     return None
 
-
-def _has_effects(module: Module) -> bool:
-    """Whether a captured graph calls an op with effects outside the graph (effects.py)."""
-    reg = default_registry()
-    for g in module.graphs.values():
-        for n in g.nodes:
-            d = reg.lookup(n.op)
-            if d is not None and d.effect is not None:
-                return True
-    return False

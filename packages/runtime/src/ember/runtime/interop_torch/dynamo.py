@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from ember.runtime.compile import CaptureError, CompiledFunction
+from ember.runtime.compile import CompiledFunction
+from ember.runtime.entries import CaptureError
 from ember.runtime.fallbacks import record
 from ember.runtime.history import Fallback
 
