@@ -14,6 +14,7 @@ ember.prims' PRIMS) and hold for the ops' own implementations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -96,6 +97,11 @@ def _attention_backward_case() -> tuple[list[Any], dict[str, Any]]:
             {"kernel": "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"})
 
 
+def _conv_backward_case(mask: list[bool]) -> tuple[list[Any], dict[str, Any]]:
+    return ([_r(1, 3, 5, 5), _r(1, 2, 5, 5), _r(3, 2, 3, 3), None, [1, 1], [1, 1], [1, 1],
+             False, [0, 0], 1, mask], {})
+
+
 FRESH_CASES: dict[str, list[Case]] = {
     "prims.pad": [lambda: ([_r(3, 4), 0.0], {"config": [[0, 0, 0], [0, 0, 0]]}),
                   lambda: ([_r(3, 4), 1.5], {"config": [[1, -1, 1], [0, 2, 0]]})],
@@ -156,8 +162,7 @@ FRESH_CASES: dict[str, list[Case]] = {
     "loop.attention_grads_heads_last": [lambda: _attention_backward_case()],
     # training's convolution gradients (grad_output, input, weight, ..., output_mask)
     "aten.convolution_backward.default": [
-        lambda mask=mask: ([_r(1, 3, 5, 5), _r(1, 2, 5, 5), _r(3, 2, 3, 3), None, [1, 1],
-                            [1, 1], [1, 1], False, [0, 0], 1, mask], {})
+        functools.partial(_conv_backward_case, mask)
         for mask in ([True, False, False], [False, True, False], [True, True, False])],
 }
 # Fresh ops whose kernels exist only on a GPU (no CPU sample can run them), with where they are
@@ -272,7 +277,7 @@ graph @f(%x: f32[8, 16], %u: f32[16, 16]) -> (f32[8, 16]) {
 
 def _reused(text: str) -> int:
     m = run_pipeline(parse(text), "inductor")
-    return sum(len(n.kwargs.get("reuse") or []) for n in m.graph().nodes)  # type: ignore[arg-type]
+    return sum(len(r) for n in m.graph().nodes if isinstance(r := n.kwargs.get("reuse"), list))
 
 
 def test_plan_buffers_frees_an_operand_only_after_a_fresh_extern(

@@ -15,7 +15,8 @@ from ember.ir import Module, parse
 
 @cache
 def compiled_once(text: str) -> Module:
-    return compile_module(parse(text))
+    m: Module = compile_module(parse(text))
+    return m
 
 
 def same(a: list[Any], b: list[Any]) -> None:
