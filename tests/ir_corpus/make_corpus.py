@@ -42,7 +42,8 @@ def ex_step(p: torch.Tensor, g: torch.Tensor) -> dict[str, Any]:
 def norm_rows(x: torch.Tensor) -> torch.Tensor:
     c = aten.sub.Tensor(x, aten.mean.dim(x, [1], True))
     v = aten.var.correction(x, [1], correction=0, keepdim=True)
-    return aten.mul.Tensor(c, aten.rsqrt.default(aten.add.Scalar(v, 1e-05)))
+    out: torch.Tensor = aten.mul.Tensor(c, aten.rsqrt.default(aten.add.Scalar(v, 1e-05)))
+    return out
 
 
 def sym_main(a: torch.Tensor, b: torch.Tensor, k: torch.Tensor) -> dict[str, Any]:

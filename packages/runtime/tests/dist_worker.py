@@ -45,7 +45,8 @@ class Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(nn.functional.gelu(self.up(self.ln2(x))))
+        out: torch.Tensor = x + self.down(nn.functional.gelu(self.up(self.ln2(x))))
+        return out
 
 
 class Transformer(nn.Module):
@@ -60,7 +61,8 @@ class Transformer(nn.Module):
         x = self.emb(ids)
         for blk in self.blocks:
             x = blk(x)
-        return self.head(self.ln(x))
+        out: torch.Tensor = self.head(self.ln(x))
+        return out
 
 
 def conv_net() -> nn.Module:
@@ -125,7 +127,8 @@ def fsdp_cases() -> dict[str, Callable[[str], tuple[nn.Module, nn.Module, Any]]]
 
     def shard(m: nn.Module, how: str, mp_policy: Any = None) -> tuple[nn.Module, Any]:
         kw = {} if mp_policy is None else {"mp_policy": mp_policy}
-        blocks = m.blocks  # type: ignore[union-attr]
+        blocks = m.get_submodule("blocks")
+        assert isinstance(blocks, nn.ModuleList)
         first = None
         for i in range(len(blocks)):
             if how == "shard, then compile":

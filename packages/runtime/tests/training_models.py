@@ -17,6 +17,9 @@ class Block(nn.Module):
     """Embedding, RMSNorm, causal sdpa with rotary q/k, SwiGLU (`ff` wide), a vocab head; the
     SwiGLU and head Linears with `bias`, the rotary frequencies on `base`."""
 
+    cos: torch.Tensor  # (buffers)
+    sin: torch.Tensor
+
     def __init__(self, vocab: int = 256, d: int = 128, heads: int = 2, seq: int = 32,
                  ff: int = 344, bias: bool = False, base: float = 10000) -> None:
         super().__init__()
@@ -53,7 +56,10 @@ def gpt_neox(hidden: int, layers: int, heads: int, ff: int, vocab: int, position
     cfg = transformers.GPTNeoXConfig(hidden_size=hidden, num_hidden_layers=layers,
                                      num_attention_heads=heads, intermediate_size=ff,
                                      vocab_size=vocab, max_position_embeddings=positions,
-                                     rotary_pct=0.25, use_parallel_residual=True,
+                                     rope_parameters={"rope_type": "default",
+                                                      "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.25},
+                                     use_parallel_residual=True,
                                      hidden_act="gelu")
     return transformers.GPTNeoXForCausalLM(cfg).train()
 
