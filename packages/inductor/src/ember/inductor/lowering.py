@@ -69,6 +69,10 @@ class _Lowering:
         self.env: dict[Value, Lazy] = {}
         self.strided: dict[Value, Value] = {}  # a view -> its loop.view node (extern operands)
         self._readers: dict[Value, list[Node]] | None = None
+        # nodes a rule folded into an earlier node's lowering (a linear's bias and activation,
+        # targets/cpu/linear.py): the driver skips them; one mapped to a value defines its
+        # result as that value's lowering, one mapped to None has no reader left
+        self.folded: dict[Node, Value | None] = {}
 
     def readers(self, v: Value) -> list[Node]:
         """The nodes of the graph being lowered that read `v`, in order (the map is built
@@ -244,6 +248,11 @@ class _Lowering:
     # ---- driver ------------------------------------------------------------------------------
     def run(self) -> None:
         for n in self.g.nodes:
+            if n in self.folded:
+                src = self.folded[n]
+                if src is not None:
+                    self.env[n.results[0]] = self.env.get(src, src)
+                continue
             rule = self.rules.get(n.op)
             scalar_operand = any(not isinstance(v.type, TensorType) for v in n.operands())
             if n.op.startswith("prims.") and (rule is None or scalar_operand):
