@@ -251,3 +251,39 @@ def test_large_output_is_advised_huge_pages() -> None:
     torch.testing.assert_close(got, torch.softmax(x, -1))
     (small,), src = compile_run(_softmax, [x[:64]])
     assert "ember_hugepages" not in src.split("// kernel", 1)[1]
+
+
+SHORT = "simdlen(8)"  # a short row's reduction in 8 lanes
+
+
+def _layer_norm(gb: GraphBuilder, p: list[Value]) -> list[Value]:
+    n = _tensor_shape(p[0])[-1]
+    return gb.emit("aten.native_layer_norm.default", [p[0], [n], None, None, 1e-5])[:1]
+
+
+def _tensor_shape(v: Value) -> tuple[int, ...]:
+    assert isinstance(v.type, TensorType)
+    return tuple(int(d) for d in v.type.shape)
+
+
+@settings(max_examples=16, deadline=None)
+@given(rows=st.sampled_from([1, 3, 40]), n=st.sampled_from([1, 7, 16, 24, 42, 96, 256, 257, 768]),
+       op=st.sampled_from(["sum", "amax", "amin", "layer_norm"]),
+       dtype=st.sampled_from(FLOATS + INTS), seed=st.integers(0, 2**16))
+def test_short_rows_reduce_in_eight_lanes(rows: int, n: int, op: str, dtype: torch.dtype,
+                                          seed: int) -> None:
+    """Rows of a constant length up to cppkernel.SHORT_ROW reduce in 8 SIMD lanes (g++'s
+    serial combine of 16 lanes cost more than such a row's loop), longer ones at g++'s width;
+    both as eager computes."""
+    if op == "layer_norm" and not dtype.is_floating_point:
+        dtype = torch.float32
+    x = tensor((rows, n), dtype, seed)
+    if op == "layer_norm":
+        (got, *_), src = compile_run(_layer_norm, [x])
+        wide = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        want = torch.nn.functional.layer_norm(wide, (n,)).to(dtype)
+        torch.testing.assert_close(got, want, **tol(dtype))
+    else:
+        (got,), src = compile_run(_build(op, [1]), [x])
+        torch.testing.assert_close(got, OPS[op](x, [1]), **tol(dtype))
+    assert (SHORT in src) == (n <= 256)
