@@ -17,12 +17,17 @@ in parallel; its kernels take their buffers' data addresses (ABI "pointer").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
 from ember.inductor.body import SignMemo, body_names, body_signature
-from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
+from ember.inductor.codegen import (
+    assemble,
+    call_node,
+    extern_node,
+    keep_on_reference,
+    lower_graphs,
+)
 from ember.inductor.launch import LoadedKernel
 from ember.inductor.sanitize import kernel_symbol
 from ember.inductor.targets import require_device
@@ -31,18 +36,13 @@ from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
 from ember.inductor.targets.cpu.inplace import inplace_inputs
 from ember.inductor.targets.cpu.kernel import kernel_source_sizes
 from ember.ir import (
-    Arg,
     Graph,
-    InferContext,
     Kernel,
     Module,
     Node,
     Ref,
-    TensorType,
     Value,
-    default_registry,
 )
-from ember.ir.expr import symbol
 from ember.ir.passes import register_pass
 
 PRELUDE_NAME = "cpp_prelude"
@@ -122,26 +122,11 @@ def codegen_cpp(module: Module) -> Module:
     require_device(src, [g for g in src.graphs.values() if g.name not in bodies], "cpu",
                    "codegen-cpp")
     kernels: list[Kernel] = [Kernel(PRELUDE_NAME, "cpp", PRELUDE)]
-    graphs: list[Graph] = []
     fallback: list[Graph] = []
     shared = _Shared()
-    for g in src.graphs.values():
-        if g.name in bodies:
-            continue
-        for p in g.params:
-            _retype(p)
-        g.nodes = [_lower_node(src, g, n, kernels, fallback, shared) for n in g.nodes]
-        g.result_types = [o.type for o in g.outputs]
-        graphs.append(g)
-    out = Module(src.symbols, {}, src.version)
-    if len(kernels) > 1:
-        for k in kernels:
-            out.add(k)
-    items: list[Graph | Kernel] = [*src.kernels.values(), *graphs, *fallback]
-    for item in items:
-        if item.name not in out.items:
-            out.add(item)
-    return out
+    graphs = lower_graphs(src, lambda g: [_lower_node(src, g, n, kernels, fallback, shared)
+                                          for n in g.nodes])
+    return assemble(src, kernels if len(kernels) > 1 else [], graphs, fallback)
 
 
 class _Shared:
@@ -165,14 +150,9 @@ class _Shared:
 
 def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph],
                 shared: _Shared | None = None) -> Node:
-    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
-        # a strided view of a buffer (matmul reads it as it is); its type says its strides
-        ctx = InferContext(module=m, registry=default_registry())
-        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
-            r.type = t
-        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
-    if n.op == "loop.extern":
-        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
+    ext = extern_node(m, n)  # (a view: matmul reads the buffer as it is)
+    if ext is not None:
+        return ext
     if n.op not in ("loop.pointwise", "loop.reduction"):
         return n
     ref = n.args[0]
@@ -192,15 +172,7 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
                                             inplace)
     except CodegenError as e:
         body.attrs["cpp_fallback"] = str(e)
-        fallback.append(body)
-        stack = [body]  # the bodies of fused reductions (nested too) run on the reference
-        while stack:
-            for bn in stack.pop().nodes:
-                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
-                    and isinstance(bn.args[0], Ref) else None
-                if isinstance(sub, Graph) and sub not in fallback:
-                    fallback.append(sub)
-                    stack.append(sub)
+        keep_on_reference(m, body, fallback)
         return n
     kernels.append(Kernel(name, "cpp", source))
     if shared is not None and key is not None:
@@ -211,29 +183,8 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
 def _call(n: Node, name: str, sizes: list[str], inplace: list[int]) -> Node:
     """`n` as the call of kernel @name (taking the size symbols `sizes` after its buffers;
     `inplace`: per output, the operand whose storage it may take, -1 for none)."""
-    types = [r.type for r in n.results]
-    assert all(isinstance(t, TensorType) for t in types)
-    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
-                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
-    if sizes:  # the size symbols the kernel takes after its buffers (kernels.call's ABI)
-        kw["sizes"] = [symbol(s) for s in sizes]
-    if any(k >= 0 for k in inplace):  # plan-buffers may write the output over that operand
-        kw["inplace"] = list(inplace)
-    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
-                 [_retype(r) for r in n.results])
-
-
-def _retype(v: Value) -> Value:
-    if isinstance(v.type, TensorType):
-        v.type = buffer_type(v.type)
-    return v
-
-
-def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results: list[Value]
-          ) -> Node:
-    new = Node(op, list(args), dict(kwargs), results, n.loc, n.pos)
-    for r in results:
-        r.node = new
-    return new
+    # plan-buffers may write an output over its operand `inplace` names
+    return call_node(n, name, n.args[1:], sizes,
+                     {"inplace": list(inplace)} if any(k >= 0 for k in inplace) else None)
 
 

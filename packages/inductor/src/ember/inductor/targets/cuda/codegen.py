@@ -30,7 +30,6 @@ import re
 import sys
 import tempfile
 import weakref
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,14 @@ import torch
 
 from ember.inductor import buffers as _buffers  # noqa: F401  (registers plan-buffers)
 from ember.inductor.body import body_names
-from ember.inductor.kernels import VIEW_EXTERNS, _view_infer, buffer_type
+from ember.inductor.codegen import (
+    assemble,
+    call_node,
+    extern_node,
+    keep_on_reference,
+    lower_graphs,
+    retyped,
+)
 from ember.inductor.launch import LoadedKernel, LoadError
 from ember.inductor.targets import TargetError, device_kind, graph_devices
 from ember.inductor.targets.cuda.launcher import (
@@ -55,15 +61,12 @@ from ember.inductor.targets.cuda.render import RMAX, CodegenError, render
 from ember.ir import (
     Arg,
     Graph,
-    InferContext,
     Kernel,
     Module,
     Node,
     Ref,
     TensorType,
     Value,
-    default_registry,
-    symbol,
 )
 from ember.ir.passes import register_pass
 
@@ -83,43 +86,28 @@ def codegen_triton(module: Module, *, interpret: bool = False) -> Module:
                               f"codegen-triton generates cuda code only (cpu with "
                               f"interpret=true)")
     kernels: list[Kernel] = []
-    graphs: list[Graph] = []
     fallback: list[Graph] = []
-    for g in src.graphs.values():
-        if g.name in bodies:
-            continue
-        for p in g.params:
-            _retype(p)
+
+    def lower(g: Graph) -> list[Node]:
         # max-autotune's matmul template: the extern's product is computed in its epilogue
         fused = fused_externs(g)
-        g.nodes = [_lower_node(src, g, n, kernels, fallback, interpret, fused.get(n))
-                   for n in g.nodes if n not in fused.values()]
-        g.result_types = [o.type for o in g.outputs]
-        graphs.append(g)
-    out = Module(src.symbols, {}, src.version)
-    for k in kernels:
-        out.add(k)
-    items: list[Graph | Kernel] = [*src.kernels.values(), *graphs, *fallback]
-    for item in items:
-        if item.name not in out.items:
-            out.add(item)
-    return out
+        return [_lower_node(src, g, n, kernels, fallback, interpret, fused.get(n))
+                for n in g.nodes if n not in fused.values()]
+
+    return assemble(src, kernels, lower_graphs(src, lower), fallback)
 
 
-def _device(n: Node) -> str:
+def _on_device(n: Node) -> dict[str, Arg]:
+    """kernels.call's device= for `n`'s results (none for the CPU: the interpreter's)."""
     devs = sorted({r.type.device for r in n.results if isinstance(r.type, TensorType)})
-    return devs[0] if devs else "cpu"
+    return {"device": devs[0]} if devs and devs[0] != "cpu" else {}
 
 
 def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: list[Graph],
                 interpret: bool, mm: Node | None = None) -> Node:
-    if n.op == "loop.extern" and n.kwargs.get("op") in VIEW_EXTERNS:
-        ctx = InferContext(module=m, registry=default_registry())
-        for r, t in zip(n.results, _view_infer(ctx, n.args, n.kwargs), strict=True):
-            r.type = t
-        return _node("kernels.view", n.args, n.kwargs, n, list(n.results))
-    if n.op == "loop.extern":
-        return _node("kernels.extern", n.args, n.kwargs, n, [_retype(r) for r in n.results])
+    ext = extern_node(m, n)
+    if ext is not None:
+        return ext
     if n.op not in ("loop.pointwise", "loop.reduction"):
         return n
     ref = n.args[0]
@@ -136,52 +124,16 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
         args = [*mm.args, *(x for k, x in enumerate(n.args[1:]) if k != pos)]
         for a in mm.args:
             if isinstance(a, Value):
-                _retype(a)
-        kw0: dict[str, Arg] = {"out_dtypes": [r.type.dtype for r in n.results],  # type: ignore[union-attr]
-                               "out_shapes": [list(r.type.shape) for r in n.results]}  # type: ignore[union-attr]
-        if _device(n) != "cpu":
-            kw0["device"] = _device(n)
-        return _node("kernels.call", [Ref(name), *args], kw0, n, [_retype(r) for r in n.results])
+                retyped(a)
+        return call_node(n, name, args, extra=_on_device(n))
     try:
         rendered = render(name, n, body, m.items, interpret)
     except CodegenError as e:
         body.attrs["triton_fallback"] = str(e)
-        stack = [body]  # the bodies of fused reductions run on the reference too
-        fallback.append(body)
-        while stack:
-            for bn in stack.pop().nodes:
-                sub = m.items.get(bn.args[0].name) if bn.op == "loop.reduce" \
-                    and isinstance(bn.args[0], Ref) else None
-                if isinstance(sub, Graph) and sub not in fallback:
-                    fallback.append(sub)
-                    stack.append(sub)
+        keep_on_reference(m, body, fallback)
         return n
     kernels.append(Kernel(name, LANG, rendered.source))
-    types = [r.type for r in n.results]
-    assert all(isinstance(t, TensorType) for t in types)
-    kw: dict[str, Arg] = {"out_dtypes": [t.dtype for t in types],  # type: ignore[union-attr]
-                          "out_shapes": [list(t.shape) for t in types]}  # type: ignore[union-attr]
-    if rendered.sizes:  # the size symbols the kernel takes after its buffers (the call's ABI)
-        kw["sizes"] = [symbol(s) for s in rendered.sizes]
-    dev = _device(n)
-    if dev != "cpu":
-        kw["device"] = dev
-    return _node("kernels.call", [Ref(name), *n.args[1:]], kw, n,
-                 [_retype(r) for r in n.results])
-
-
-def _retype(v: Value) -> Value:
-    if isinstance(v.type, TensorType):
-        v.type = buffer_type(v.type)
-    return v
-
-
-def _node(op: str, args: list[Arg], kwargs: Mapping[str, Arg], n: Node, results: list[Value]
-          ) -> Node:
-    new = Node(op, list(args), dict(kwargs), results, n.loc, n.pos)
-    for r in results:
-        r.node = new
-    return new
+    return call_node(n, name, n.args[1:], rendered.sizes, _on_device(n))
 
 
 @register_pass("schedule-cuda", "write each loop kernel's Triton schedule as attributes "
