@@ -41,6 +41,7 @@ import sympy
 from ember.inductor.body import SignMemo, body_signature
 from ember.inductor.indexing import flat_offset, rvar
 from ember.inductor.sanitize import comment
+from ember.inductor.targets.cpu.broadcast import COSTLY
 from ember.inductor.targets.cpu.cpp import (
     ACC_INIT,
     COMBINE,
@@ -65,7 +66,8 @@ BLOCK = 4096  # elements per vectorised partial sum (then added in double)
 # adds an `omp simd` reduction's lanes after the loop one after another, a dependent chain of 16
 # adds for f32 at AVX-512's width that costs more than the short row's loop itself. LayerNorm
 # kernel over 24 channels x 8192 rows, 1 thread: 153 -> 81 us; longer rows lose the wider loop
-# (384: 36 -> 40 us), so they keep g++'s width
+# (384: 36 -> 40 us), so they keep g++'s width, as do rows whose body calls a math function
+# (broadcast.COSTLY: softmax's exp over 197: 413 -> 559 us in 8 lanes)
 SHORT_ROW = 256
 SHORT_ROW_LANES = 8
 PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
@@ -298,7 +300,8 @@ class _Writer:
                 final.append(f"{r.var} = acc{j};")
         last = f"r{len(red) - 1}"
         stmts = [s for r in g for s in self.statements(r, r.j)]
-        if isinstance(inner, int) and inner <= SHORT_ROW:
+        if isinstance(inner, int) and inner <= SHORT_ROW \
+                and not any(n.op in COSTLY for r in g for n in r.body.nodes):
             clauses.append(f"simdlen({SHORT_ROW_LANES})")
         vec = [f"#pragma omp simd {' '.join(clauses)}",
                f"for (int64_t {last} = rb; {last} < re; ++{last}) {{",
