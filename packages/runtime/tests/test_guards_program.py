@@ -18,8 +18,8 @@ from torch import nn
 
 import ember.runtime as er
 from ember.runtime import guardvm
-from ember.runtime.compile import CompiledFunction
 from ember.runtime.testing import assert_same
+from packages.runtime.tests.guard_checks import compiled_eager
 
 pytestmark = pytest.mark.skipif(guardvm.machine() is None, reason="no C++ compiler")
 
@@ -213,16 +213,6 @@ def _no_grad() -> Iterator[None]:
         yield
 
 
-def _compiled(m: Net, x: torch.Tensor) -> tuple[Any, CompiledFunction, Any]:
-    """`m` compiled (eager backend) and called once on `x`, eager's value: the compiled module,
-    its compiled function and the one entry's code."""
-    c = er.compile(m, backend="eager")
-    assert_same(m(x), c(x))
-    cf = c.compiled
-    assert isinstance(cf, CompiledFunction)
-    return c, cf, cf.entries[0].code
-
-
 @pytest.mark.parametrize("change, reason", [
     (lambda m: setattr(m.config, "mode", "none"), "self.config.mode is 'none'"),
     (lambda m: setattr(m.config, "eps", 1e-6), "self.config.eps is 1e-06"),
@@ -232,8 +222,9 @@ def _compiled(m: Net, x: torch.Tensor) -> tuple[Any, CompiledFunction, Any]:
     (lambda m: torch.set_grad_enabled(True), "torch.is_grad_enabled() is False"),
 ])
 def test_compiled_check_is_the_program_and_recompiles(change: Any, reason: str) -> None:
-    m, x = Net(), torch.randn(2, 3)
-    c, cf, code = _compiled(m, x)
+    m = Net()
+    c, cf, x = compiled_eager(m, 2, 3)
+    code = cf.entries[0].code
     assert type(code.guard) is guardvm.machine().Program
     change(m)
     assert_same(m(x), c(x))
@@ -244,8 +235,9 @@ def test_compiled_check_is_the_program_and_recompiles(change: Any, reason: str) 
 
 def test_without_the_machine_the_check_stays_python(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(guardvm, "machine", lambda: None)
-    m, x = Net(), torch.randn(2, 3)
-    c, _, code = _compiled(m, x)
+    m = Net()
+    c, cf, x = compiled_eager(m, 2, 3)
+    code = cf.entries[0].code
     assert isinstance(code.guard, types.FunctionType) and code.guard is not code.full
     m.config.mode = "none"
     assert_same(m(x), c(x))

@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-import ember.runtime as er
 from ember.runtime import tensorcheck
-from ember.runtime.compile import CompiledFunction
+from packages.runtime.tests.guard_checks import (
+    assert_checks_agree,
+    both_ways,
+    compiled_eager,
+)
 
 
 class Net(nn.Module):
@@ -40,24 +43,11 @@ def _no_grad() -> Iterator[None]:
         yield
 
 
-def _cf(c: Any) -> CompiledFunction:
-    cf = c.compiled
-    assert isinstance(cf, CompiledFunction)
-    return cf
-
-
-def _compiled(m: nn.Module) -> tuple[Any, torch.Tensor]:
-    c = er.compile(m, backend="eager")
-    x = torch.randn(2, 4)
-    torch.testing.assert_close(c(x), m(x))
-    return c, x
-
-
 def test_checker_builds_and_the_fast_check_uses_it() -> None:
     assert tensorcheck.checker() is not None, "the C checker did not build or self-test"
     m = Net()
-    c, x = _compiled(m)
-    code = _cf(c).entries[0].code
+    c, cf, x = compiled_eager(m, 2, 4)
+    code = cf.entries[0].code
     src = code.fast_source
     assert src is not None
     assert ".stride()" not in src and ".requires_grad" not in src  # all four tensors in C
@@ -67,22 +57,15 @@ def test_checker_builds_and_the_fast_check_uses_it() -> None:
 
 def _mutated(change: Callable[[Net], Any], reason: str) -> None:
     m = Net()
-    c, x = _compiled(m)
+    c, cf, x = compiled_eager(m, 2, 4)
     c(x)
     change(m)
-    try:
-        want: Any = m(x)
-    except RuntimeError as e:
-        want = e
-    try:
-        got: Any = c(x)
-    except RuntimeError as e:
-        got = e
+    want, got = both_ways(m, c, x)
     if isinstance(want, torch.Tensor):
         torch.testing.assert_close(got, want)
     else:
         assert type(got) is type(want)
-    h = _cf(c).history
+    h = cf.history
     assert any(reason in r for r in h.recompilations), h.recompilations
 
 
@@ -126,10 +109,8 @@ def test_metadata_mutation_recompiles(name: str, change: Callable[[Net], Any],
 
 @pytest.mark.filterwarnings("ignore:.*sparse_coo tensor input")
 def test_argument_type_and_layout_changes_recompile() -> None:
-    c = er.compile(Net(), backend="eager")
-    x = torch.randn(2, 4)
-    c(x)
-    h = _cf(c).history
+    c, cf, x = compiled_eager(Net(), 2, 4)
+    h = cf.history
     for i, y in enumerate((nn.Parameter(torch.randn(2, 4)), torch.randn(4, 2).t(),
                            torch.randn(2, 4).to_sparse())):
         try:
@@ -147,8 +128,8 @@ def test_torch_function_mode_runs_the_full_check() -> None:
             return func(*args, **(kwargs or {}))
 
     m = Net()
-    c, x = _compiled(m)
-    code = _cf(c).entries[0].code
+    c, cf, x = compiled_eager(m, 2, 4)
+    code = cf.entries[0].code
     assert code.fast_source is not None
     if not isinstance(code.guard, types.FunctionType):  # a C guard program (guardvm.py)
         prog: Any = code.guard
@@ -180,12 +161,12 @@ def test_without_the_checker_the_fast_check_keeps_python_tensor_checks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tensorcheck, "checker", lambda: None)
     m = Net()
-    c, x = _compiled(m)
-    src = _cf(c).entries[0].code.fast_source
+    c, cf, x = compiled_eager(m, 2, 4)
+    src = cf.entries[0].code.fast_source
     assert src is not None and ".stride() ==" in src and "(TT" not in src
     _swap_data(m.lin.weight, m.lin.weight.data.t())
     c(x)
-    assert any("stride [1, 4]" in r for r in _cf(c).history.recompilations)
+    assert any("stride [1, 4]" in r for r in cf.history.recompilations)
 
 
 def test_self_test_refuses_a_reader_that_misreads() -> None:
@@ -226,18 +207,12 @@ _STEPS = [m for _, m, _ in _MUTATIONS] + [
 def test_fast_check_agrees_with_full_check(steps: list[int], shape: tuple[int, int]) -> None:
     """After any mutations, the C-backed fast check gives what the full check gives."""
     m = Net()
-    c, x = _compiled(m)
-    code = _cf(c).entries[0].code
+    c, cf, x = compiled_eager(m, 2, 4)
+    code = cf.entries[0].code
     assert code.fast_source is not None and "(TT" in code.fast_source
     for i in steps:
         try:
             _STEPS[i](m)
         except RuntimeError:  # (a mutation the current metadata refuses)
             pass
-        y = torch.randn(*shape)
-        fast, full = code.guard(m, (y,), {}), code.full(m, (y,), {})
-        if isinstance(full, list):
-            assert isinstance(fast, list) and len(fast) == len(full)
-            assert all(a is b for a, b in zip(fast, full, strict=True))
-        else:
-            assert fast == full
+        assert_checks_agree(code, m, torch.randn(*shape))
