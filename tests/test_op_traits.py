@@ -152,7 +152,7 @@ FRESH_CASES: dict[str, list[Case]] = {
                                                                       requires_grad=False),
                                      _r(256)], {"bias": True, "act": "gelu"}),
                            lambda: ([_r(3, 8), _r(5, 8), _r(5)],
-                                    {"bias": True, "act": "gelu_tanh"})],
+                                    {"bias": True, "act": "gelu"})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],

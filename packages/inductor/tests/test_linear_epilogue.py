@@ -73,8 +73,8 @@ CASES = {
     # returned as [4, 64, 96], the copy of the extern's [256, 96] result into that output (as
     # for a reshaped product without a bias)
     "gelu_erf": (_case(GELU_ERF, [("g", T3)]), {"bias": True, "act": "gelu"}, 1, ["g_erf"]),
-    "gelu_new": (_case(GELU_NEW, [("g", T)]), {"bias": True, "act": "gelu_tanh"}, 0,
-                 ["g_new"]),
+    # the tanh GELU stays a kernel (oneDNN's post-op measured no faster), the bias is folded
+    "gelu_new": (_case(GELU_NEW, [("g", T)]), {"bias": True}, 1, ["g_new"]),
     # the bias alone where the sum is an output
     "bias": (_case("  %z = prims.add(%bb, %y) : f32[256, 96]\n", [("z", T)]), {"bias": True},
              0, ["z"]),
@@ -155,21 +155,20 @@ def test_a_small_product_keeps_its_gelu_kernel() -> None:
     torch.testing.assert_close(got, F.gelu(F.linear(x, w, b)).reshape(2, 8, 12))
 
 
-_ACTS = {None: lambda y: y, "gelu": F.gelu,
-         "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
+_ACTS = {None: lambda y: y, "gelu": F.gelu}
 
 
 @needs_mkldnn
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 300), k=st.integers(1, 200), n=st.integers(1, 200),
-       bias=st.booleans(), act=st.sampled_from([None, "gelu", "gelu_tanh"]),
+       bias=st.booleans(), act=st.sampled_from([None, "gelu"]),
        kn=st.booleans(), scale=st.sampled_from([0.05, 1.0, 30.0]), seed=st.integers(0, 99))
 def test_the_call_matches_eager(m: int, k: int, n: int, bias: bool, act: str | None, kn: bool,
                                 scale: float, seed: int) -> None:
     """The bound call (oneDNN's linear with its bias and post-op on the packed weight from
     1M multiply-adds, addmm and eager's GELU below), over drawn shapes, weight scales and kn:
     its epilogue is eager's bias add and GELU on the same product (bitwise on the packed
-    path, but for the tanh GELU; the fallback's addmm rounds the bias add into the product);
+    path; the fallback's addmm rounds the bias add into the product);
     the whole is eager's linear and GELU within the defaults where outputs are of unit
     scale (at 30x, the two GEMMs' different summation orders alone exceed atol=1e-5)."""
     g = torch.Generator().manual_seed(seed)
@@ -185,7 +184,7 @@ def test_the_call_matches_eager(m: int, k: int, n: int, bias: bool, act: str | N
     product = linear.bind(kw)(x, wk)
     same = _ACTS[act](product if b is None else product + b)
     big = m * k * n >= linear.SMALL_LINEAR
-    if big and act != "gelu_tanh":
+    if big:
         assert torch.equal(got, same)
     else:
         torch.testing.assert_close(got, same)
@@ -214,7 +213,8 @@ def test_the_fallbacks_are_eager_addmm_and_gelu() -> None:
 @needs_mkldnn
 def test_a_compiled_mlp_folds_and_matches_eager() -> None:
     """A BERT-like block (linear, GELU, linear, residual, LayerNorm) and GPT-2's MLP (Conv1D,
-    NewGELU): each linear takes its bias, the first its GELU; outputs match eager, and an
+    NewGELU): each linear takes its bias, the Block's first its GELU (NewGELU's tanh form
+    stays a kernel); outputs match eager, and an
     in-place weight update is picked up."""
     torch.manual_seed(0)
 

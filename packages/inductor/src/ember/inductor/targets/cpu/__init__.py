@@ -7,9 +7,9 @@ stacked windows as elementwise chains), `conv-nhwc`, the target-neutral
 `lower-loops` and `fuse`, `schedule-cpu` (schedule.py: the kernels' schedules as attributes),
 `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
 `decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
-channels-last convolution (conv.py) and torch's fused CPU attention kept as one extern call
-(`keep_attention=true` keeps it through decompose: torch's flash kernel beats matmul + softmax
-kernel + matmul ~1.4x, as TorchInductor does on CPU).
+channels-last convolution (conv.py) and the fused CPU attention kept as one extern call
+(`keep_attention=true` keeps it through decompose; attention.py: ember's kernel, flash.py,
+where it serves, else torch's flash kernel, as TorchInductor calls).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Torch's fused CPU attention as one extern, its results read where the kernel writes them.
+"""The fused CPU attention as one extern, its results read where the kernel writes them.
+
+The forward runs on ember's kernel (flash.py) where it serves, else on torch's; both write
+the layouts below.
 
 Forward: `aten._scaled_dot_product_flash_attention_for_cpu` writes its output as [B, L, H, E]
 when q is a head split of a projection ([B, H, L, E] view of a [B, L, H, E] buffer) and its
@@ -8,8 +11,11 @@ nothing reads it), and the model's head merge (`transpose(1, 2).reshape(B, L, H*
 eager) read the copy back across the heads for the output projection. For such a q the extern
 is `loop.attention_heads_last_cpu` instead: the same kernel, its results returned as the
 buffers it wrote, read as permuted views, so the head merge is a reshape the GEMM reads as it
-is (TorchInductor hands the kernel's output to the GEMM the same way). A q of another layout
-keeps the plain extern (the kernel then writes its output [B, H, L, E], which is what it reads).
+is (TorchInductor hands the kernel's output to the GEMM the same way). So is a q of another
+layout (Llama's, written [B, H, L, E] by the rotary kernel) where ember's kernel serves by the
+static types (`_ember_kernel_serves`): it writes [B, L, H, E] whatever q's layout. Any other
+call keeps the plain extern (torch's kernel then writes its output [B, H, L, E], which is what
+it reads).
 
 `aten._scaled_dot_product_flash_attention_for_cpu_backward` (what the forward's VJP rule emits
 on the training path) returns grad_q, grad_k and grad_v as [B, H, L, E] views of [B, L, H, E]
@@ -28,11 +34,10 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
 from ember.inductor.indexing import affine_view, ivar
 from ember.inductor.lowering import View
-from ember.ir import Node, TensorType, Value
+from ember.inductor.targets.cpu import flash
+from ember.ir import DType, Node, TensorType, Value
 from ember.ir.graph import Arg, map_args
 from ember.ir.registry import OpTypeError, default_registry, register_op
 from ember.ir.types import Type
@@ -73,7 +78,6 @@ if default_registry().lookup(GRADS_HEADS_LAST) is None:
 
 FORWARD = "aten._scaled_dot_product_flash_attention_for_cpu.default"
 HEADS_LAST = "loop.attention_heads_last_cpu"
-_KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def _forward_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
@@ -92,11 +96,13 @@ def _forward_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list
 
 
 def _forward_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
-    # torch's op called as it is (its arguments are tensors, floats and a bool): the generic
-    # reference's argument handling cost ~45 us a call, as much as the copies this op saves
-    out, lse = _KERNEL(*args, **{k: v for k, v in kw.items() if k != "kernel"})
-    # the buffers the kernel wrote (a copy only where it wrote another layout: the extern's
-    # results are made contiguous)
+    # called as it is (its arguments are tensors, floats and a bool): the generic reference's
+    # argument handling cost ~45 us a call, as much as the copies this op saves; ember's
+    # kernel (flash.py) where it serves, which writes [B, L, H, E], else torch's
+    out, lse = flash.forward(*args, **{k: v for k, v in kw.items() if k != "kernel"},
+                             heads_last=True)
+    # the buffers the kernel wrote (a copy only where torch's wrote another layout: the
+    # extern's results are made contiguous)
     return out.transpose(1, 2), lse.transpose(1, 2)
 
 
@@ -129,10 +135,25 @@ def _heads_inside_rows(lw: Any, v: Any) -> bool:
     return n > h
 
 
+def _ember_kernel_serves(n: Node) -> bool:
+    """Whether flash.py's kernel serves this call by its static types (f32 q, k, v and mask
+    with concrete sizes, at least MIN_ROWS query rows, no dropout): it writes [B, L, H, E]
+    whatever q's layout."""
+    ts = [a.type for a in [*n.args[:3], n.kwargs.get("attn_mask")] if isinstance(a, Value)]
+    drop = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
+    q = n.args[0].type if n.args and isinstance(n.args[0], Value) else None
+    return len(ts) >= 3 and all(isinstance(t, TensorType) and t.dtype == DType.f32
+                                and all(isinstance(d, int) for d in t.shape) for t in ts) \
+        and isinstance(q, TensorType) and q.rank == 4 and int(q.shape[2]) >= flash.MIN_ROWS \
+        and drop in (0, 0.0, None)
+
+
 def lower_attention(lw: Any, n: Node) -> None:
-    """One extern call of the forward kernel on strided views of q, k, v; for a heads-last q
-    its output and logsumexp read as permuted views of the buffers the kernel writes."""
-    if len(n.results) != 2 or not _heads_inside_rows(lw, n.args[0] if n.args else None):
+    """One extern call of the forward kernel on strided views of q, k, v; for a heads-last q,
+    or wherever ember's kernel serves, its output and logsumexp read as permuted views of the
+    [B, L, H, E] and [B, L, H] buffers the kernel writes."""
+    if len(n.results) != 2 or not (_heads_inside_rows(lw, n.args[0] if n.args else None)
+                                   or _ember_kernel_serves(n)):
         lw.passthrough(n, n.op)
         return
     args = [map_args(a, lw.extern_operand) for a in n.args]

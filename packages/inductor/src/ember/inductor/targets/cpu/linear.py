@@ -12,8 +12,8 @@ forward (no `saved=` attribute: training keeps torch.mm, as eager does),
 on the raw [N, K] weight; where the right operand is such a [K, N] input itself (GPT-2's
 `Conv1D`: `addmm(b, x, w)`), the same with kn=true (the pack is made from `w.T`). The bias
 add and a GELU after the product are folded in where nothing else reads what they fold
-(linear_epilogue.py): `bias=true` with the [N] bias as a third operand, `act="gelu"` or
-`act="gelu_tanh"`, computed by oneDNN as its bias and post-op. The call
+(linear_epilogue.py): `bias=true` with the [N] bias as a third operand, `act="gelu"` (erf), computed by
+oneDNN as its bias and post-op. The call
 runs oneDNN's linear on the packed `w`, cached per weight by packed.py's cache (`cached_pack`: repacked when the weight's version counter or data
 pointer changes, Parameters only), where `w` is an `nn.Parameter` on the CPU in f32, `x` is
 contiguous, autograd does not need the product (grad mode off or `w` not requiring grad), the
@@ -109,10 +109,9 @@ def _pack_kn(w: torch.Tensor) -> Callable[[], torch.Tensor]:
 
 # act= -> oneDNN's post-op (_linear_pointwise's attr and algorithm) and eager's function
 _POST_OPS: dict[str | None, tuple[str, str]] = {
-    None: ("none", ""), "gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh")}
+    None: ("none", ""), "gelu": ("gelu", "none")}
 _EAGER: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
-    None: lambda y: y, "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}
+    None: lambda y: y, "gelu": torch.nn.functional.gelu}
 
 
 def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
@@ -197,8 +196,8 @@ def lower_matmul(lw: _Lowering, n: Node) -> None:
 
 
 LINEAR_OPDEF = OpDef(LINEAR_OP, "x [M, K] times the transpose of a [N, K] weight (kn=true: "
-                     "times a [K, N] one), plus a [N] bias (bias=true), then act= (gelu, "
-                     "gelu_tanh); oneDNN's packed weight cached on the weight (an extern's "
+                     "times a [K, N] one), plus a [N] bias (bias=true), then act= (gelu: "
+                     "erf); oneDNN's packed weight cached on the weight (an extern's "
                      "op)", _infer, _run,
                      aliasing="fresh")
 if default_registry().lookup(LINEAR_OP) is None:

@@ -3,20 +3,22 @@
 `F.linear(x, w, b)` decomposes to `add(broadcast_in_dim(b, [M, N], broadcast_dims=[1]),
 matmul(x, w.T))`; oneDNN's linear adds the bias as it writes the product (the same f32 sum
 of the same accumulator: bitwise the separate add), so the add kernel, or the bias loads of
-the kernel the add fused into, are gone. A GELU after it (erf or tanh form, as `aten.gelu`
-decomposes or as GPT-2's `NewGELUActivation` writes the tanh form), whose value only the
-GELU reads, is oneDNN's GELU post-op: the GELU kernel's pass over the [M, N] activation is
-gone. oneDNN's erf GELU is eager's (torch's CPU GELU is oneDNN's eltwise: bitwise equal);
-its tanh GELU is within 1 ulp-level differences of eager's (max 5e-7 absolute on unit-scale
-values, well inside f32's default tolerances). The GELU may come after a reshape of the 2-d
-product ([B*L, N] -> [B, L, N]): an elementwise function commutes with it. Only a product
-known to reach linear.py's SMALL_LINEAR takes the GELU: a smaller one is addmm, and eager's
-GELU after it costs a torch call where the kernel it replaces cost ~2 us.
+the kernel the add fused into, are gone. A GELU after it (erf form, as `aten.gelu`
+decomposes it), whose intermediate values only the GELU reads, is oneDNN's GELU post-op:
+the GELU kernel's pass over the [M, N] activation is gone, and oneDNN's erf GELU is eager's
+(torch's CPU GELU is oneDNN's eltwise: bitwise equal). The GELU may come after a reshape of
+the 2-d product ([B*L, N] -> [B, L, N]): an elementwise function commutes with it. Only a
+product known to reach linear.py's SMALL_LINEAR takes the GELU: a smaller one is addmm, and
+eager's GELU after it costs a torch call where the kernel it replaces cost ~2 us.
 
-Not folded (measured, session 9): a residual add (oneDNN's binary add post-op took longer
-than the product plus a separate add at every transformer shape measured, 256x256x1024 918
-vs 704 us), and SiLU/ReLU (no transformer here has one whose pass a fold would remove:
-llama's SiLU fuses into the gate product's mul kernel).
+Measured (session 9, linear -> GELU -> linear compiled, the fold off vs on interleaved, 1
+thread): erf GELU 256x256x1024 1562 -> 1465 us, 6272x96x384 5936 -> 5372 us; the bias alone
+1406 -> 1358 us. Not folded: the tanh GELU (oneDNN's post-op was no faster than ember's
+kernel: 1433 vs 1436 us, GPT-2 16.55 vs 16.70 ms), a residual add (oneDNN's binary add
+post-op took longer than the product plus a separate add, 256x256x1024 918 vs 704 us),
+SiLU/ReLU (no transformer here has one whose pass a fold would remove: llama's SiLU fuses
+into the gate product's mul kernel), CLIP's x * sigmoid(1.702x) (torch's oneDNN call takes
+no swish alpha).
 """
 
 from __future__ import annotations
@@ -34,16 +36,11 @@ Pattern: TypeAlias = "str | float | tuple[Pattern, ...]"
 U = "U"
 _COMMUTATIVE = ("prims.add", "prims.mul")
 _HALF_X = ("prims.mul", U, 0.5)
-# aten.gelu's decompositions (prims/decomp/activations.py) and GPT-2's NewGELUActivation
-# (0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))), its pow(x, 3) as x * x * x)
+# aten.gelu's erf decomposition (prims/decomp/activations.py): x * 0.5 * (1 + erf(x / sqrt 2))
 GELU_ERF: Pattern = ("prims.mul", _HALF_X,
                      ("prims.add", 1.0, ("prims.erf", ("prims.mul", U, math.sqrt(0.5)))))
-_CUBE: Pattern = ("prims.mul", ("prims.mul", U, U), U)
-GELU_TANH: Pattern = ("prims.mul", _HALF_X, (
-    "prims.add", 1.0, ("prims.tanh", ("prims.mul", math.sqrt(2.0 / math.pi), (
-        "prims.add", U, ("prims.mul", 0.044715, _CUBE))))))
 # the op's act= attribute -> its pattern
-ACTIVATIONS: dict[str, Pattern] = {"gelu": GELU_ERF, "gelu_tanh": GELU_TANH}
+ACTIVATIONS: dict[str, Pattern] = {"gelu": GELU_ERF}
 
 
 @dataclass

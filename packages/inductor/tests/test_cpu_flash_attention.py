@@ -1,0 +1,150 @@
+"""ember's fused CPU attention forward (targets/cpu/flash.py) against torch's flash kernel:
+output and logsumexp over shapes, layouts, masks (broadcast, -inf entries, fully masked rows)
+and causal calls; torch's kernel where ember's does not serve; and the CPU lowering's use of
+it for a q of any layout (its output read as a permuted view of the [B, L, H, E] buffer)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ember.inductor  # noqa: F401
+from ember.inductor.kernels import compile_module, compiled_runner
+from ember.inductor.targets.cpu import flash
+from ember.ir import parse
+
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _layout(t: torch.Tensor, kind: int) -> torch.Tensor:
+    """[B, H, N, E] values as a contiguous tensor (0), a head split of [B, N, H, E] rows (1)
+    or with E strided (2: a transpose of [B, H, E, N] storage)."""
+    if kind == 1:
+        return t.transpose(1, 2).contiguous().transpose(1, 2)
+    if kind == 2:
+        return t.transpose(2, 3).contiguous().transpose(2, 3)
+    return t.contiguous()
+
+
+@st.composite
+def _calls(draw: st.DrawFn) -> dict:
+    b, h = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    n = draw(st.integers(flash.MIN_ROWS, 45))
+    s = draw(st.integers(1, 70))
+    e = ev = draw(st.integers(1, 70))  # (torch's kernel needs one head size)
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    q, k, v = (_layout(torch.randn(b, h, m, d, generator=g), draw(st.integers(0, 2)))
+               for m, d in ((n, e), (s, e), (s, ev)))
+    shape = draw(st.sampled_from([None, (b, h, n, s), (1, h, n, s), (b, 1, n, s), (n, s),
+                                  (1, 1, 1, s)]))
+    mask = None
+    if shape is not None:
+        mask = torch.randn(shape, generator=g) * 3
+        mask[torch.rand(shape, generator=g) < draw(st.sampled_from([0.0, 0.3]))] = \
+            float("-inf")
+        if draw(st.booleans()) and len(shape) == 4:
+            mask[..., 0, :] = float("-inf")  # a fully masked row
+    return {"q": q, "k": k, "v": v, "attn_mask": mask, "is_causal": draw(st.booleans()),
+            "scale": draw(st.sampled_from([None, 0.3])), "heads_last": draw(st.booleans())}
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+               is_causal: bool, scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The math in f64, with torch's flash kernel's conventions: causal is top-left, a row whose
+    every score is -inf gives an output and a logsumexp of 0."""
+    q, k, v = q.double(), k.double(), v.double()
+    s = q @ k.transpose(2, 3) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if attn_mask is not None:
+        s = s + attn_mask.double()
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    dead = torch.isneginf(s).all(-1, keepdim=True)
+    s = s.masked_fill(dead, 0.0)
+    lse = torch.logsumexp(s, -1, keepdim=True)
+    p = torch.exp(s - lse).masked_fill(dead, 0.0)
+    return (p @ v).float(), lse.masked_fill(dead, 0.0).squeeze(-1).float()
+
+
+@settings(max_examples=80, deadline=None)
+@given(_calls())
+def test_matches_the_math_and_torchs_flash_kernel(c: dict) -> None:
+    q, k, v, heads_last = c.pop("q"), c.pop("k"), c.pop("v"), c.pop("heads_last")
+    want_o, want_l = _reference(q, k, v, **c)
+    if all(t.stride(-1) == 1 for t in (q, k, v)):  # (torch's kernel needs that: flash.py)
+        flash_o, flash_l = FLASH(q, k, v, 0.0, **c)
+        torch.testing.assert_close(flash_o, want_o, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(flash_l, want_l, rtol=1e-4, atol=1e-5)
+    o, lse = flash.forward(q, k, v, 0.0, **c, heads_last=heads_last)
+    torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, want_l, rtol=1e-4, atol=1e-5)
+    if heads_last:  # permuted views of [B, L, H, E] and [B, L, H] buffers
+        assert o.transpose(1, 2).is_contiguous() and lse.transpose(1, 2).is_contiguous()
+    else:
+        assert o.is_contiguous() and lse.is_contiguous()
+
+
+def test_serving_calls_run_embers_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 40, 16, generator=g) for _ in range(3))
+    want = FLASH(q, k, v, is_causal=True)
+
+    def refuse(*a: object, **kw: object) -> None:
+        raise AssertionError("torch's kernel ran")
+    monkeypatch.setattr(flash, "_KERNEL", refuse)
+    out, lse = flash.forward(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, want[0])
+    torch.testing.assert_close(lse, want[1])
+
+
+@pytest.mark.parametrize("case", ["f64", "few rows", "dropout", "gqa"])
+def test_other_calls_run_torchs_kernel(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(4)
+    dt = torch.float64 if case == "f64" else torch.float32
+    n = flash.MIN_ROWS - 1 if case == "few rows" else 32
+    q = torch.randn(2, 4, n, 8, generator=g, dtype=dt)
+    k = torch.randn(2, 2 if case == "gqa" else 4, 32, 8, generator=g, dtype=dt)
+    mask = None
+    calls = []
+    kernel = flash._KERNEL
+
+    def spy(*a: object, **kw: object) -> object:
+        calls.append(1)
+        return kernel(*a, **kw)
+    monkeypatch.setattr(flash, "_KERNEL", spy)
+    drop = 0.5 if case == "dropout" else 0.0
+    if case in ("gqa", "dropout"):
+        assert not flash._serves(q, k, k, drop, mask)
+        return
+    flash.forward(q, k, k, drop, attn_mask=mask)
+    assert calls == [1]
+
+
+CONTIGUOUS_Q = """ember.ir 1.0
+
+graph @f(%q: f32[2, 2, 24, 4], %w: f32[8, 8]) -> (f32[48, 8]) {
+  %o, %l = aten._scaled_dot_product_flash_attention_for_cpu.default(%q, %q, %q, 0.0, true) : (f32[2, 2, 24, 4], f32[2, 2, 24])
+  %ot = aten.transpose.int(%o, 1, 2) : f32[2, 24, 2, 4]
+  %m = aten.reshape.default(%ot, [48, 8]) : f32[48, 8]
+  %y = aten.mm.default(%m, %w) : f32[48, 8]
+  return (%y)
+}
+"""
+
+
+def test_a_contiguous_q_is_read_where_embers_kernel_writes() -> None:
+    """A q written [B, H, L, E] (rotary's kernel): ember's kernel writes the output
+    [B, L, H, E] all the same, so the head merge before the GEMM is a view, not a copy."""
+    g = torch.Generator().manual_seed(5)
+    q, w = torch.randn(2, 2, 24, 4, generator=g), torch.randn(8, 8, generator=g)
+    compiled = compile_module(parse(CONTIGUOUS_Q))
+    nodes = compiled.graph().nodes
+    externs = [n for n in nodes if n.op == "kernels.extern"]
+    assert externs[0].kwargs["op"] == "loop.attention_heads_last_cpu", \
+        [n.kwargs["op"] for n in externs]
+    at, mm = nodes.index(externs[0]), nodes.index(externs[1])
+    assert not any(n.op == "kernels.call" for n in nodes[at:mm]), [n.op for n in nodes[at:mm]]
+    (y,) = compiled_runner(compiled)(None, [q, w]).outputs
+    o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(y, o.transpose(1, 2).reshape(48, 8) @ w)
