@@ -55,6 +55,27 @@ def extern_node(m: Module, n: Node) -> Node | None:
     return node_for("kernels.extern", n.args, n.kwargs, n, [retyped(r) for r in n.results])
 
 
+def kernel_body(m: Module, n: Node) -> Graph | None:
+    """The body of a loop kernel node (`loop.pointwise`, `loop.reduction`); None for any other
+    node (it stays as it is)."""
+    if n.op not in ("loop.pointwise", "loop.reduction"):
+        return None
+    ref = n.args[0]
+    assert isinstance(ref, Ref)
+    body = m.items[ref.name]
+    assert isinstance(body, Graph)
+    return body
+
+
+def kernel_name(body: Graph, kernels: Sequence[Kernel]) -> str:
+    """A name for the kernel of `body`: the body's, unless a kernel made so far has it (two loop
+    nodes may share one body)."""
+    name = body.name
+    while any(k.name == name for k in kernels):
+        name += "_"
+    return name
+
+
 def call_node(n: Node, name: str, args: Sequence[Arg], sizes: Sequence[str] = (),
               extra: Mapping[str, Arg] | None = None) -> Node:
     """`n` as `kernels.call(@name, args...)`: its results' dtypes and shapes, the size symbols
@@ -113,5 +134,5 @@ def assemble(src: Module, kernels: Sequence[Kernel], graphs: Sequence[Graph],
     return out
 
 
-__all__ = ["assemble", "call_node", "extern_node", "keep_on_reference", "lower_graphs",
-           "node_for", "retyped"]
+__all__ = ["assemble", "call_node", "extern_node", "keep_on_reference", "kernel_body",
+           "kernel_name", "lower_graphs", "node_for", "retyped"]

@@ -26,6 +26,8 @@ from ember.inductor.codegen import (
     call_node,
     extern_node,
     keep_on_reference,
+    kernel_body,
+    kernel_name,
     lower_graphs,
 )
 from ember.inductor.launch import LoadedKernel
@@ -40,7 +42,6 @@ from ember.ir import (
     Kernel,
     Module,
     Node,
-    Ref,
     Value,
 )
 from ember.ir.passes import register_pass
@@ -153,19 +154,14 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     ext = extern_node(m, n)  # (a view: matmul reads the buffer as it is)
     if ext is not None:
         return ext
-    if n.op not in ("loop.pointwise", "loop.reduction"):
+    body = kernel_body(m, n)
+    if body is None:
         return n
-    ref = n.args[0]
-    assert isinstance(ref, Ref)
-    body = m.items[ref.name]
-    assert isinstance(body, Graph)
     key = shared.key(m, n, body) if shared is not None else None
     if shared is not None and key in shared.made:
         name, sizes, inplace = shared.made[key]
         return _call(n, name, sizes, inplace)
-    name = ref.name
-    while any(k.name == name for k in kernels):  # two loop nodes may share one body
-        name += "_"
+    name = kernel_name(body, kernels)
     inplace = inplace_inputs(n, body)
     try:
         source, sizes = kernel_source_sizes(name, n, body, f"@{g.name}", m.items, m.symbols,

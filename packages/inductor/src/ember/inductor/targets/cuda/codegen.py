@@ -42,6 +42,8 @@ from ember.inductor.codegen import (
     call_node,
     extern_node,
     keep_on_reference,
+    kernel_body,
+    kernel_name,
     lower_graphs,
     retyped,
 )
@@ -108,15 +110,10 @@ def _lower_node(m: Module, g: Graph, n: Node, kernels: list[Kernel], fallback: l
     ext = extern_node(m, n)
     if ext is not None:
         return ext
-    if n.op not in ("loop.pointwise", "loop.reduction"):
+    body = kernel_body(m, n)
+    if body is None:
         return n
-    ref = n.args[0]
-    assert isinstance(ref, Ref)
-    body = m.items[ref.name]
-    assert isinstance(body, Graph)
-    name = ref.name
-    while any(k.name == name for k in kernels):  # two loop nodes may share one body
-        name += "_"
+    name = kernel_name(body, kernels)
     if mm is not None:  # the matmul template with this kernel as its epilogue
         pos = next(k for k, x in enumerate(n.args[1:]) if mm.results and x is mm.results[0])
         rendered = render_matmul(name, Pair(mm, n, pos), m.items, interpret)
