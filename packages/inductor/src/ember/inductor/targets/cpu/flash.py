@@ -217,33 +217,37 @@ extern "C" void ember_attention_f32(const float* q, const float* k, const float*
 """
 
 
+_I64 = ctypes.POINTER(ctypes.c_int64)
+_F32 = torch.float32
+
+
 @functools.cache
 def _library() -> Any:
     """The kernel's entry point, built through the compile cache once per process."""
     fn = cache.load(PRELUDE + SOURCE).ember_attention_f32
     p = ctypes.c_void_p
-    fn.argtypes = [p, p, p, p, p, p, p, p, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [p, p, p, p, p, p, _I64, _I64, ctypes.c_float, ctypes.c_int]
     fn.restype = None
     return fn
 
 
 def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
             attn_mask: torch.Tensor | None) -> bool:
-    ts = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
-    if not all(t.dtype == torch.float32 and t.device.type == "cpu" for t in ts) \
-            or not (q.dim() == k.dim() == v.dim() == 4) or dropout_p != 0.0:
+    # (plain attribute checks: this runs on every call, ~100 us of torch helpers did not fit)
+    if q.dtype is not _F32 or k.dtype is not _F32 or v.dtype is not _F32 \
+            or q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu" \
+            or q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or dropout_p != 0.0:
         return False
     (b, h, n, e), (kb, kh, s, ke), (vb, vh, vs, ve) = q.shape, k.shape, v.shape
     if (kb, kh, vb, vh) != (b, h, b, h) or ke != e or ve != e or vs != s or n < MIN_ROWS \
             or s == 0 or e == 0:
         return False
-    if attn_mask is not None:
-        try:  # broadcast to [B, H, L, S] without growing it
-            return attn_mask.dim() <= 4 \
-                and torch.broadcast_shapes(attn_mask.shape, (b, h, n, s)) == (b, h, n, s)
-        except RuntimeError:
-            return False
-    return True
+    if attn_mask is None:
+        return True
+    # a float mask that broadcasts to [B, H, L, S] without growing it
+    ms = attn_mask.shape
+    return attn_mask.dtype is _F32 and attn_mask.device.type == "cpu" and len(ms) <= 4 \
+        and all(m in (1, t) for m, t in zip(reversed(ms), (s, n, h, b)))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -261,20 +265,23 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float 
             return out, lse
         return out.contiguous(), lse.contiguous()
     b, h, n, e = q.shape
-    s, ev = k.shape[2], v.shape[3]
+    s = k.shape[2]
     if heads_last:
-        out = torch.empty(b, n, h, ev).transpose(1, 2)
-        lse = torch.empty(b, n, h).transpose(1, 2)
+        out = torch.empty((b, n, h, e)).transpose(1, 2)
+        lse = torch.empty((b, n, h)).transpose(1, 2)
     else:
-        out, lse = torch.empty(b, h, n, ev), torch.empty(b, h, n)
-    mask = attn_mask.expand(b, h, n, s) if attn_mask is not None else None
-    dims = torch.tensor([b, h, n, s, e, ev], dtype=torch.int64)
-    strides = torch.tensor([*q.stride(), *k.stride(), *v.stride(),
-                            *(mask.stride() if mask is not None else (0, 0, 0, 0)),
-                            *out.stride(), *lse.stride()], dtype=torch.int64)
+        out, lse = torch.empty((b, h, n, e)), torch.empty((b, h, n))
+    ms: tuple[int, ...] = (0, 0, 0, 0)
+    if attn_mask is not None:  # its strides as [B, H, L, S] (0 along broadcast dims)
+        st, sh = attn_mask.stride(), attn_mask.shape
+        ms = tuple(0 if i < 4 - len(sh) or sh[i - 4 + len(sh)] == 1
+                   else st[i - 4 + len(sh)] for i in range(4))
+    dims = (ctypes.c_int64 * 6)(b, h, n, s, e, e)
+    strides = (ctypes.c_int64 * 23)(*q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
+                                    *lse.stride())
     _library()(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-               mask.data_ptr() if mask is not None else None, out.data_ptr(), lse.data_ptr(),
-               dims.data_ptr(), strides.data_ptr(),
+               attn_mask.data_ptr() if attn_mask is not None else None, out.data_ptr(),
+               lse.data_ptr(), dims, strides,
                float(scale) if scale is not None else e ** -0.5, int(bool(is_causal)))
     return out, lse
 
