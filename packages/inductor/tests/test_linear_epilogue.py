@@ -24,7 +24,7 @@ needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
 
 _HEAD = """ember.ir 1.0
 
-graph @f(%x: f32[256, 64], %w: f32[96, 64], %b: f32[96]) -> ({outs}) {{
+graph @f(%x: f32[256, 64], %w: f32[96, 64], %b: f32[96], %c: f32[48]) -> ({outs}) {{
   %wt = prims.permute(%w, dims=[1, 0]) : f32[64, 96]
   %y = prims.matmul(%x, %wt) : f32[256, 96]
   %bb = prims.broadcast_in_dim(%b, shape=[256, 96], broadcast_dims=[1]) : f32[256, 96]
@@ -60,12 +60,14 @@ def _case(body: str, outs: list[tuple[str, str]]) -> str:
         + f"  return ({', '.join('%' + v for v, _ in outs)})\n}}\n"
 
 
-def _eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+def _eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+           ) -> dict[str, torch.Tensor]:
     z = F.linear(x, w, b)
     return {"y": x @ w.T, "z": z, "g_erf": F.gelu(z).reshape(4, 64, 96),
             "g_new": 0.5 * z * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi)
                                                  * (z + 0.044715 * torch.pow(z, 3.0)))),
-            "relu": torch.relu(z), "twice": z * 2 + (x @ w.T)}
+            "relu": torch.relu(z), "twice": z * 2 + (x @ w.T),
+            "split": (x @ w.T).reshape(512, 48) + c}
 
 
 CASES = {
@@ -90,6 +92,20 @@ CASES = {
     # the GELU's input is an output too: the bias is folded, the GELU stays a kernel
     "gelu_input_out": (_case(GELU_ERF, [("g", T3), ("z", T)]), {"bias": True}, 1,
                        ["g_erf", "z"]),
+    # the bias added after a reshape that keeps the rows (a matmul of a 3-d x), then the GELU
+    "bias_after_reshape": (_case(
+        "  %u = prims.reshape(%y, shape=[4, 64, 96]) : f32[4, 64, 96]\n"
+        "  %bu = prims.broadcast_in_dim(%b, shape=[4, 64, 96], broadcast_dims=[2])"
+        " : f32[4, 64, 96]\n"
+        "  %z3 = prims.add(%u, %bu) : f32[4, 64, 96]\n"
+        + GELU_ERF.split("\n", 2)[2].replace("%u", "%z3"), [("g", T3)]),
+        {"bias": True, "act": "gelu"}, 1, ["g_erf"]),
+    # a reshape that splits the rows ([256, 96] as [512, 48]): a [48] vector is no bias
+    "split_rows": (_case(
+        "  %u = prims.reshape(%y, shape=[512, 48]) : f32[512, 48]\n"
+        "  %bu = prims.broadcast_in_dim(%c, shape=[512, 48], broadcast_dims=[1]) : f32[512, 48]\n"
+        "  %z3 = prims.add(%u, %bu) : f32[512, 48]\n", [("z3", "f32[512, 48]")]), {}, 1,
+        ["split"]),
     # the product itself an output: nothing folded
     "product_out": (_case(GELU_ERF, [("g", T3), ("y", T)]), {}, 1, ["g_erf", "y"]),
 }
@@ -105,9 +121,9 @@ def test_what_the_packed_linear_folds(case: str) -> None:
     assert {k: v for k, v in ext[0].kwargs.items() if k in ("bias", "act")} == attrs
     assert sum(n.op == "kernels.call" for n in nodes) == kernels
     g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(s, generator=g) for s in ([256, 64], [96, 64], [96]))
-    got = compiled_runner(compiled)(None, [x, w, b]).outputs
-    ref = _eager(x, w, b)
+    x, w, b, c = (torch.randn(s, generator=g) for s in ([256, 64], [96, 64], [96], [48]))
+    got = compiled_runner(compiled)(None, [x, w, b, c]).outputs
+    ref = _eager(x, w, b, c)
     for a, r in zip(got, refs, strict=True):
         torch.testing.assert_close(a, ref[r])
 
@@ -150,8 +166,8 @@ def test_a_small_product_keeps_its_gelu_kernel() -> None:
     assert [(n.kwargs.get("bias"), n.kwargs.get("act")) for n in ext] == [(True, None)]
     assert sum(n.op == "kernels.call" for n in nodes) == 1
     g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(s, generator=g) for s in ([16, 8], [12, 8], [12]))
-    got = compiled_runner(compiled)(None, [x, w, b]).outputs[0]
+    x, w, b, c = (torch.randn(s, generator=g) for s in ([16, 8], [12, 8], [12], [48]))
+    got = compiled_runner(compiled)(None, [x, w, b, c]).outputs[0]
     torch.testing.assert_close(got, F.gelu(F.linear(x, w, b)).reshape(2, 8, 12))
 
 

@@ -7,7 +7,8 @@ the kernel the add fused into, are gone. A GELU after it (erf form, as `aten.gel
 decomposes it), whose intermediate values only the GELU reads, is oneDNN's GELU post-op:
 the GELU kernel's pass over the [M, N] activation is gone, and oneDNN's erf GELU is eager's
 (torch's CPU GELU is oneDNN's eltwise: bitwise equal). The GELU may come after a reshape of
-the 2-d product ([B*L, N] -> [B, L, N]): an elementwise function commutes with it. Only a
+the 2-d product ([B*L, N] -> [B, L, N]): an elementwise function commutes with it; so may
+the bias add (a matmul of a 3-d x that is not contiguous, Mixer's token MLP). Only a
 product known to reach linear.py's SMALL_LINEAR takes the GELU: a smaller one is addmm, and
 eager's GELU after it costs a torch call where the kernel it replaces cost ~2 us.
 
@@ -115,8 +116,8 @@ def _activation(lw: _Lowering, u: Value) -> tuple[str, list[Node]] | None:
 
 
 def _bias(lw: _Lowering, y: Value, add: Node) -> Value | None:
-    """The [N] value `add` adds to the [M, N] product `y` by broadcasting it along the rows,
-    if it does and is lowered already (a graph input, or a value before the product)."""
+    """The [N] value `add` adds to `y` ([M, N] or [..., N]) by broadcasting it along the last
+    dim, if it does and is lowered already (a graph input, or a value before the product)."""
     if add.op != "prims.add" or add.kwargs or len(add.args) != 2 or y not in add.args \
             or add.results[0].type != y.type:
         return None
@@ -124,14 +125,25 @@ def _bias(lw: _Lowering, y: Value, add: Node) -> Value | None:
     bc = _defs(lw, other)
     t = y.type
     if bc is None or bc.op != "prims.broadcast_in_dim" or other is y \
-            or bc.kwargs.get("broadcast_dims") != [1] or not isinstance(t, TensorType):
+            or not isinstance(t, TensorType) or bc.kwargs.get("broadcast_dims") != [t.rank - 1]:
         return None
     b = bc.args[0]
     if not isinstance(b, Value) or not isinstance(b.type, TensorType) \
-            or list(b.type.shape) != [t.shape[1]] or b.type.dtype != t.dtype \
+            or list(b.type.shape) != [t.shape[-1]] or b.type.dtype != t.dtype \
             or not (b in lw.g.params or b in lw.env):
         return None
     return b
+
+
+def _row_view(lw: _Lowering, y: Value, r: Node, outputs: set[Value]) -> Value | None:
+    """The result of `r` if it reshapes the [M, N] product `y` to [..., N] (a matmul of a
+    3-d x: the bias add comes after it) and only one node reads it."""
+    v = r.results[0] if r.op == "prims.reshape" and len(r.results) == 1 else None
+    if v is None or v in outputs or len(lw.readers(v)) != 1 \
+            or not isinstance(v.type, TensorType) or not isinstance(y.type, TensorType) \
+            or v.type.shape[-1] != y.type.shape[-1]:
+        return None
+    return v
 
 
 def linear_epilogue(lw: _Lowering, product: Node, activation: bool = True) -> LinearEpilogue:
@@ -143,11 +155,15 @@ def linear_epilogue(lw: _Lowering, product: Node, activation: bool = True) -> Li
     cur = y  # the value the extern's result stands for so far
     rs = lw.readers(y)
     if y not in outputs and len(rs) == 1:
-        b = _bias(lw, y, rs[0])
+        # the add on the product, or on its row-keeping reshape (each row of N stays a row:
+        # the bias along the last dim is the bias along the product's columns)
+        base = _row_view(lw, y, rs[0], outputs) or y
+        add = lw.readers(base)[0]
+        b = _bias(lw, base, add)
         if b is not None:
             epi.bias = b
-            epi.folded[rs[0]] = y
-            cur = rs[0].results[0]
+            epi.folded[add] = base
+            cur = add.results[0]
     if cur in outputs or not activation:
         return epi
     rs = lw.readers(cur)
