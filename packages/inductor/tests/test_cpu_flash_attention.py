@@ -149,3 +149,46 @@ def test_a_contiguous_q_is_read_where_embers_kernel_writes() -> None:
     (y,) = compiled_runner(compiled)(None, [q, w]).outputs
     o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     torch.testing.assert_close(y, o.transpose(1, 2).reshape(48, 8) @ w)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_heads_rows_split_into_chunks(causal: bool) -> None:
+    """One head of 300 rows: the kernel splits its rows into tasks (each packing the keys it
+    reads: a causal chunk only those up to its last row)."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 1, 300, 8, generator=g) for _ in range(3))
+    mask = torch.randn(300, 300, generator=g)
+    o, lse = flash.forward(q, k, v, is_causal=causal, attn_mask=mask)
+    want_o, want_l = _reference(q, k, v, mask, causal, None)
+    torch.testing.assert_close(o, want_o, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(lse, want_l, rtol=1e-4, atol=1e-5)
+
+
+def _layer(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    b, n, d = x.shape
+    q, k, v = (x @ w).view(b, n, 3, 2, d // 2).permute(2, 0, 3, 1, 4)
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return (a.transpose(1, 2).reshape(b, n, d) ** 2).sum()
+
+
+def test_training_reads_embers_output_and_logsumexp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backward (torch's kernel) reads the forward's output and logsumexp from ember's."""
+    import ember.runtime as er
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(2, 40, 16, generator=g), torch.randn(16, 48, generator=g) / 4
+    ran: list[int] = []
+    kernel = flash._library()
+
+    def counted(*a: object) -> None:
+        ran.append(1)
+        kernel(*a)
+    monkeypatch.setattr(flash, "_library", lambda: counted)
+
+    def grads(fn: object) -> list[torch.Tensor]:
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(xs, ws).backward()  # type: ignore[operator]
+        assert xs.grad is not None and ws.grad is not None
+        return [xs.grad, ws.grad]
+    got = grads(er.compile(_layer, backend="inductor"))
+    assert ran
+    torch.testing.assert_close(got, grads(_layer), rtol=1e-4, atol=1e-5)
