@@ -98,14 +98,16 @@ def test_serving_calls_run_embers_kernel(monkeypatch: pytest.MonkeyPatch) -> Non
     torch.testing.assert_close(lse, want[1])
 
 
-@pytest.mark.parametrize("case", ["f64", "few rows", "dropout", "gqa"])
+@pytest.mark.parametrize("case", ["f64", "few rows", "dropout", "gqa", "long keys"])
 def test_other_calls_run_torchs_kernel(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     g = torch.Generator().manual_seed(4)
     dt = torch.float64 if case == "f64" else torch.float32
     n = flash.MIN_ROWS - 1 if case == "few rows" else 32
     q = torch.randn(2, 4, n, 8, generator=g, dtype=dt)
     k = torch.randn(2, 2 if case == "gqa" else 4, 32, 8, generator=g, dtype=dt)
-    if case in ("gqa", "dropout"):  # (torch's kernel refuses them itself)
+    if case == "long keys":  # (an expanded view: the check reads the sizes alone)
+        k = torch.zeros(1, 1, 1, 8).expand(2, 4, flash.MAX_KEYS_X_FEATURES // 8 + 1, 8)
+    if case in ("gqa", "dropout", "long keys"):  # (torch's kernel refuses the first two)
         assert not flash._serves(q, k, k, 0.5 if case == "dropout" else 0.0, None)
         return
     calls = []

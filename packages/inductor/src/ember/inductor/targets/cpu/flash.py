@@ -12,13 +12,14 @@ rescaling), then the rows times the packed values (8 rows x 32 output features).
 logsumexp (`max + log(sum)` of the scaled, masked scores) is the flash kernel's, so its
 backward reads it as it reads its own. A row whose every score is -inf gives an output and
 a logsumexp of 0, as the flash kernel does. Measured at 1 thread against the flash kernel
-(thread CPU time, the models' shapes): DeiT [2x3, 197x197x64] 956 -> 574 us, GPT-2 causal
-[2x12, 128x128x64] 1859 -> 1141, Whisper [2x6, 1500x1500x64] 95 -> 46 ms, BERT with its
-mask 533 -> 410 us.
+(thread CPU time, interleaved in one process, the models' shapes): BERT [2x4, 128x128x64]
+with its mask 566 -> 265 us, GPT-2 causal [2x12, 128x128x64] 1787 -> 870, DeiT
+[2x3, 197x197x64] 1039 -> 540, Swin's windows [128x3, 49x49x32] 3900 -> 3501.
 
 `forward` runs it where it serves (f32 CPU tensors, equal batch and head counts, a float mask
 broadcastable to [B, H, L, S] or none, no dropout, at least MIN_ROWS query rows: a decode
-step's single row pays the per-head packing for one row) and torch's kernel otherwise.
+step's single row pays the per-head packing for one row; at most MAX_KEYS_X_FEATURES per head:
+each thread holds a head's packed keys and values) and torch's kernel otherwise.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from ember.inductor.targets.cpu.cpp import PRELUDE
 _KERNEL = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 # fewer query rows than this keep torch's kernel (per head it packs keys and values once)
 MIN_ROWS = 16
+# keys x features of one head above this keep torch's kernel (each thread packs them: 64 MB)
+MAX_KEYS_X_FEATURES = 1 << 23
 
 SOURCE = r"""
 #include <cstdlib>
@@ -233,14 +236,14 @@ def _library() -> Any:
 
 def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
             attn_mask: torch.Tensor | None) -> bool:
-    # (plain attribute checks: this runs on every call, ~100 us of torch helpers did not fit)
+    # (plain attribute checks: this runs on every call)
     if q.dtype is not _F32 or k.dtype is not _F32 or v.dtype is not _F32 \
             or q.device.type != "cpu" or k.device.type != "cpu" or v.device.type != "cpu" \
             or q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or dropout_p != 0.0:
         return False
     (b, h, n, e), (kb, kh, s, ke), (vb, vh, vs, ve) = q.shape, k.shape, v.shape
     if (kb, kh, vb, vh) != (b, h, b, h) or ke != e or ve != e or vs != s or n < MIN_ROWS \
-            or s == 0 or e == 0:
+            or s == 0 or e == 0 or s * e > MAX_KEYS_X_FEATURES:
         return False
     if attn_mask is None:
         return True
@@ -286,4 +289,4 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float 
     return out, lse
 
 
-__all__ = ["MIN_ROWS", "SOURCE", "forward"]
+__all__ = ["MAX_KEYS_X_FEATURES", "MIN_ROWS", "SOURCE", "forward"]
