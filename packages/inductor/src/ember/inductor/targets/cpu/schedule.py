@@ -51,6 +51,7 @@ from ember.ir.passes import register_pass
 
 KERNEL_OPS = ("loop.pointwise", "loop.reduction")
 ROWS_BYTES = 128 << 10  # stack bytes of a rows step's per-thread column partials
+TRANSPOSE_STRIDE = 16  # elements a load strides along the innermost loop of a transpose
 
 
 @register_pass("schedule-cpu", "write the CPU schedule (loop order, OpenMP, SIMD, reduction "
@@ -107,12 +108,69 @@ def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
         w.col = None
         return Schedule(tuple(range(n)), (), (n - 1,), "column+rows",
                         (rows.block, rows.nblocks), PARALLEL_WORK)
-    n_par = col.d if col is not None else _collapse(w, ranges, _par_limit(w, ranges))
-    vector = (n - 1,) if n and (col is not None or _depth(w) < n) else ()
+    order = tuple(range(n))
+    if not steps and node.op == "loop.pointwise" and not w.reduces:
+        order = _transpose_order(body, ranges) or order
+    n_par = col.d if col is not None else \
+        _collapse(w, [ranges[i] for i in order], _par_limit(w, ranges))
+    vector = (order[-1],) if n and (col is not None or _depth(w) < n) else ()
     blocks = (col.block, col.nblocks) if col is not None and not col.decls else None
     w.col = None
-    return Schedule(tuple(range(n)), tuple(range(n_par)) if parallel else (), vector,
+    return Schedule(order, order[:n_par] if parallel else (), vector,
                     "+".join(steps) or "plain", blocks, PARALLEL_WORK)
+
+
+def _strides(off: Dim, n: int) -> list[int] | None:
+    """The element stride of flat offset `off` along each loop i0..i<n-1>, read at the origin
+    (a split dim's step inside its innermost run); None where it is not a constant."""
+    if isinstance(off, int):
+        return [0] * n
+    zero = {ivar(k): sympy.Integer(0) for k in range(n)}
+    base = off.xreplace(zero)
+    out = []
+    for d in range(n):
+        step = sympy.sympify(off.xreplace({**zero, ivar(d): sympy.Integer(1)}) - base)
+        if not step.is_Integer:
+            return None
+        out.append(abs(int(step)))
+    return out
+
+
+def _transpose_order(body: Graph, ranges: Sequence[Dim]) -> tuple[int, ...] | None:
+    """The loop order of a transposing pointwise kernel: where the output's innermost dim has
+    TRANSPOSE_STRIDE iterations or more and every load that moves along it strides by as many
+    elements there, the dim whose loop reads some load contiguously and has the smallest
+    largest stride (loads and the store) goes innermost, if that stride is smaller than the
+    innermost dim's. A copy of [2, 4, 12, 1024] as [2, 1024, 48] read 48 floats 4 KB apart per
+    row (one L1 set): 124 -> 56 us at 1 thread. A short innermost dim keeps the order: an NCHW
+    image copied channels-last (3 channels, three read streams) took 0.24 -> 0.40 ms with its
+    stores 3 floats apart instead."""
+    n = len(ranges)
+    if n < 2 or not all(isinstance(r, int) for r in ranges):
+        return None
+    loads = []
+    for node in body.nodes:
+        if node.op == "loop.load":
+            buf = node.args[0]
+            assert isinstance(buf, Value)
+            index = [parse_index(s) for s in node.kwargs["index"]]  # type: ignore[union-attr]
+            st = _strides(flat_offset(index, _tensor(buf).shape), n)
+            if st is None:
+                return None
+            loads.append(st)
+    moving = [st[-1] for st in loads if st[-1]]
+    if not moving or min(moving) < TRANSPOSE_STRIDE or int(ranges[-1]) < TRANSPOSE_STRIDE:
+        return None
+    best, best_worst = None, max(moving)
+    for d in range(n - 1):
+        if int(ranges[d]) < TRANSPOSE_STRIDE or not any(st[d] == 1 for st in loads):
+            continue
+        worst = max([st[d] for st in loads] + [math.prod(int(r) for r in ranges[d + 1:])])
+        if worst < best_worst:
+            best, best_worst = d, worst
+    if best is None:
+        return None
+    return (*[k for k in range(n) if k != best], best)
 
 
 def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
