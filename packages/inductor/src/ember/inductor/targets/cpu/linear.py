@@ -33,7 +33,7 @@ import torch
 from ember.inductor.indexing import ivar
 from ember.inductor.lowering import View, _Lowering
 from ember.inductor.targets.cpu.linear_epilogue import ACTIVATIONS, linear_epilogue
-from ember.inductor.targets.cpu.packed import cached_pack, changing_weight
+from ember.inductor.targets.cpu.packed import cached_pack, changing_weight, f32_on_cpu
 from ember.inductor.wrapper import register_binder
 from ember.ir import (
     Arg,
@@ -93,8 +93,7 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
 
 def _packed_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     """oneDNN's packed weight serves this call (module docstring)."""
-    return _ONEDNN and isinstance(w, torch.nn.Parameter) and x.dtype == torch.float32 \
-        and w.dtype == torch.float32 and x.device.type == "cpu" and w.device.type == "cpu" \
+    return _ONEDNN and isinstance(w, torch.nn.Parameter) and f32_on_cpu(x, w) \
         and x.shape[0] * w.numel() >= SMALL_LINEAR and x.is_contiguous() \
         and not (w.requires_grad and torch.is_grad_enabled()) and not changing_weight(w)
 

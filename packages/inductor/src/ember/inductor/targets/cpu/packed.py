@@ -131,9 +131,15 @@ _ONEDNN = torch.backends.mkldnn.is_available() \
     and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
 
 
-def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return _ONEDNN and x.dtype == torch.float32 and w.dtype == torch.float32 \
+def f32_on_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """`x` and `w` are f32 tensors on the CPU: what oneDNN's packed weights serve (these
+    convolutions; linear.py's products)."""
+    return x.dtype == torch.float32 and w.dtype == torch.float32 \
         and x.device.type == "cpu" and w.device.type == "cpu"
+
+
+def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return _ONEDNN and f32_on_cpu(x, w)
 
 
 def _scaled(w: torch.Tensor, a: torch.Tensor | None) -> torch.Tensor:
@@ -324,4 +330,5 @@ if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
 register_binder(PACKED_OP, bind)
 
-__all__ = ["PACKED_OP", "cached_pack", "changing_weight", "is_cached", "packed_weight"]
+__all__ = ["PACKED_OP", "cached_pack", "changing_weight", "f32_on_cpu", "is_cached",
+           "packed_weight"]
