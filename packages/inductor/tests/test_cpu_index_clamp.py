@@ -25,7 +25,9 @@ from ember.runtime.compile import compile as ember_compile
 
 
 def _pad_mul(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, 0, 1, 1, 1, 1)) * 2.0  # channels last: H, W padded
+    # channels last: N, H, W padded; the kernel's loops are cut at H's and W's edges (9 nests,
+    # splitloops.MAX_NESTS), N's clamps stay
+    return torch.nn.functional.pad(x, (0, 0, 1, 1, 1, 1, 1, 1)) * 2.0
 
 
 def _compiled(x: torch.Tensor, tmp: Path) -> str:

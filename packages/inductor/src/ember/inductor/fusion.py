@@ -36,7 +36,8 @@ Four rules run to a fixpoint:
    write and read-backs; now the readers reload the producer's inputs instead.
 
 Softmax, layernorm(+gelu) and var become one kernel each. A fused body holds at most `max_nodes`
-computing nodes. `why_not_fused` names the rule that keeps two kernels apart; `fuse{explain=true}`
+computing nodes, except a producer inlined into a reader that only moves its elements, each
+once (a copy to another layout: the fused body is the producer's own). `why_not_fused` names the rule that keeps two kernels apart; `fuse{explain=true}`
 prints it for every producer -> consumer edge left unfused (stderr).
 """
 
@@ -262,10 +263,26 @@ def why_not_fused(m: Module, g: Graph, producer: Node, consumer: Node, max_nodes
         if depth is not None and depth < k:
             return f"%{r.name} is read inside a reduction over a shorter outer domain"
     size = body_size(pbody) + body_size(cbody)
-    if size > max_nodes:
+    if size > max_nodes and not _moves_once(m, cbody, consumer, r):
         return f"the fused body would have {size} nodes > max_nodes={max_nodes}"
     return target_veto(m, g, producer, consumer,
                        readers.target if isinstance(readers, _ReaderIndex) else UNKNOWN)
+
+
+def _moves_once(m: Module, cbody: Graph, consumer: Node, r: Value) -> bool:
+    """Whether `consumer` only moves `r`'s elements, each once: no computing node, one load
+    (of `r`), as many iterations as `r` has elements (a copy to another layout: a max pool's
+    window chain copied NHWC for its convolution). Inlined, the body is the producer's own, so
+    max_nodes does not apply; apart, the producer writes a buffer the copy reads back."""
+    if consumer.op != "loop.pointwise" or body_size(cbody) != 0:
+        return False
+    loads = _loads(m, cbody, _outer(cbody, consumer))
+    n = 1
+    for d in consumer.kwargs["ranges"]:  # type: ignore[union-attr]
+        if not isinstance(d, int):
+            return False
+        n *= d
+    return len(loads) == 1 and loads[0][0] is r and n == _numel(r)
 
 
 def graph_target(g: Graph) -> Target | None:

@@ -36,7 +36,11 @@ from ember.ir.graph import map_args
 
 MIN_INNER = 16  # iterations the innermost loop keeps (whole vectors of f32 on AVX-512)
 MAX_LOOPS = 8  # loops a split kernel may have
-MAX_NESTS = 8  # consecutive loop nests a kernel is cut into at its outer loops' break points
+# consecutive loop nests a kernel is cut into at its outer loops' break points: 9, a padded
+# window's top, middle and bottom rows by its left, middle and right columns (a 3x3 max pool
+# cut in 3 by its columns only kept the rows' edge tests in its middle loop, which g++ did
+# not vectorise: a select on a loop-invariant bool)
+MAX_NESTS = 9
 MAX_INNER = 12  # consecutive innermost loops a nest is cut into at that loop's break points
 MAX_DEPTH = 4  # clamps inside clamps followed
 
@@ -132,12 +136,22 @@ class Piece:
     inner: list[tuple[int, int, Graph]]
 
 
-def _linear(e: Dim, v: sympy.Symbol) -> int | None:
-    """k where e is `v + k` (k an integer), else None."""
+def _linear(e: Dim, v: sympy.Symbol) -> tuple[int, int] | None:
+    """(a, k) where e is `a*v + k` (integers, a > 0: a strided window's `2*i + 1`), else
+    None."""
     if isinstance(e, int):
         return None
-    k = sympy.expand(e - v)
-    return int(k) if k.is_Integer else None
+    x = sympy.expand(e)
+    a = x.coeff(v, 1)
+    k = sympy.expand(x - a * v)
+    if not (a.is_Integer and k.is_Integer and int(a) > 0):
+        return None
+    return int(a), int(k)
+
+
+def _first(a: int, k: int, c: int) -> int:
+    """The least v with `a*v + k >= c`."""
+    return -((k - c) // a)
 
 
 def _clamps(e: Dim, v: sympy.Symbol, out: set[int]) -> None:
@@ -148,13 +162,14 @@ def _clamps(e: Dim, v: sympy.Symbol, out: set[int]) -> None:
     for mm in sympy.preorder_traversal(e):
         if not isinstance(mm, (sympy.Max, sympy.Min)) or len(mm.args) != 2:
             continue
-        c, a = sorted(mm.args, key=lambda x: not x.is_Integer)
-        k = _linear(a, v) if c.is_Integer else None
-        if k is not None:
-            out.add(int(c) - k + (isinstance(mm, sympy.Min)))
+        c, e = sorted(mm.args, key=lambda x: not x.is_Integer)
+        ak = _linear(e, v) if c.is_Integer else None
+        if ak is not None:  # max: `a*v + k` wins from a*v + k >= c; min: while it is <= c
+            out.add(_first(*ak, int(c) + isinstance(mm, sympy.Min)))
 
 
-# a comparison `v + k <op> c` changes at v = c - k + d for each d listed
+# a comparison `a*v + k <op> c` changes where a*v + k reaches c + d, for each d listed
+# (eq/ne: only for a = 1, where it holds at one point)
 _CMP = {"prims.ge": (0,), "prims.lt": (0,), "prims.gt": (1,), "prims.le": (1,),
         "prims.eq": (0, 1), "prims.ne": (0, 1)}
 
@@ -162,7 +177,8 @@ _CMP = {"prims.ge": (0,), "prims.lt": (0,), "prims.gt": (1,), "prims.le": (1,),
 def _breaks(body: Graph, v: sympy.Symbol) -> set[int]:
     """The points where a comparison of loop variable `v` with a constant, or a max/min clamp
     of an index by one, changes its outcome: concatenation and padding read through `where`s
-    on `i >= c` and loads at `max(0, i - c)`; on each side of such a point both are known."""
+    on `i >= c` and loads at `max(0, i - c)`, a strided window's on `2*i + 2 < c` and
+    `min(c - 1, 2*i + 2)`; on each side of such a point both are known."""
     out: set[int] = set()
     made = {r: n for n in body.nodes for r in n.results}
     for n in body.nodes:
@@ -177,9 +193,9 @@ def _breaks(body: Graph, v: sympy.Symbol) -> set[int]:
             if src is None or src.op != "loop.index" or isinstance(c, bool) \
                     or not isinstance(c, int):
                 continue
-            k = _linear(parse_index(src.kwargs["index"]), v)
-            if k is not None:
-                out.update(c - k + d for d in _CMP[n.op])
+            ak = _linear(parse_index(src.kwargs["index"]), v)
+            if ak is not None and (ak[0] == 1 or n.op not in ("prims.eq", "prims.ne")):
+                out.update(_first(*ak, c + d) for d in _CMP[n.op])
     return out
 
 
