@@ -53,3 +53,32 @@ def test_attention_layer_gradients_match_eager(b: int, n: int, heads: int, e: in
     f = er.compile(_layer, backend="inductor")
     torch.testing.assert_close(_grads(f, x, w, heads, causal), _grads(_layer, x, w, heads, causal),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_strided_operands_give_the_contiguous_gradients() -> None:
+    """torch's CPU backward kernel reads a head's features as contiguous: given a q or an out
+    whose last stride is not 1 it returned wrong gradients (q by ~30 on unit-scale data). The
+    extern's op hands it contiguous copies of such operands."""
+    from ember.ir import Module
+    from ember.ir.interpreter import Interpreter
+    from ember.ir.registry import default_registry
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, go = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(4))
+    fw = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    out, lse = fw(q, k, v, 0.0, False)
+    op = default_registry().lookup(GRADS_HEADS_LAST)
+    assert op is not None
+    interp = Interpreter(Module())
+    kw = {"kernel": "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"}
+    want = op.reference(interp, [go, q, k, v, out, lse, 0.0, False], kw)
+
+    def strided(t: torch.Tensor) -> torch.Tensor:  # same values, last stride L
+        return t.transpose(2, 3).contiguous().transpose(2, 3)
+
+    for i in (1, 2, 3, 4):  # q, k, v, out
+        args: list[object] = [go, q, k, v, out, lse, 0.0, False]
+        args[i] = strided(args[i])  # type: ignore[arg-type]
+        got = op.reference(interp, args, kw)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)

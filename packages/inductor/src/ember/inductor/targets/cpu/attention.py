@@ -34,6 +34,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 from ember.inductor.indexing import affine_view, ivar
 from ember.inductor.lowering import View
 from ember.inductor.targets.cpu import flash
@@ -66,6 +68,11 @@ def _infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list[Type]:
 def _run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
     target = interp.registry.lookup(kw["kernel"])
     assert target is not None
+    # torch's kernel reads a head's features as contiguous: a q, k, v or out whose last
+    # stride is not 1 gave wrong gradients (q: off by ~30 on unit-scale data); such an operand
+    # is copied first, as the forward does (flash.py)
+    args = [a.contiguous() if isinstance(a, torch.Tensor) and a.dim() == 4
+            and a.stride(-1) != 1 else a for a in args]
     res = target.reference(interp, args, {k: v for k, v in kw.items() if k != "kernel"})
     return tuple(r.transpose(1, 2) for r in res)
 
