@@ -18,6 +18,7 @@ from ember.inductor.targets.cpu import linear, packed
 from ember.ir import parse
 from ember.runtime.bench import ember_status
 from ember.runtime.compile import compile as ember_compile
+from packages.inductor.tests.test_linear_packed import Conv1D
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                   reason="oneDNN's packed weights need mkldnn")
@@ -243,16 +244,6 @@ def test_a_compiled_mlp_folds_and_matches_eager() -> None:
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.ln(x + self.b(F.gelu(self.a(x))))
-
-    class Conv1D(torch.nn.Module):  # transformers' pytorch_utils.Conv1D: x @ w + b
-        def __init__(self, n_in: int, n_out: int) -> None:
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.randn(n_in, n_out) * 0.05)
-            self.bias = torch.nn.Parameter(torch.randn(n_out))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight)
-            return y.reshape(*x.shape[:-1], -1)
 
     class GPT2MLP(torch.nn.Module):
         def __init__(self) -> None:
