@@ -46,55 +46,33 @@ typedef float ember_vfu __attribute__((vector_size(64), aligned(4)));
 static inline ember_vf ember_ld(const float* p) { return *(const ember_vfu*)p; }
 static inline void ember_st(float* p, ember_vf x) { *(ember_vfu*)p = x; }
 
-// scores of R packed query rows qb [R][E] against the packed keys kt [E][SP]: sc [R][SP]
-template <int R> static inline void ember_attn_qk(const float* qb, const float* kt, float* sc,
-                                                  int64_t E, int64_t SP, int64_t J) {
-  int64_t j = 0;
-  for (; j + 32 <= J; j += 32) {
+// c [R][ldc] = the R rows of a [R][lda] (their first K entries) times b [K][ldb], N columns
+// (a multiple of 16): 8 rows x 32 columns of accumulators, the columns vectorised. Both of the
+// kernel's products: the scores (q rows x packed keys) and the output (probabilities x packed
+// values); inlined into each, so each gets its own strides and counts
+template <int R> static inline void ember_attn_mm(const float* a, int64_t lda, const float* b,
+                                                  int64_t ldb, float* c, int64_t ldc,
+                                                  int64_t K, int64_t N) {
+  int64_t n = 0;
+  for (; n + 32 <= N; n += 32) {
     ember_vf a0[R], a1[R];
     for (int r = 0; r < R; r++) { a0[r] = (ember_vf){}; a1[r] = (ember_vf){}; }
-    for (int64_t e = 0; e < E; e++) {
-      const ember_vf k0 = ember_ld(kt + e * SP + j), k1 = ember_ld(kt + e * SP + j + 16);
+    for (int64_t k = 0; k < K; k++) {
+      const ember_vf b0 = ember_ld(b + k * ldb + n), b1 = ember_ld(b + k * ldb + n + 16);
       for (int r = 0; r < R; r++) {
-        const float x = qb[r * E + e]; a0[r] += x * k0; a1[r] += x * k1; }
+        const float x = a[r * lda + k]; a0[r] += x * b0; a1[r] += x * b1; }
     }
     for (int r = 0; r < R; r++) {
-      ember_st(sc + r * SP + j, a0[r]); ember_st(sc + r * SP + j + 16, a1[r]); }
+      ember_st(c + r * ldc + n, a0[r]); ember_st(c + r * ldc + n + 16, a1[r]); }
   }
-  for (; j < J; j += 16) {
+  for (; n < N; n += 16) {
     ember_vf a0[R];
     for (int r = 0; r < R; r++) a0[r] = (ember_vf){};
-    for (int64_t e = 0; e < E; e++) {
-      const ember_vf k0 = ember_ld(kt + e * SP + j);
-      for (int r = 0; r < R; r++) a0[r] += qb[r * E + e] * k0;
+    for (int64_t k = 0; k < K; k++) {
+      const ember_vf b0 = ember_ld(b + k * ldb + n);
+      for (int r = 0; r < R; r++) a0[r] += a[r * lda + k] * b0;
     }
-    for (int r = 0; r < R; r++) ember_st(sc + r * SP + j, a0[r]);
-  }
-}
-
-// R rows of probabilities sc [R][SP] times the packed values vv [J][EP]: ob [R][EP]
-template <int R> static inline void ember_attn_pv(const float* sc, const float* vv, float* ob,
-                                                  int64_t SP, int64_t EP, int64_t J) {
-  int64_t e0 = 0;
-  for (; e0 + 32 <= EP; e0 += 32) {
-    ember_vf a0[R], a1[R];
-    for (int r = 0; r < R; r++) { a0[r] = (ember_vf){}; a1[r] = (ember_vf){}; }
-    for (int64_t j = 0; j < J; j++) {
-      const ember_vf v0 = ember_ld(vv + j * EP + e0), v1 = ember_ld(vv + j * EP + e0 + 16);
-      for (int r = 0; r < R; r++) {
-        const float p = sc[r * SP + j]; a0[r] += p * v0; a1[r] += p * v1; }
-    }
-    for (int r = 0; r < R; r++) {
-      ember_st(ob + r * EP + e0, a0[r]); ember_st(ob + r * EP + e0 + 16, a1[r]); }
-  }
-  for (; e0 < EP; e0 += 16) {
-    ember_vf a0[R];
-    for (int r = 0; r < R; r++) a0[r] = (ember_vf){};
-    for (int64_t j = 0; j < J; j++) {
-      const ember_vf v0 = ember_ld(vv + j * EP + e0);
-      for (int r = 0; r < R; r++) a0[r] += sc[r * SP + j] * v0;
-    }
-    for (int r = 0; r < R; r++) ember_st(ob + r * EP + e0, a0[r]);
+    for (int r = 0; r < R; r++) ember_st(c + r * ldc + n, a0[r]);
   }
 }
 
@@ -117,7 +95,7 @@ template <int R> static void ember_attn_rows(const ember_attn_args& a, int64_t b
   // the keys a causal block reads: j <= i of its last row
   const int64_t J = a.causal ? std::min(S, i0 + R) : S;
   const int64_t JP = (J + 15) & ~(int64_t)15;
-  ember_attn_qk<R>(qb, kt, sc, E, a.SP, JP);
+  ember_attn_mm<R>(qb, E, kt, a.SP, sc, a.SP, E, JP);  // scores [R][JP]
   float inv[R];
   for (int r = 0; r < R; r++) {
     const int64_t i = i0 + r;
@@ -148,7 +126,7 @@ template <int R> static void ember_attn_rows(const ember_attn_args& a, int64_t b
     inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     if (a.lse != nullptr) a.lse[b * ls[0] + h * ls[1] + i * ls[2]] = sum > 0.0f ? mm + std::log(sum) : 0.0f;
   }
-  ember_attn_pv<R>(sc, vv, ob, a.SP, a.EP, J);
+  ember_attn_mm<R>(sc, a.SP, vv, a.EP, ob, a.EP, J, a.EP);  // [R][EP]
   for (int r = 0; r < R; r++) {
     float* o = a.out + b * os[0] + h * os[1] + (i0 + r) * os[2];
     const float* src = ob + r * a.EP;
