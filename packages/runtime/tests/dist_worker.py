@@ -179,6 +179,11 @@ def worker(rank: int, group: str, port: str, outdir: str) -> None:
                        "param_diff": diff, "notes": notes(compiled)}
                 with open(os.path.join(outdir, f"rank{rank}.jsonl"), "a") as f:
                     f.write(json.dumps(rec) + "\n")
+        # Both ranks are past their last collective before either closes its connections;
+        # the marker tells the test that what follows is gloo's teardown only.
+        dist.barrier()
+        with open(os.path.join(outdir, f"rank{rank}.done"), "w") as f:
+            f.write("done\n")
     finally:
         dist.destroy_process_group()
 

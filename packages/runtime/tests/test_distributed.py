@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,16 @@ def _free_port() -> str:
 def _run(group: str, outdir: Path) -> dict[str, list[dict[str, Any]]]:
     proc = subprocess.run([sys.executable, str(WORKER), group, _free_port(), str(outdir)],
                           capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    if proc.returncode != 0:
+        # gloo can abort a rank while the process group is torn down ("Connection closed by
+        # peer" thrown on its I/O thread), after every collective has completed. Both ranks'
+        # markers, written after a final barrier, say the run itself finished; anything else
+        # is a failure, reported with gloo's own message first.
+        done = all((outdir / f"rank{r}.done").exists() for r in (0, 1))
+        why = [ln for ln in proc.stderr.splitlines() if "what()" in ln or "terminate" in ln]
+        assert done, "\n".join(why) + "\n" + proc.stderr[-4000:]
+        warnings.warn(f"{group}: a rank died in gloo's teardown after the run finished "
+                      f"(exit {proc.returncode}): {' / '.join(why)[:400]}", stacklevel=2)
     by_case: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(outdir.glob("rank*.jsonl")):
         for line in path.read_text().splitlines():
