@@ -33,7 +33,6 @@ import argparse
 import functools
 import math
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -49,27 +48,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from suites import SUITES  # noqa: E402
 
 import ember.runtime as er  # noqa: E402
+from ember.runtime.bench import interleaved, quartiles  # noqa: E402
 
 
 def _median_iqr(xs: list[float]) -> tuple[float, float]:
-    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
-    return statistics.median(xs), (q[2] - q[0]) / 2
+    m, q1, q3 = quartiles(xs)
+    return m, (q3 - q1) / 2
 
 
 def _time(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
     t = clock()
     fn()
     return (clock() - t) * 1e3
-
-
-def _interleaved(runs: dict[str, Callable[[], Any]], reps: int,
-                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {k: [] for k in runs}
-    names = list(runs)
-    for r in range(reps):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            out[k].append(_time(runs[k], clock))
-    return out
 
 
 # ---- 1. size-generic vs specialized ----------------------------------------------------------
@@ -107,8 +97,7 @@ def generic_vs_specialized(filt: str, reps: int, cpu: bool = False) -> list[str]
                     status[-1] = (rep.graph_count, -1)  # (nothing was made symbolic)
             for cf in compiled.values():  # warm up
                 cf(*args)
-            t = _interleaved({k: functools.partial(cf, *args) for k, cf in compiled.items()},
-                             reps, clock)
+            t = interleaved(compiled, args, reps, clock=clock)
         (s, si), (g, gi) = _median_iqr(t["specialized"]), _median_iqr(t["generic"])
         note = "" if status[1][1] != -1 else " (stayed static)"
         rows.append(f"| {case.name} | {s:.2f} ± {si:.2f} | {g:.2f} ± {gi:.2f} | {g / s:.2f}"
@@ -191,8 +180,8 @@ def decode_steps(filt: str, steps: int, reps: int, with_torch: bool) -> list[str
             for who, c in contenders.items():
                 first[who] = _time(functools.partial(decode, c)) / 1e3
                 torch.testing.assert_close(decode(c), want, rtol=1e-3, atol=1e-3)
-            t = _interleaved({who: functools.partial(decode, c) for who, c in contenders.items()},
-                             reps)
+            t = interleaved({who: functools.partial(decode, c) for who, c in contenders.items()},
+                            (), reps)
         for who, c in contenders.items():
             m, i = _median_iqr([x / steps for x in t[who]])
             rows.append(f"| {name} | {who} | {first[who]:.2f} | {m:.3f} ± {i:.3f} "

@@ -45,7 +45,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ember.runtime.bench import CaseResult, Contender, Progress, Timing
+from ember.runtime.bench import (
+    CaseResult,
+    Contender,
+    Progress,
+    Timing,
+    interleaved,
+    quartiles,
+)
 
 CHECK_STEPS = 3
 LR = 1e-3
@@ -230,26 +237,19 @@ def run_training_case(case: TrainCase, contenders: Sequence[Contender], reps: in
     for tr in trainers.values():
         for _ in range(warmup):
             tr.step()
-    samples: dict[str, list[float]] = {n: [] for n in trainers}
-    names = list(trainers)
-    for r in range(reps):
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            t = time.perf_counter()
-            trainers[n].step()
-            if cuda:
-                torch.cuda.synchronize()
-            samples[n].append((time.perf_counter() - t) * 1e3)
-        if progress:
-            progress.show(f"{case.name}: repetition {r + 1}/{reps}")
+    samples = interleaved(
+        {n: tr.step for n, tr in trainers.items()}, (), reps,
+        sync=torch.cuda.synchronize if cuda else None,
+        on_rep=(lambda r: progress.show(f"{case.name}: repetition {r + 1}/{reps}"))
+        if progress else None)
     for n, tr in trainers.items():
         info = extra[n].setdefault("info", {})
         info["peak_step_bytes"] = cuda_peak_step_bytes(tr.step) if cuda \
             else peak_step_bytes(tr.step)
         info["memory_method"] = CUDA_MEMORY_METHOD if cuda else MEMORY_METHOD
     for n, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        res.timings[n] = Timing(statistics.median(s), q[0], q[2], len(s), **extra[n])
+        med, q1, q3 = quartiles(s)
+        res.timings[n] = Timing(med, q1, q3, len(s), **extra[n])
     if progress:
         progress.step(f"{case.name} done")
     return res

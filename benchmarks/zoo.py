@@ -52,7 +52,6 @@ import math
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from realtime import realtime  # noqa: E402
 from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size, tm  # noqa: E402
+
+from ember.runtime.bench import calibrate, interleaved, quartiles  # noqa: E402
 
 COMPILERS = ("torch.compile", "ember")
 RTOL, ATOL = 1e-3, 1e-3
@@ -249,14 +250,6 @@ def _cpu_since(mark: tuple[float, dict[int, float]]) -> float:
     return own - mark[0] + sum(c - mark[1].get(pid, 0.0) for pid, c in desc.items())
 
 
-def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float,
-               clock: Callable[[], float] = time.perf_counter) -> int:
-    t = clock()
-    f(*args)
-    once = max(clock() - t, 1e-7)
-    return max(1, min(10_000, math.ceil(min_sample_s / once)))
-
-
 def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
            warm: bool, check_only: bool = False, ember_backend: str = "inductor",
            clock_name: str = "wall", rt: bool = False) -> int:
@@ -331,22 +324,12 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
                 except Exception as e:  # noqa: BLE001
                     emit("run_error", who=n, error=_short(e))
                     del runs[n]
-            number = _calibrate(fn, args, 0.005, clock)
-            samples: dict[str, list[float]] = {n: [] for n in runs}
-            names = list(runs)
-            for r in range(reps):
-                k = r % len(names)
-                for n in names[k:] + names[:k]:
-                    f = runs[n]
-                    t = clock()
-                    for _ in range(number):
-                        f(*args)
-                    samples[n].append((clock() - t) / number * 1e3)
+            number = calibrate(fn, args, 0.005, clock)
+            samples = interleaved(runs, args, reps, number=number, clock=clock)
         timings = {}
         for n, s in samples.items():
-            q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-            timings[n] = {"ms": statistics.median(s), "q1": q[0], "q3": q[2],
-                          "calls": len(s) * number}
+            med, q1, q3 = quartiles(s)
+            timings[n] = {"ms": med, "q1": q1, "q3": q3, "calls": len(s) * number}
         emit("timed", timings=timings)
     return 0
 

@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import io
 import json
+import statistics
 from pathlib import Path
 
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ember.runtime.bench import (
     Case,
     Contender,
     Progress,
+    calibrate,
     eager_contender,
     ember_contender,
+    interleaved,
+    quartiles,
     run_case,
     run_meta,
     write_results,
@@ -90,3 +96,48 @@ def test_results_are_written(tmp_path: Path) -> None:
     assert "(smoke.png)" in md and "(latest.png)" in (tmp_path / "latest.md").read_text()
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "latest.json").exists() and (tmp_path / "latest.png").exists()
+
+
+class _FakeClock:
+    """A clock that only moves when a contender runs: contender i costs i + 1 seconds a call."""
+
+    def __init__(self) -> None:
+        self.now, self.log, self.syncs = 0.0, [], 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def run(self, i: int) -> object:
+        def f(*args: object) -> None:
+            assert args == (7,)
+            self.log.append(i)
+            self.now += i + 1
+        return f
+
+
+@given(st.integers(1, 4), st.integers(0, 7), st.integers(1, 3))
+def test_interleaved_rotates_and_batches(n: int, reps: int, number: int) -> None:
+    # the loop eager/ember/torch.compile are timed by (bench.run_case, the zoo, training,
+    # dynamic): round robin, the order rotating by one each repetition, `number` calls a sample
+    clock = _FakeClock()
+    seen: list[int] = []
+
+    def sync() -> None:
+        clock.syncs += 1
+    runs = {f"c{i}": clock.run(i) for i in range(n)}
+    s = interleaved(runs, (7,), reps, number=number, clock=clock, sync=sync, on_rep=seen.append)
+    order = [i for r in range(reps) for i in [*range(r % n, n), *range(r % n)]]
+    assert clock.log == [i for i in order for _ in range(number)]
+    assert s == {f"c{i}": [(i + 1) * 1e3] * reps for i in range(n)}  # ms per call
+    assert seen == list(range(reps)) and clock.syncs == n * reps
+
+
+def test_calibrate_and_quartiles() -> None:
+    clock = _FakeClock()
+    assert calibrate(clock.run(0), (7,), 0.0, clock) == 1
+    assert calibrate(clock.run(1), (7,), 9.5, clock) == 5  # 2 s a call: 5 calls >= 9.5 s
+    assert calibrate(clock.run(0), (7,), 1e9, clock) == 10_000  # (capped)
+    xs = [5.0, 1.0, 4.0, 2.0, 3.0, 9.0]
+    q = statistics.quantiles(xs, n=4)
+    assert quartiles(xs) == (statistics.median(xs), q[0], q[2])
+    assert quartiles([2.5]) == (2.5, 2.5, 2.5)

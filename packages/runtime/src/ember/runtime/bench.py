@@ -7,6 +7,8 @@ output checked against eager, and what each compiler actually did (graphs, kerne
 eager). `write_results` writes JSON, a markdown table and a bar chart with the machine, versions
 and date. Numbers are measured, never asserted.
 
+`interleaved` (with `calibrate` and `quartiles`) is the timed loop itself, shared with
+benchmarks/zoo.py, training.py and dynamic.py (each passes its clock: wall or thread CPU time).
 Also: `guard_cost` (`python -m ember.runtime.bench`), the cost of one generated guard check.
 """
 
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import time
 import timeit
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,33 +268,59 @@ def run_case(case: Case, contenders: Sequence[Contender], reps: int = 20, warmup
         for f in runs.values():
             for _ in range(warmup):
                 f(*args)
-        number = _calibrate(runs.get("eager") or next(iter(runs.values())), args, min_sample_s)
-        samples: dict[str, list[float]] = {n: [] for n in runs}
-        names = list(runs)
-        for r in range(reps):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
-                f = runs[n]
-                t = time.perf_counter()
-                for _ in range(number):
-                    f(*args)
-                samples[n].append((time.perf_counter() - t) / number * 1e3)
-            if progress:
-                progress.show(f"{case.name}: repetition {r + 1}/{reps}")
+        number = calibrate(runs.get("eager") or next(iter(runs.values())), args, min_sample_s)
+        samples = interleaved(
+            runs, args, reps, number=number,
+            on_rep=(lambda r: progress.show(f"{case.name}: repetition {r + 1}/{reps}"))
+            if progress else None)
     for n, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        res.timings[n] = Timing(statistics.median(s), q[0], q[2], len(s) * number, **extra[n])
+        med, q1, q3 = quartiles(s)
+        res.timings[n] = Timing(med, q1, q3, len(s) * number, **extra[n])
     if progress:
         progress.step(f"{case.name} done")
     return res
 
 
-def _calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float) -> int:
-    """Calls per sample, so that one sample takes at least `min_sample_s` (tiny calls)."""
-    t = time.perf_counter()
+def calibrate(f: Callable[..., Any], args: tuple[Any, ...], min_sample_s: float,
+              clock: Callable[[], float] = time.perf_counter) -> int:
+    """Calls per sample, so that one sample takes at least `min_sample_s` (tiny calls), by
+    `clock` (seconds: `time.perf_counter`, or `time.thread_time` on a loaded machine)."""
+    t = clock()
     f(*args)
-    once = max(time.perf_counter() - t, 1e-7)
+    once = max(clock() - t, 1e-7)
     return max(1, min(10_000, math.ceil(min_sample_s / once)))
+
+
+def interleaved(runs: Mapping[str, Callable[..., Any]], args: tuple[Any, ...], reps: int, *,
+                number: int = 1, clock: Callable[[], float] = time.perf_counter,
+                sync: Callable[[], object] | None = None,
+                on_rep: Callable[[int], object] | None = None) -> dict[str, list[float]]:
+    """Milliseconds per call of each of `runs` (called with `args`): `reps` samples each, taken
+    round robin with the order rotating by one every repetition (so no contender always runs
+    right after the same other one), a sample being `number` back-to-back calls timed by
+    `clock` (divided by `number`). `sync` (e.g. `torch.cuda.synchronize`) runs inside each
+    sample, after its calls; `on_rep(r)` after repetition r (progress)."""
+    samples: dict[str, list[float]] = {n: [] for n in runs}
+    names = list(runs)
+    for r in range(reps):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            f = runs[n]
+            t = clock()
+            for _ in range(number):
+                f(*args)
+            if sync is not None:
+                sync()
+            samples[n].append((clock() - t) / number * 1e3)
+        if on_rep is not None:
+            on_rep(r)
+    return samples
+
+
+def quartiles(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of `samples` (all three the sample if one)."""
+    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    return statistics.median(samples), q[0], q[2]
 
 
 # ---- the machine and the versions --------------------------------------------------------------
