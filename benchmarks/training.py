@@ -50,6 +50,7 @@ from ember.runtime.bench import (
     Contender,
     Progress,
     Timing,
+    caches_kept,
     interleaved,
     quartiles,
 )
@@ -200,40 +201,35 @@ def run_training_case(case: TrainCase, contenders: Sequence[Contender], reps: in
     want = [[ref.step() for _ in range(CHECK_STEPS)], _params(ref.model)]
     trainers: dict[str, _Trainer] = {}
     extra: dict[str, dict[str, Any]] = {}
-    saved_env = {k: os.environ.get(k) for k in ("EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
-    for c in contenders:
-        if progress:
-            progress.show(f"{case.name}: compiling with {c.name}")
-        tmp = Path(tempfile.mkdtemp(prefix=f"ember-bench-train-{c.name}-"))
-        try:
-            if c.cold:
-                c.cold(tmp)
-            t = time.perf_counter()
-            tr = _Trainer(copy.deepcopy(base), loss, args, c.make)
-            losses = [tr.step()]  # the first step compiles forward and backward
-            info: dict[str, Any] = {"cold_compile_s": time.perf_counter() - t if c.cold
-                                    else None}
-            losses += [tr.step() for _ in range(CHECK_STEPS - 1)]
-            if c.check:
-                info["check"] = _check([losses, _params(tr.model)], want, case)
-            if c.warm:
-                c.warm()
+    with caches_kept():  # (the cold compiles point the caches at removed directories)
+        for c in contenders:
+            if progress:
+                progress.show(f"{case.name}: compiling with {c.name}")
+            tmp = Path(tempfile.mkdtemp(prefix=f"ember-bench-train-{c.name}-"))
+            try:
+                if c.cold:
+                    c.cold(tmp)
                 t = time.perf_counter()
-                tr.step(tr.compile())
-                info["warm_compile_s"] = time.perf_counter() - t
-            if c.describe:
-                info["info"] = describe_training(c.describe, tr.fn)
-        except Exception as e:  # a contender that cannot run the case is reported, not fatal
-            res.error[c.name] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-            continue
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        trainers[c.name], extra[c.name] = tr, info
-    for k, v in saved_env.items():  # the cold runs pointed the caches at removed directories
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+                tr = _Trainer(copy.deepcopy(base), loss, args, c.make)
+                losses = [tr.step()]  # the first step compiles forward and backward
+                info: dict[str, Any] = {"cold_compile_s": time.perf_counter() - t if c.cold
+                                        else None}
+                losses += [tr.step() for _ in range(CHECK_STEPS - 1)]
+                if c.check:
+                    info["check"] = _check([losses, _params(tr.model)], want, case)
+                if c.warm:
+                    c.warm()
+                    t = time.perf_counter()
+                    tr.step(tr.compile())
+                    info["warm_compile_s"] = time.perf_counter() - t
+                if c.describe:
+                    info["info"] = describe_training(c.describe, tr.fn)
+            except Exception as e:  # a contender that cannot run the case is reported, not fatal
+                res.error[c.name] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                continue
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            trainers[c.name], extra[c.name] = tr, info
     for tr in trainers.values():
         for _ in range(warmup):
             tr.step()

@@ -5,9 +5,11 @@ rendered. Speed is never asserted."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -68,3 +70,22 @@ def test_the_script_finds_every_training_case() -> None:
     assert out.returncode == 0, out.stderr
     names = out.stdout.split("\n")
     assert {"MLP train", "conv+BN train", "GPT-NeoX train", "Llama block train"} <= set(names)
+
+
+def test_cache_directories_are_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the cold compiles point the caches at temporary directories removed after; the process's
+    # settings come back, set or unset, also when a contender fails (bench.caches_kept)
+    monkeypatch.setenv("EMBER_CACHE_DIR", "/tmp/kept-ember-cache")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+    def cold(d: Path) -> None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
+
+    def boom(fn: object) -> object:
+        raise RuntimeError("no")
+    case = TrainCase("tiny mlp", "training", _mlp)  # type: ignore[arg-type]
+    r = run_training_case(case, [eager_contender(), ember_contender(),
+                                 Contender("broken", boom, cold=cold)], reps=1)
+    assert "broken" in r.error and "ember" in r.timings
+    assert os.environ["EMBER_CACHE_DIR"] == "/tmp/kept-ember-cache"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ

@@ -198,7 +198,9 @@ class Progress:
 
 
 @contextlib.contextmanager
-def _env_kept() -> Iterator[None]:
+def caches_kept() -> Iterator[None]:
+    """EMBER_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR back as they were after the block (the cold
+    compiles point them at temporary directories, removed after)."""
     saved = {k: os.environ.get(k) for k in ("EMBER_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     try:
         yield
@@ -238,7 +240,7 @@ def run_case(case: Case, contenders: Sequence[Contender], reps: int = 20, warmup
              min_sample_s: float = 0.005, progress: Progress | None = None) -> CaseResult:
     """Compile (cold, then warm) and time `case` under each contender, interleaved."""
     res = CaseResult(case.name, case.suite, case.what)
-    with torch.no_grad(), _env_kept():
+    with torch.no_grad(), caches_kept():
         fn, args = case.build()
         want = fn(*args)
         runs: dict[str, Callable[..., Any]] = {}
