@@ -79,6 +79,10 @@ SIMD_KINDS = tuple(p.name for p in PRIMS if p.reduction == "associative" and p.n
 COL_KINDS = ("sum", "amax", "amin", "prod", "argmax", "argmin")
 COL_BLOCK = 1024  # columns per block of an outer reduction (its accumulators stay in L1)
 COL_TASKS = 8  # blocks (times the outer loops) an outer reduction is cut into, where it can be
+# and, where its blocks keep >= COL_WIDE_MIN columns, this many: a many-core CPU's threads
+# (16 threads: global average pooling of batch 2, 2 x 4 blocks, left half of them idle)
+COL_WIDE_TASKS = 32
+COL_WIDE_MIN = 128
 COL_BYTES = 64 << 10  # stack bytes of a block's column arrays (accumulators, results)
 COL_ROWS = 256  # rows a column's float lane sum takes before it is added into its double
 ROWS_KINDS = ("sum", "amax", "amin")  # the reductions the column plan's rows step splits

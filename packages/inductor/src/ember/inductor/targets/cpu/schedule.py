@@ -33,6 +33,8 @@ from ember.inductor.targets.cpu.cppkernel import (
     COL_BYTES,
     COL_KINDS,
     COL_TASKS,
+    COL_WIDE_MIN,
+    COL_WIDE_TASKS,
     COLLAPSE_MIN,
     MAX_THREADS,
     PARALLEL_WORK,
@@ -292,7 +294,8 @@ def _col_blocks(w: _Writer, d: int, ranges: Sequence[Dim], blocks: tuple[int, in
                          f"(its arrays live on the stack) and the count covers the "
                          f"{extent} columns: ceil({extent} / block)")
         return _Col(d, extent, block, count)
-    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)))
+    nblocks = max(_cdiv(extent, widest), min(_cdiv(extent, 16), _cdiv(COL_TASKS, outer)),
+                  min(_cdiv(extent, COL_WIDE_MIN), _cdiv(COL_WIDE_TASKS, outer)))
     block = min(extent, _cdiv(_cdiv(extent, nblocks), 16) * 16)  # whole vectors
     return _Col(d, extent, block, _cdiv(extent, block))
 
@@ -345,8 +348,10 @@ def _symbolic_col(d: int, extent: Dim, outer: Dim, widest: int) -> _Col:
     e, o = cexpr(extent), cexpr(outer)
     mx, mn = "std::max<int64_t>", "std::min<int64_t>"
     decls = [comment("the column blocks of this call's sizes (as for static sizes)"),
-             f"const int64_t cn = {mx}({mx}(({e} + {widest - 1}) / {widest}, {mn}(({e} + 15) "
-             f"/ 16, ({COL_TASKS} + {o} - 1) / {mx}({o}, 1))), 1);",
+             f"const int64_t cn = {mx}({mx}({mx}(({e} + {widest - 1}) / {widest}, {mn}(({e} + "
+             f"15) / 16, ({COL_TASKS} + {o} - 1) / {mx}({o}, 1))), {mn}(({e} + "
+             f"{COL_WIDE_MIN - 1}) / {COL_WIDE_MIN}, ({COL_WIDE_TASKS} + {o} - 1) / "
+             f"{mx}({o}, 1))), 1);",
              f"const int64_t cb = {mx}({mn}({e}, (({e} + cn - 1) / cn + 15) / 16 * 16), 1);",
              f"const int64_t nb = ({e} + cb - 1) / cb;"]
     return _Col(d, extent, widest, 0, "cb", "nb", decls)
