@@ -21,13 +21,23 @@ dies at the call. An extern result that is not
 contiguous at run time is not taken (launch.out_buffer allocates instead). A dead buffer is
 held for a later reuse only where holding it does not raise the graph's peak bytes (its
 owned buffers, and a training backward's inputs up to their last use); otherwise it is let go.
+
+An extern that has an out form (`out_call`: prims.matmul of 2-d or batched 3-d operands is
+torch.mm / torch.bmm with out=, loop.index_select is torch.index_select with out=) takes a
+dead buffer the same way, `kernels.extern(..., op="prims.matmul", reuse=[%dead])`: the wrapper
+passes the dead buffer's storage as `out=` instead of letting the op allocate its result
+(TorchInductor's wrapper does the same with `extern_kernels.bmm(..., out=buf)`). Externs
+without one (oneDNN's packed linear and convolution, attention) still allocate.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import sympy
+import torch
 
 from ember.inductor.body import body_names
 from ember.ir import Graph, Module, Node, OpRegistry, TensorType, Value, default_registry
@@ -36,6 +46,50 @@ from ember.ir.graph import map_args
 from ember.ir.passes import register_pass
 
 NEVER = math.inf
+
+
+def _matmul_out(n: Node) -> Callable[..., Any] | None:
+    """prims.matmul's out form: torch.mm for 2-d operands, torch.bmm for 3-d ones of the same
+    batch (what torch.matmul calls for them, without its broadcasting), all of one dtype."""
+    ts = [a.type for a in n.args if isinstance(a, Value)]
+    r = n.results[0].type
+    if len(ts) != 2 or len(n.args) != 2 or n.kwargs.keys() - {"op", "reuse"} \
+            or not isinstance(r, TensorType) \
+            or not all(isinstance(t, TensorType) and t.dtype == r.dtype for t in ts):
+        return None
+    a, b = ts
+    assert isinstance(a, TensorType) and isinstance(b, TensorType)
+    if a.rank == b.rank == r.rank == 2:
+        return torch.mm
+    if a.rank == b.rank == r.rank == 3 and a.shape[0] == b.shape[0] == r.shape[0]:
+        return torch.bmm
+    return None
+
+
+def _index_select_out(n: Node) -> Callable[..., Any] | None:
+    """loop.index_select's out form: torch.index_select(x, dim, ids, out=)."""
+    dim = n.kwargs.get("dim")
+    if len(n.args) != 2 or not isinstance(dim, int) or isinstance(dim, bool) \
+            or n.kwargs.keys() - {"op", "dim", "reuse"}:
+        return None
+
+    def call(x: torch.Tensor, ids: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        return torch.index_select(x, dim, ids, out=out)
+    return call
+
+
+# extern op -> its out form for a node (a callable of the node's operands and out=, writing
+# the node's one result into `out`), or None where this node has none
+OUT_FORMS: dict[str, Callable[[Node], Callable[..., Any] | None]] = {
+    "prims.matmul": _matmul_out, "loop.index_select": _index_select_out}
+
+
+def out_call(n: Node) -> Callable[..., Any] | None:
+    """The out form of extern node `n` (one tensor result), if its op has one."""
+    op = n.kwargs.get("op")
+    form = OUT_FORMS.get(op) if n.op == "kernels.extern" and isinstance(op, str) \
+        and len(n.results) == 1 and isinstance(n.results[0].type, TensorType) else None
+    return form(n) if form is not None else None
 
 
 def _values(n: Node) -> list[Value]:
@@ -171,10 +225,11 @@ def _operand_dying(n: Node, inplace: object, j: int, i: int, dies: dict[Value, f
 
 
 def plan_graph(g: Graph) -> int:
-    """Add `reuse=` to the graph's kernel calls; the number of buffers reused. A graph that
-    already carries a plan (a stored compiled module, planned by an earlier version whose
-    rules may differ) is kept as it is."""
-    if any(n.op == "kernels.call" and "reuse" in n.kwargs for n in g.nodes):
+    """Add `reuse=` to the graph's kernel calls and out-form externs; the number of buffers
+    reused. A graph that already carries a plan (a stored compiled module, planned by an
+    earlier version whose rules may differ) is kept as it is."""
+    if any(n.op in ("kernels.call", "kernels.extern") and "reuse" in n.kwargs
+           for n in g.nodes):
         return 0
     al = _aliases(g)
     last = last_uses(g)
@@ -199,7 +254,7 @@ def plan_graph(g: Graph) -> int:
             if key is not None and b not in overwritten:  # (its storage lives on as a result)
                 free.setdefault(key, []).append(b)
             k += 1
-        if n.op != "kernels.call":
+        if n.op != "kernels.call" and (n.op != "kernels.extern" or out_call(n) is None):
             continue
         reuse: list[Value] = []
         inplace = n.kwargs.get("inplace")
@@ -237,4 +292,4 @@ def plan_buffers(module: Module) -> Module:
     return out
 
 
-__all__ = ["last_uses", "plan_buffers", "plan_graph"]
+__all__ = ["OUT_FORMS", "last_uses", "out_call", "plan_buffers", "plan_graph"]

@@ -119,7 +119,11 @@ def _extern_infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg])
     target = ctx.registry.lookup(name) if ctx.registry and isinstance(name, str) else None
     if target is None:
         raise OpTypeError(f"kernels.extern: op= must name a registered op, got {name!r}")
-    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k != "op"})
+    # (reuse=[%dead]: plan-buffers' out= buffer for an op with an out form, not an attribute)
+    if "reuse" in kw and not (isinstance(kw["reuse"], list) and all(
+            isinstance(v, Value) and isinstance(v.type, TensorType) for v in kw["reuse"])):
+        raise OpTypeError("kernels.extern: reuse= must be a list of buffers")
+    types = target.infer(ctx, args, {k: v for k, v in kw.items() if k not in ("op", "reuse")})
     return [buffer_type(t) if isinstance(t, TensorType) else t for t in types]
 
 
@@ -162,7 +166,8 @@ def _view_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
 def _extern_run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
     target = interp.registry.lookup(kw["op"])
     assert target is not None
-    out = target.reference(interp, args, {k: v for k, v in kw.items() if k != "op"})
+    # (reuse=: the wrapper's out= buffer; here the op allocates its result, which is as good)
+    out = target.reference(interp, args, {k: v for k, v in kw.items() if k not in ("op", "reuse")})
     if isinstance(out, (list, tuple)):
         return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in out)
     return out.contiguous() if isinstance(out, torch.Tensor) else out

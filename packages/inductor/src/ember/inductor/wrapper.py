@@ -37,7 +37,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.inductor.buffers import last_uses
+from ember.inductor.buffers import last_uses, out_call
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import (
@@ -319,17 +319,8 @@ class _Gen:
         for j, r in enumerate(node.results):
             if not isinstance(r.type, TensorType):
                 raise WrapperUnsupported("kernels.call with a scalar result")
-            name, shape, dt = f"v{i}_{j}", _shape(r.type.shape), self.dtype(r.type)
-            old = reuse[j] if j < len(reuse) else None
-            if isinstance(old, Value) and isinstance(old.type, TensorType):
-                # a dead buffer's storage, as the interpreter's kernels.call takes it
-                new = self.reused(old, r.type, dev, shape) or \
-                    f"_out({shape}, {dt}, {device}, {self.name(old)})"
-            else:  # (sizes as separate arguments: a tuple parses ~0.7 us slower)
-                new = f"_empty({shape[1:-1].rstrip(',') or shape}, dtype={dt}, device={device})"
-            self.lines.append(f"    {name} = {new}")
-            self.names[r] = name
-            self.buffers.add(r)
+            name = f"v{i}_{j}"
+            self.alloc(name, r, reuse[j] if j < len(reuse) else None, dev, device)
             outs.append(name)
         given = node.kwargs.get("sizes")
         sizes = [pyexpr(s) for s in given] if isinstance(given, list) else []
@@ -343,6 +334,37 @@ class _Gen:
             self.lines.append(f"    del {', '.join(copies)}")
         if k.take_errors is not None:
             self.lines.append(f"    {self.const(k.check)}()")
+
+    def alloc(self, name: str, r: Value, old: Any, dev: Any, device: str) -> None:
+        """`name = ` a new buffer for result `r` (a tensor): `old`'s storage where reuse=
+        names a dead buffer, else a new one."""
+        assert isinstance(r.type, TensorType)
+        shape, dt = _shape(r.type.shape), self.dtype(r.type)
+        if isinstance(old, Value) and isinstance(old.type, TensorType):
+            # a dead buffer's storage, as the interpreter's kernels.call takes it
+            new = self.reused(old, r.type, dev, shape) or \
+                f"_out({shape}, {dt}, {device}, {self.name(old)})"
+        else:  # (sizes as separate arguments: a tuple parses ~0.7 us slower)
+            new = f"_empty({shape[1:-1].rstrip(',') or shape}, dtype={dt}, device={device})"
+        self.lines.append(f"    {name} = {new}")
+        self.names[r] = name
+        self.buffers.add(r)
+
+    def extern_out(self, i: int, node: Node) -> bool:
+        """An extern with an out form (buffers.out_call) given a dead buffer by plan-buffers
+        (reuse=): the form called with that buffer as out=, no allocation. False where it
+        does not apply (the extern is then called as any other)."""
+        reuse = node.kwargs.get("reuse")
+        fn = out_call(node) if isinstance(reuse, list) and len(reuse) == 1 else None
+        r = node.results[0]
+        if fn is None or not isinstance(r.type, TensorType) or not isinstance(reuse, list):
+            return False
+        dev = r.type.device
+        name = f"v{i}_0"
+        self.alloc(name, r, reuse[0], dev, self.const(torch.device(dev)))
+        args = ", ".join(self.arg(a) for a in node.args)
+        self.lines.append(f"    {self.const(fn)}({args}, out={name})")
+        return True
 
     def reused(self, old: Value, t: TensorType, dev: Any, shape: str) -> str | None:
         """`out_buffer`'s reuse decided now, where its checks hold by construction: `old` is
@@ -446,7 +468,11 @@ class _Gen:
                               f"{_shape(list(rt.shape))})")
             self.names[node.results[0]] = f"v{i}_0"
             return
+        if node.op == "kernels.extern" and self.extern_out(i, node):
+            return
         kw = dict(node.kwargs)
+        if node.op == "kernels.extern":
+            kw.pop("reuse", None)
         name = kw.pop("op") if node.op == "kernels.extern" else node.op
         op = self.interp.registry.lookup(name) if isinstance(name, str) else None
         if op is None:
