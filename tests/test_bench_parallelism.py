@@ -1,0 +1,65 @@
+"""benchmarks/parallelism.py: the census reads each C++ kernel's OpenMP split from its source and
+times the generated wrapper line by line. What is tested, on kernels ember generates: a column
+reduction's `parallel for collapse(2)` gives outer x blocks chunks, a split full reduction's
+region the run count of its outer loop, a small kernel none (serial); the estimate at T threads
+is ceil(c/T)/c of the 1-thread time; the timed wrapper returns what the wrapper returns and
+gives every line a time."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import ember.inductor  # noqa: F401
+from ember.inductor.wrapper import generate
+from ember.ir import Module, parse
+from ember.ir.passes import run_pipeline
+from tests.bench_scripts import load_script
+
+par = load_script("parallelism")
+PIPELINE = "to-prims,conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,plan-buffers"
+
+
+def _module(body: str, x: str, out: str) -> Module:
+    return run_pipeline(parse(f"ember.ir 1.0\n\ngraph @f(%x: {x}) -> ({out}) {{\n{body}\n"
+                              f"  return (%y)\n}}\n"), PIPELINE)
+
+
+def _kernel_sources(m: Module) -> list[str]:
+    return [k.source for k in m.kernels.values() if "extern \"C\" void ember_k_" in k.source]
+
+
+def test_column_reduction_chunks_are_outer_times_blocks() -> None:
+    m = _module("  %y = aten.mean.dim(%x, [1, 2]) : f32[2, 2048]", "f32[2, 7, 7, 2048]",
+                "f32[2, 2048]")
+    (src,) = _kernel_sources(m)
+    (nest,) = par.kernel_nests(src)
+    assert nest.kind == "for" and nest.trips == [2, 16] and nest.chunks == 32
+    frac, eff = par.scale([nest], par.kernel_work(src), 16)
+    assert math.isclose(frac, 2 / 32) and eff == 16
+
+
+def test_split_reduction_region_and_serial_kernel() -> None:
+    big = _module("  %y = aten.sum.default(%x) : f32[]", "f32[64, 4096]", "f32[]")
+    (src,) = _kernel_sources(big)
+    nests = par.kernel_nests(src)
+    assert [n.kind for n in nests] == ["region"] and nests[0].chunks == 64
+    small = _module("  %y = aten.relu.default(%x) : f32[8, 16]", "f32[8, 16]", "f32[8, 16]")
+    (src,) = _kernel_sources(small)
+    assert par.kernel_nests(src) == [] and par.kernel_work(src) == 128
+    assert par.scale([], 128, 16) == (1.0, 1)
+
+
+def test_timed_wrapper_matches_and_times_every_line() -> None:
+    m = _module("  %r = aten.relu.default(%x) : f32[64, 256]\n"
+                "  %y = aten.mul.Tensor(%r, %x) : f32[64, 256]", "f32[64, 256]", "f32[64, 256]")
+    w = generate(m, "f")
+    g, stmts = par.instrument(w.source, w.call.__globals__)
+    x = torch.randn(64, 256)
+    got = g["call"]([x]).outputs[0]
+    torch.testing.assert_close(got, torch.relu(x) * x)
+    assert len(g["_acc"]) == len(stmts) and all(v >= 0 for v in g["_acc"])
+    kinds = {par.classify(s, w.call.__globals__, {k.name: k.source for k in
+                                                  m.kernels.values()})[0] for s in stmts}
+    assert "kernel" in kinds and "wrapper" in kinds
