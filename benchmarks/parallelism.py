@@ -204,6 +204,7 @@ def estimate(line: Line, target: int) -> None:
 # ---- timing the wrapper's lines ---------------------------------------------------------------
 
 _CALL = re.compile(r"^    (?:[\w, ]+ = )?(_c\d+)\(")
+_REF = re.compile(r"(_c\d+)\(_interp\b")
 
 
 def classify(stmt: str, ns: dict[str, Any], kernels: dict[str, str]) -> tuple[str, str]:
@@ -215,8 +216,9 @@ def classify(stmt: str, ns: dict[str, Any], kernels: dict[str, str]) -> tuple[st
         return "kernel", sym[8:]
     if fn is not None and callable(fn):
         return "extern", _callable_name(fn)
-    if "_interp" in stmt and "(_interp" in stmt:
-        return "extern", "reference"
+    ref = _REF.search(stmt)
+    if ref is not None:  # an op's reference (ember's attention: its fused C++ kernel)
+        return "extern", "reference " + _callable_name(ns.get(ref.group(1)))
     t = stmt.strip()
     sub = "check" if t.startswith(("if ", "_bad")) else "alloc" if ("_empty(" in t or "_out(" in t) \
         else "del" if t.startswith("del ") else "view" if ".reshape(" in t or "_strided(" in t \
@@ -229,6 +231,8 @@ def _callable_name(fn: Any) -> str:
     qual = getattr(fn, "__qualname__", "") or ""
     if "<locals>" in qual and mod.startswith("ember."):  # a bound extern (packed conv, linear)
         return f"{mod.rsplit('.', 1)[-1]}.{qual.split('.')[0]}"
+    if qual == "<lambda>":
+        return f"{mod}.<lambda>"
     for attr in ("__qualname__", "__name__"):
         v = getattr(fn, attr, None)
         if isinstance(v, str) and v:
