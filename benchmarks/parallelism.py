@@ -470,7 +470,9 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], top: int) -> str
     t = meta["target"]
     out = [f"# ember parallelism census at {t} threads: an ESTIMATE, not a measurement",
            "", f"Date: {meta['date']}. ember {meta['commit']}, torch {meta['torch']}, "
-           f"{meta['machine']}.", "",
+           f"{meta['machine']}."
+           + (f" Compiled with PARALLEL_WORK = {meta['parallel_work']} (--parallel-work)."
+              if meta.get("parallel_work") else ""), "",
            "Method (benchmarks/parallelism.py): each model compiled by ember and its generated "
            "wrapper timed line by line at 1 thread (thread CPU time, per-line medians of "
            f"{meta['reps']} calls). Estimate at {t} threads: a C++ kernel t1 * ceil(c/{t}) / c "
@@ -540,12 +542,20 @@ def main() -> int:
     ap.add_argument("--measure", action="store_true",
                     help="also time every line at --target threads (wall time): on a machine "
                          "with that many cores, the estimate against the measurement")
+    ap.add_argument("--parallel-work", type=int, default=0,
+                    help="an experiment: compile with this PARALLEL_WORK (element-steps from "
+                         "which a kernel gets threads; torch.compile's rule at 16 threads is "
+                         "8192) in place of cppkernel's")
     ap.add_argument("--realtime", action="store_true",
                     help="--measure's calls under SCHED_FIFO (benchmarks/realtime.py)")
     a = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
+    if a.parallel_work:  # both modules read it at schedule time
+        import ember.inductor.targets.cpu.cppkernel as cppkernel
+        import ember.inductor.targets.cpu.schedule as schedule
+        cppkernel.PARALLEL_WORK = schedule.PARALLEL_WORK = a.parallel_work
     results = []
     overhead = clock_overhead()
     for name in a.models.split(","):
@@ -560,7 +570,7 @@ def main() -> int:
 def write(a: argparse.Namespace, results: list[dict[str, Any]], torch_version: str) -> None:
     meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": _commit(), "torch": torch_version, "reps": a.reps,
-            "target": a.target, "estimate": True,
+            "target": a.target, "estimate": True, "parallel_work": a.parallel_work or None,
             "machine": f"{platform.processor() or platform.machine()}, "
                        f"{os.cpu_count()} cores (timed at 1 thread)"}
     stem = f"parallelism-{dt.date.today()}-{a.target}t" + (f"-{a.tag}" if a.tag else "")
