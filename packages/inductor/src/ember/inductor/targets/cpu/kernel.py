@@ -31,6 +31,7 @@ from ember.inductor.targets.cpu.cppkernel import (
     _work,
     _Writer,
 )
+from ember.inductor.targets.cpu.rowgroups import row_group_nest
 from ember.inductor.targets.cpu.schedule import _apply, _decide
 from ember.inductor.targets.cpu.splitloops import Piece, split_kernel
 from ember.ir import Graph, Node, Symbol, Value
@@ -143,6 +144,7 @@ def _kernel_lines(name: str, node: Node, body: Graph, provenance: str, w: _Write
         return lines
     nest = _nest_col(w, ranges, inner, len(s.parallel), s.order, vec, cond) \
         if w.col is not None else \
+        row_group_nest(w, ranges, inner, len(s.parallel), s.order, vec, cond) or \
         _nest(w, ranges, inner, len(s.parallel), s.order, vec, cond)
     lines += ["  " + x for x in nest]
     lines.append("}")
