@@ -70,6 +70,11 @@ BLOCK = 4096  # elements per vectorised partial sum (then added in double)
 # (broadcast.COSTLY: softmax's exp over 197: 413 -> 559 us in 8 lanes)
 SHORT_ROW = 256
 SHORT_ROW_LANES = 8
+# a pass calling a math function (softmax's sum of exp) in 64 bytes of lanes: g++ keeps 32 where
+# -march=native prefers 256-bit vectors (Intel's AVX-512 parts), and the exp is the pass's
+# cost. Softmax at 1 thread, kernel alone (Xeon, AVX-512): rows of 1024 1417 -> 1127 us, 197
+# 582 -> 527, 49 in row groups 724 -> 636; AVX2 code: the same (two vectors per step)
+COSTLY_LANES = {"float": 16, "double": 8}
 PARALLEL_WORK = 32768  # element-steps below which a kernel stays on one thread
 # Reductions given SIMD lane accumulators: a CPU target fact, keyed from the prims' declared
 # reduction trait: only an "associative" combine may run per lane and combine the lanes after
@@ -304,9 +309,7 @@ class _Writer:
                 final.append(f"{r.var} = acc{j};")
         last = f"r{len(red) - 1}"
         stmts = [s for r in g for s in self.statements(r, r.j)]
-        if isinstance(inner, int) and inner <= SHORT_ROW \
-                and not any(n.op in COSTLY for r in g for n in r.body.nodes):
-            clauses.append(f"simdlen({SHORT_ROW_LANES})")
+        clauses += lanes(g, isinstance(inner, int) and inner <= SHORT_ROW)
         vec = [f"#pragma omp simd {' '.join(clauses)}",
                f"for (int64_t {last} = rb; {last} < re; ++{last}) {{",
                *["  " + s for s in [*stmts, *step]], "}"]
@@ -485,6 +488,15 @@ class _Writer:
         return [*self.header([r]), "{", f"  {acc_t} acc = {init};",
                 "  int64_t arg = 0; (void)arg;", *["  " + s for s in body],
                 f"  {r.var} = {final};", "}"]
+
+
+def lanes(g: Sequence[_Reduce], short: bool) -> list[str]:
+    """The simdlen clause of a reduction group's pass: 8 lanes for a short row's cheap pass,
+    64 bytes of lanes for a pass calling a math function, g++'s choice otherwise."""
+    if any(n.op in COSTLY for r in g for n in r.body.nodes):
+        n = COSTLY_LANES.get(ctypes_of(g[0].elem)[1])
+        return [f"simdlen({n})"] if n else []
+    return [f"simdlen({SHORT_ROW_LANES})"] if short else []
 
 
 def _lanes(stmts: list[str], pad: str = "") -> list[str]:

@@ -21,7 +21,6 @@ import math
 from collections.abc import Callable, Sequence
 
 from ember.inductor.sanitize import comment
-from ember.inductor.targets.cpu.broadcast import COSTLY
 from ember.inductor.targets.cpu.cpp import (
     ACC_INIT,
     _cname,
@@ -32,11 +31,11 @@ from ember.inductor.targets.cpu.cpp import (
 )
 from ember.inductor.targets.cpu.cppkernel import (
     SHORT_ROW,
-    SHORT_ROW_LANES,
     _pragma,
     _Reduce,
     _simd_loops,
     _Writer,
+    lanes,
 )
 from ember.ir.expr import Dim
 
@@ -149,8 +148,7 @@ def _group(w: _Writer, g: list[_Reduce], n: int,
             else:
                 final.append(f"{red} = {acc};")
     stmts = [s for r in g for s in w.statements(r, r.j)]
-    if not any(nd.op in COSTLY for r in g for nd in r.body.nodes):
-        clauses.append(f"simdlen({SHORT_ROW_LANES})")
+    clauses += lanes(g, True)
     body = []
     for u in range(n):
         body += ["{", *["  " + s for s in [*scope(u), *stmts, *steps[u]]], "}"]
