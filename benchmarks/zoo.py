@@ -252,7 +252,7 @@ def _cpu_since(mark: tuple[float, dict[int, float]]) -> float:
 
 def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
            warm: bool, check_only: bool = False, ember_backend: str = "inductor",
-           clock_name: str = "wall", rt: bool = False) -> int:
+           clock_name: str = "wall", rt: bool = False, cache_dir: Path | None = None) -> int:
     clock = CLOCKS[clock_name]
     try:
         import importlib
@@ -284,8 +284,12 @@ def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: i
         for who in sorted(compilers, key=lambda w: w != "ember"):
             c: TorchCompile | Ember = (TorchCompile() if who == "torch.compile"
                                        else Ember(ember_backend))
-            tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
-            atexit.register(shutil.rmtree, tmp, True)  # the cold caches (~1-10 MB a model)
+            if cache_dir is not None:  # shared with other models and runs: not cold
+                tmp = cache_dir / who.replace(".", "_")
+                tmp.mkdir(parents=True, exist_ok=True)
+            else:
+                tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
+                atexit.register(shutil.rmtree, tmp, True)  # the cold caches (~1-10 MB a model)
             try:
                 c.cold(tmp)
                 mark = _cpu_mark()
@@ -391,7 +395,8 @@ def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdi
            "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
         + ([] if a.warm else ["--no-warm"]) + (["--check-only"] if a.check_only else []) \
         + ["--ember-backend", a.ember_backend, "--clock", a.clock] \
-        + (["--realtime"] if a.realtime else [])
+        + (["--realtime"] if a.realtime else []) \
+        + (["--cache-dir", str(a.cache_dir)] if a.cache_dir else [])
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))  # ember's OpenMP kernels too
 
     def pin() -> None:  # (inherited by g++ and inductor's compile workers)
@@ -582,13 +587,15 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
         out.append(f"- **{w}**: correct {x['correct']}/{s['ran']}; geomean speedup over eager "
                    f"on the {s['both_correct_and_timed']} models both got right "
                    f"{_f(x['geomean_speedup'], '×')}; graph breaks in {x['with_graph_breaks']} "
-                   f"model(s), fallbacks in {x['with_fallbacks']}; slowest cold compile "
+                   f"model(s), fallbacks in {x['with_fallbacks']}; slowest "
+                   f"{'cold' if not meta.get('cache_dir') else 'cached'} compile "
                    f"{_f(x['max_cold_compile_s'], ' s')}")
     for k, x in s.items():
         if " / " in k:
             out.append(f"- geomean of {k} speedups: {_f(x, '×')}")
     head = ["model", "eager ms"] + [f"{w} ms" for w in compilers] + [f"{w} ×" for w in compilers] \
-        + [f"{w} cold (CPU) / warm s" for w in compilers] + compilers
+        + [f"{w} {'cold' if not meta.get('cache_dir') else 'cached compile'} (CPU) / warm s"
+           for w in compilers] + compilers
     out += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         con = r["contenders"]
@@ -643,14 +650,17 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             "slots": slots(a), "tiny": a.tiny, "shard": a.shard,
             "check_only": a.check_only, "ember_backend": a.ember_backend,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
-            "clock": a.clock, "realtime": a.realtime,
+            "clock": a.clock, "realtime": a.realtime, "cache_dir": str(a.cache_dir or ""),
             "method": f"each model in its own process; {a.reps} interleaved repetitions per "
                       f"contender (round robin, order rotating), median ms of "
                       + ("the calling thread's CPU time (time.thread_time) per call; " if
                          a.clock == "thread" else "wall time per call; ")
                       + ("timed calls under SCHED_FIFO (--realtime); " if a.realtime else "")
-                      + f"cold s = first call "
-                      f"with empty caches in a fresh process (wall; CPU = the process, its "
+                      + ("cold s = first call with empty caches in a fresh process"
+                         if not a.cache_dir else
+                         "compile s (not cold) = first call in a fresh process with the compile "
+                         "caches of --cache-dir, shared by every model and filled by an earlier "
+                         "run") + f" (wall; CPU = the process, its "
                       f"children and its live descendants), warm s = first call of a new "
                       f"compiled object with the disk caches kept; correct = assert_close vs "
                       f"eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's output)); "
@@ -749,6 +759,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--realtime", action="store_true",
                     help="time the calls with the worker's threads under SCHED_FIFO (a shared "
                          "machine at --threads > 1: benchmarks/realtime.py; needs root)")
+    ap.add_argument("--cache-dir", type=Path, default=None,
+                    help="compile caches kept in DIR and shared by every model and run (a "
+                         "compile-only run side by side fills them, a timed run reuses them): "
+                         "compile times are then not cold")
     ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
     ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
     ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
@@ -756,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.compilers = [c for c in a.compilers.split(",") if c]
+    a.cache_dir = a.cache_dir.resolve() if a.cache_dir else None
     if bad := [c for c in a.compilers if c not in COMPILERS]:
         ap.error(f"unknown compiler(s) {', '.join(bad)}: choose from {', '.join(COMPILERS)}")
     if a.merge:
@@ -768,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
         m = model_named(a.worker)
         assert m is not None, a.worker
         return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
-                      a.warm, a.check_only, a.ember_backend, a.clock, a.realtime)
+                      a.warm, a.check_only, a.ember_backend, a.clock, a.realtime,
+                      a.cache_dir)
     models = select(a)
     if a.list:
         for m in models:

@@ -122,3 +122,22 @@ def test_select_and_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert {m.family for m in zoo.ZOO[:6]} == {"torchvision", "timm", "hf"}  # mixed early
     with pytest.raises(SystemExit, match="unknown model"):
         zoo.main(["--models", "nope", "--list"])
+
+
+def test_cache_dir_is_kept_and_shared_between_runs(tmp_path: Path) -> None:
+    # the 16-core run: a compile-only pass fills --cache-dir, the timed pass reuses it (its
+    # compiles are then labelled as cached, not cold)
+    cache = tmp_path / "cache"
+    args = ("--models", "hf/bert", "--tiny", "--compilers", "ember", "--timeout", "120",
+            "--cache-dir", str(cache))
+    first = _run(tmp_path / "a", *args, "--check-only")
+    assert first["models"][0]["contenders"]["ember"]["check"] == "ok"
+    files = sorted(p.relative_to(cache) for p in (cache / "ember").rglob("*") if p.is_file())
+    assert files, "the ember cache was not written into --cache-dir"
+    second = _run(tmp_path / "b", *args, "--reps", "2", "--no-warm")
+    assert second["models"][0]["contenders"]["ember"]["check"] == "ok"
+    again = sorted(p.relative_to(cache) for p in (cache / "ember").rglob("*") if p.is_file())
+    assert again == files, "the timed run compiled again instead of reusing the cache"
+    assert second["meta"]["cache_dir"] == str(cache.resolve())
+    md = next((tmp_path / "b").glob("zoo-*-t.md")).read_text()
+    assert "cached compile" in md and "not cold" in md
