@@ -351,6 +351,11 @@ def print_expr(e: Dim | sympy.Basic, lang: ExprLanguage, name: Callable[[str], s
     if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
         return "(" + " * ".join([args[0]] * int(e.exp)) + ")"
     if isinstance(e, (FloorDiv, PyMod)):
+        if e.args[1].is_Integer and int(e.args[1]) == 0:
+            # a divisor of 0 comes from a dimension of size 0 (repeat(2, 0)'s index math), whose
+            # every access is masked or never runs, so any value does: Triton evaluates masked
+            # lanes too, and its compiler aborts folding a constant x % 0 (H200, 2026-12-03)
+            return "0"
         pos = _nonneg_by_positive(e)
         if isinstance(e, FloorDiv):
             return (lang.floordiv_pos if pos and lang.floordiv_pos else lang.floordiv).format(*args)
