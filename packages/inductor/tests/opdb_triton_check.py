@@ -66,11 +66,23 @@ def _move(v: Any, device: str) -> Any:
     return v
 
 
-def on_device(s: Sample, device: str) -> Sample:
-    """The sample with its tensors on `device` (strides kept where `.to` keeps them)."""
+def takes_device(op: str) -> bool:
+    """The aten overload `op` ("aten.arange.default") has a `device` argument (a factory)."""
+    _, name, overload = op.split(".")
+    fn = getattr(getattr(torch.ops.aten, name, None), overload, None)
+    return fn is not None and any(a.name == "device" for a in fn._schema.arguments)
+
+
+def on_device(s: Sample, device: str, op: str = "") -> Sample:
+    """The sample with its tensors on `device` (strides kept where `.to` keeps them); a factory
+    op (arange, rand, ...) called with no device gets `device` too: called as an aten overload
+    it ignores `with torch.device(...)` and would make cpu tensors beside the cuda ones."""
     if device == "cpu":
         return s
-    return Sample(_move(s.args, device), {k: _move(v, device) for k, v in s.kwargs.items()})
+    kwargs = {k: _move(v, device) for k, v in s.kwargs.items()}
+    if op and "device" not in kwargs and takes_device(op):
+        kwargs["device"] = torch.device(device)
+    return Sample(_move(s.args, device), kwargs)
 
 
 def runnable(s: Sample, device: str) -> bool:
@@ -86,7 +98,8 @@ def check_family(entries: list[OpEntry], samples: Mapping[str, Sample], device: 
                  ) -> dict[str, str]:
     """op -> failure, for every entry whose compiled graph is not Triton kernels only (outside
     the fallback table) or whose outputs differ from eager (random ops: from the reference)."""
-    samples = {op: on_device(s, device) for op, s in samples.items() if runnable(s, device)}
+    samples = {op: on_device(s, device, op) for op, s in samples.items()
+               if runnable(s, device)}
     entries = [e for e in entries if e.op in samples]
     # creation ops (no tensor operand) make their tensors on the default device: the device
     # checked, in the graphs and in eager, so that a module's graphs all run on one device

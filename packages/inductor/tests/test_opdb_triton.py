@@ -35,6 +35,7 @@ from packages.inductor.tests.opdb_triton_check import (
     check_family,
     check_prims,
     family_entries,
+    on_device,
     runnable,
 )
 from packages.inductor.tests.test_opdb_cpu import UNREACHED_PRIMS, _shift_operands
@@ -114,6 +115,19 @@ def test_bf16_is_left_to_the_device() -> None:
     x = torch.randn(3, dtype=torch.bfloat16)
     assert not runnable(Sample((x,)), "cpu") and runnable(Sample((x,)), "cuda")
     assert not runnable(Sample((3,), {"dtype": torch.bfloat16}), "cpu")
+
+
+def test_factories_get_the_checked_device() -> None:
+    # called as aten overloads, factories ignore `with torch.device("cuda")`: the H200 run of
+    # 2026-12-03 had creation and random modules refused for cpu values beside cuda ones
+    s = on_device(Sample((3,), {"dtype": torch.float32}), "cuda", "aten.arange.default")
+    assert s.kwargs == {"dtype": torch.float32, "device": torch.device("cuda")}
+    assert on_device(Sample(([2, 3],)), "cuda", "aten.rand.default").kwargs["device"] \
+        == torch.device("cuda")
+    assert "device" not in on_device(Sample((3,)), "cpu", "aten.arange.default").kwargs
+    kept = Sample((3,), {"device": torch.device("meta")})
+    assert on_device(kept, "cuda", "aten.arange.default").kwargs["device"].type == "meta"
+    assert "device" not in on_device(Sample((1.5,)), "cuda", "aten.fill.Scalar").kwargs
 
 
 def test_every_family_is_checked() -> None:
