@@ -521,3 +521,29 @@ def test_custom_torch_library_op_type_is_checked() -> None:
     bad = CUSTOM.replace("(%x, 3) : f32[s0 * 3]", "(%x, 2) : f32[s0 * 3]")
     rejected(bad, "mylib.myop.default: result %y is declared f32[s0 * 3], but at the symbols' "
              "hints it is [12] and the op gives f32[8]", 4, 3)
+
+
+def test_convolution_is_typed_by_its_standin_when_its_meta_kernel_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11's aten._convolution rejected meta tensors the op database drew (on the H200):
+    # typed through aten.convolution instead, the same results
+    import ember.ir.torch_ops as torch_ops
+    real = torch_ops.call_torch
+
+    def no_meta(op: torch._ops.OpOverload, args: list[object], kwargs: dict[str, object]
+                ) -> object:
+        if op is torch.ops.aten._convolution.default:
+            raise NotImplementedError("convolution_overrideable not implemented")
+        return real(op, args, kwargs)
+    monkeypatch.setattr(torch_ops, "call_torch", no_meta)
+    text = ir("""
+        ember.ir 1.0
+        graph @f(%x: f32[2, 4, 5, 5]@cuda:0, %w: f32[3, 4, 3, 3]@cuda:0) -> () {
+          %y = aten._convolution.default(%x, %w, none, [1, 1], [0, 0], [1, 1], false, [0, 0], 1, false, true, true, true) : f32[2, 3, 3, 3]@cuda:0
+          return ()
+        }
+    """)
+    accepted(text)
+    rejected(text.replace("f32[2, 3, 3, 3]@cuda:0", "f32[2, 3, 4, 4]@cuda:0"), "", 3, 3)
+    monkeypatch.delitem(torch_ops._META_STANDINS, torch.ops.aten._convolution.default)
+    rejected(text, "its meta kernel rejected the arguments", 3, 3)
