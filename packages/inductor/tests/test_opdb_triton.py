@@ -130,6 +130,18 @@ def test_factories_get_the_checked_device() -> None:
     assert "device" not in on_device(Sample((1.5,)), "cuda", "aten.fill.Scalar").kwargs
 
 
+def test_nll_total_weight_is_compared_only_when_reduced() -> None:
+    # eager's CUDA nll_loss2d leaves total_weight unwritten for reduction="none" and an empty
+    # batch (garbage on the H200): compared only under "mean" and "sum"
+    e = OPDB["aten.nll_loss2d_forward.default"]
+    assert e.compare is not None
+    x, t = torch.randn(0, 1, 3, 1), torch.zeros(0, 3, 1, dtype=torch.long)
+    loss, total = torch.ops.aten.nll_loss2d_forward(x, t, None, 0, 0)
+    e.compare(Sample((x, t, None, 0, 0)), [loss, total], [loss, torch.tensor(7.0)])
+    with pytest.raises(AssertionError):
+        e.compare(Sample((x, t, None, 1, 0)), [loss, total], [loss, torch.tensor(7.0)])
+
+
 def test_every_family_is_checked() -> None:
     assert {e.family for e in OPDB.entries()} <= SCOPE.families
 
