@@ -25,6 +25,15 @@ hold new values under the same version). A Parameter that changed before each of
 `CHANGING` calls (training: an optimizer step between forwards) is used unpacked, since each pack
 would serve one call; once it stops changing it is packed again. Without oneDNN it is
 `torch.convolution`.
+
+A pack is also keyed by the thread count it was made under (`torch.get_num_threads()`):
+oneDNN picks its convolution's blocking, and so the weight layout it expects, by the thread
+count too, and a convolution handed a weight packed for another layout reorders it on every
+call with its slow generic reorder (`simple:any` in ONEDNN_VERBOSE). On the 2-core AVX-512 Xeon
+(oneDNN 3.12), 3 of resnet50's 23 convolution shapes pack differently at 1 and 16 threads
+(256->1024 1x1 at 14x14: Acdb48a vs Acdb64a); run at 1 thread on a 16-thread pack they took
+33 / 65 / 122 ms against 3.0 / 5.2 / 3.2 ms on their own pack. Each count keeps its packs (a
+model run at two counts holds two sets, within MAX_ENTRIES), so alternating counts never repacks.
 """
 
 from __future__ import annotations
@@ -72,6 +81,15 @@ class _Packs:
 # callback runs as the weight is freed, before its id can be reused). Keyed by id, not by the
 # tensor: a lookup must not build weak references or compare tensors (it runs per conv call).
 _PACKS: dict[int, _Packs] = {}
+
+
+def pack_threads() -> dict[int, int]:
+    """The number of cached packs made under each thread count (benchmarks, tests)."""
+    out: dict[int, int] = {}
+    for p in _PACKS.values():
+        for key in p.entries:
+            out[key[-1]] = out.get(key[-1], 0) + 1
+    return out
 
 
 def _forget(key: int) -> Any:
@@ -176,11 +194,14 @@ def _packed(w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
 
 def cached_pack(w: torch.Tensor, key: tuple[Any, ...],
                 make: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """`make()` (a packed form of `w`, made under no_grad) cached under `key` while `w`, an
-    `nn.Parameter`, keeps its version and data pointer; for any other tensor made per call.
-    (linear.py's packed matrix products share this cache: their keys differ.)"""
+    """`make()` (a packed form of `w`, made under no_grad) cached under `key` and the thread
+    count while `w`, an `nn.Parameter`, keeps its version and data pointer; for any other
+    tensor made per call. (linear.py's packed matrix products share this cache: their keys
+    differ.)"""
     p: _Packs | None = None
     if isinstance(w, torch.nn.Parameter):
+        # oneDNN's layout depends on the thread count (module docstring): a count's own pack
+        key = (key, torch.get_num_threads())
         state = (w._version, w.data_ptr())
         p = _PACKS.get(id(w))
         if p is None or p.ref() is not w or p.state != state:  # new, or the weight changed
@@ -331,4 +352,4 @@ if default_registry().lookup(PACKED_OP) is None:
 register_binder(PACKED_OP, bind)
 
 __all__ = ["PACKED_OP", "cached_pack", "changing_weight", "f32_on_cpu", "is_cached",
-           "packed_weight"]
+           "pack_threads", "packed_weight"]
