@@ -5,6 +5,9 @@ it for a q of any layout (its output read as a permuted view of the [B, L, H, E]
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -29,9 +32,9 @@ def _layout(t: torch.Tensor, kind: int) -> torch.Tensor:
 
 
 @st.composite
-def _calls(draw: st.DrawFn) -> dict:
-    b, h = draw(st.integers(1, 3)), draw(st.integers(1, 4))
-    n = draw(st.integers(flash.MIN_ROWS, 45))
+def _calls(draw: st.DrawFn, few_heads: bool = False) -> dict:
+    b, h = draw(st.integers(1, 2 if few_heads else 3)), draw(st.integers(1, 3 if few_heads else 4))
+    n = draw(st.integers(flash.MIN_ROWS, 140 if few_heads else 45))
     s = draw(st.integers(1, 70))
     e = ev = draw(st.integers(1, 70))  # (torch's kernel needs one head size)
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
@@ -194,3 +197,44 @@ def test_training_reads_embers_output_and_logsumexp(monkeypatch: pytest.MonkeyPa
     got = grads(er.compile(_layer, backend="inductor"))
     assert ran
     torch.testing.assert_close(got, grads(_layer), rtol=1e-4, atol=1e-5)
+
+
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+@settings(max_examples=25, deadline=None)
+@given(_calls(few_heads=True))
+def test_few_heads_at_many_threads(c: dict) -> None:
+    """B*H below the threads (the query blocks are the tasks, the keys and values packed once):
+    at 1, 3, 7 and 16 threads the same bits, and the math's values."""
+    q, k, v, heads_last = c.pop("q"), c.pop("k"), c.pop("v"), c.pop("heads_last")
+    want_o, want_l = _reference(q, k, v, **c)
+    runs = []
+    for n in (1, 3, 7, 16):
+        with _threads(n):
+            runs.append(flash.forward(q, k, v, 0.0, **c, heads_last=heads_last))
+    torch.testing.assert_close(runs[0][0], want_o, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(runs[0][1], want_l, rtol=1e-4, atol=1e-5)
+    for o, lse in runs[1:]:
+        torch.testing.assert_close(o, runs[0][0], rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(lse, runs[0][1], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(("bh", "n", "threads", "least"), [
+    ((2, 4), 128, 16, 32), ((2, 3), 197, 16, 32), ((1, 1), 128, 2, 4), ((1, 1), 128, 16, 16),
+    ((1, 1), 40, 16, 5), ((2, 12), 128, 16, 32)])
+def test_tasks_cover_the_threads(bh: tuple[int, int], n: int, threads: int, least: int) -> None:
+    """With fewer heads than threads (bert's 2x4 and DeiT's 2x3 at 16 threads, one head at 2),
+    the query blocks of 8 rows are tasks: >= 2 a thread where the rows allow (one head of 128
+    rows has 16 blocks); whole heads at one thread."""
+    count, shared = flash.tasks(*bh, n, n, 64, threads)
+    assert count >= least and shared, (count, shared)
+    assert flash.tasks(*bh, n, n, 64, 1) == (bh[0] * bh[1], False)
+    assert flash.tasks(16, 8, n, n, 64, threads)[0] == 128  # (>= 4 heads a thread)

@@ -16,6 +16,16 @@ a logsumexp of 0, as the flash kernel does. Measured at 1 thread against the fla
 with its mask 566 -> 265 us, GPT-2 causal [2x12, 128x128x64] 1787 -> 870, DeiT
 [2x3, 197x197x64] 1039 -> 540, Swin's windows [128x3, 49x49x32] 3900 -> 3501.
 
+Threads: with at least 4 (batch, head) pairs a thread, each task is a whole head, packing its
+keys and values where it reads them. With fewer (bert's 2x4 heads and DeiT's 2x3 at 16
+threads, one head at 2), the heads' keys and values are packed once, in parallel, into one
+buffer, and the tasks are parts of a head's query rows in whole blocks of 8, >= 4 a thread
+where the rows allow, taken as threads come free, a causal call's heaviest (last) rows first.
+Before, each part packed its head again, so parts were kept >= 4 blocks (bert at 16 threads:
+32 tasks, each packing a head), and a causal head's parts went to threads in order (at 2
+threads, one head of 256 causal rows took the 1-thread time). A row's arithmetic is the same
+whichever task computes it: results are bit-identical at any thread count.
+
 `forward` runs it where it serves (f32 CPU tensors, equal batch and head counts, a float mask
 broadcastable to [B, H, L, S] or none, no dropout, at least MIN_ROWS query rows: a decode
 step's single row pays the per-head packing for one row; at most MAX_KEYS_X_FEATURES per head:
@@ -140,6 +150,71 @@ template <int R> static void ember_attn_rows(const ember_attn_args& a, int64_t b
   }
 }
 
+// rows [j0, j1) of a head's packed keys kt [E][SP] (transposed) and values vv [SP][EP]: the
+// first J keys are the head's, the rest (and the columns past Ev) zeros
+static void ember_attn_pack(const float* kb, const float* vb, const int64_t* ks,
+                            const int64_t* vs, int64_t j0, int64_t j1, int64_t J, int64_t E,
+                            int64_t Ev, int64_t SP, int64_t EP, float* kt, float* vv) {
+  const int64_t jr = std::min(j1, J);
+  for (int64_t j = j0; j < jr; j++) {
+    const float* kr = kb + j * ks[2];
+    for (int64_t e = 0; e < E; e++) kt[e * SP + j] = kr[e * ks[3]];
+  }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t j = std::max(j0, J); j < j1; j++) kt[e * SP + j] = 0.0f;
+  for (int64_t j = j0; j < j1; j++) {
+    float* d = vv + j * EP;
+    const float* vr = vb + j * vs[2];
+    if (j < J && vs[3] == 1) std::memcpy(d, vr, Ev * sizeof(float));
+    else if (j < J) { for (int64_t e = 0; e < Ev; e++) d[e] = vr[e * vs[3]]; }
+    else { for (int64_t e = 0; e < Ev; e++) d[e] = 0.0f; }
+    for (int64_t e = Ev; e < EP; e++) d[e] = 0.0f;
+  }
+}
+
+static void ember_attn_part(const ember_attn_args& a, int64_t b, int64_t h, int64_t lo,
+                            int64_t hi, const float* kt, const float* vv, float* qb, float* sc,
+                            float* ob) {
+  int64_t i0 = lo;
+  for (; i0 + 8 <= hi; i0 += 8) ember_attn_rows<8>(a, b, h, i0, kt, vv, qb, sc, ob);
+  if (i0 + 4 <= hi) { ember_attn_rows<4>(a, b, h, i0, kt, vv, qb, sc, ob); i0 += 4; }
+  if (i0 + 2 <= hi) { ember_attn_rows<2>(a, b, h, i0, kt, vv, qb, sc, ob); i0 += 2; }
+  if (i0 < hi) ember_attn_rows<1>(a, b, h, i0, kt, vv, qb, sc, ob);
+}
+
+// floats of the heads' keys and values packed once for all threads: above this, each task
+// packs its own (as with many heads)
+static const int64_t EMBER_ATTN_SHARED_FLOATS = (int64_t)1 << 24;
+
+// how a call's work is split at nt threads: each head's query rows in *nq parts of whole
+// 8-row blocks, one task each. With at least 4 heads a thread, whole heads, each task packing
+// its head's keys and values next to where it reads them. With fewer (bert's 2x4 heads, DeiT's
+// 2x3 at 16 threads), the heads' keys and values are packed once, in parallel, into one
+// buffer, and every block of 8 query rows can be a task of its own: parts for >= 4 tasks a
+// thread; returns whether packing is shared. (A split without the shared packing repacks a
+// head per part: parts kept >= 4 blocks.)
+static int ember_attn_plan(int64_t BH, int64_t L, int64_t S, int64_t E, int64_t Ev,
+                           int64_t nt, int64_t* nq) {
+  const int64_t nb = (L + 7) / 8;
+  const int64_t SP = (S + 15) & ~(int64_t)15, EP = (Ev + 15) & ~(int64_t)15;
+  *nq = 1;
+  if (nt <= 1 || BH >= 4 * nt) return 0;
+  if (BH * (E * SP + SP * EP) <= EMBER_ATTN_SHARED_FLOATS) {
+    *nq = std::min(nb, (4 * nt + BH - 1) / BH);
+    return 1;
+  }
+  while (BH * *nq < 4 * nt && nb / (*nq * 2) >= 4) *nq *= 2;
+  return 0;
+}
+
+// (for tests and benchmarks: the plan the kernel follows at nt threads)
+extern "C" int64_t ember_attention_tasks(int64_t B, int64_t H, int64_t L, int64_t S,
+                                         int64_t E, int64_t Ev, int64_t nt, int* shared) {
+  int64_t nq;
+  *shared = ember_attn_plan(B * H, L, S, E, Ev, nt, &nq);
+  return B * H * nq;
+}
+
 // dims: B, H, L, S, E, Ev; st: the strides of q, k, v, mask, out (4 each) and lse (3)
 extern "C" void ember_attention_f32(const float* q, const float* k, const float* v,
                                     const float* mask, float* out, float* lse,
@@ -150,50 +225,55 @@ extern "C" void ember_attention_f32(const float* q, const float* k, const float*
   const ember_attn_args a{q, mask, out, lse, st, S, E, Ev, SP, EP, scale, causal};
   const int64_t* ks = st + 4; const int64_t* vs = st + 8;
   const int64_t nb = (L + 7) / 8;  // blocks of 8 query rows
-  const int64_t nt = omp_get_max_threads();
-  // each task packs its head's keys and values: a head's rows are split only while there
-  // are fewer than 4 tasks a thread and each part keeps at least 4 blocks
-  int64_t nq = 1;
-  while (B * H * nq < 4 * nt && nb / (nq * 2) >= 4) nq *= 2;
+  int64_t nq;
+  const int shared = ember_attn_plan(B * H, L, S, E, Ev, omp_get_max_threads(), &nq);
+  const int64_t head = E * SP + SP * EP;  // a head's packed keys and values
+  float* packed = shared ? (float*)std::aligned_alloc(64, ((size_t)(B * H * head) * 4 + 63) / 64 * 64)
+                         : nullptr;
   #pragma omp parallel
   {
-    const size_t floats = (size_t)(E * SP + SP * EP + 8 * SP + 8 * E + 8 * EP);
+    const size_t floats = (size_t)((shared ? 0 : head) + 8 * SP + 8 * E + 8 * EP);
     float* kt = (float*)std::aligned_alloc(64, ((floats * 4 + 63) / 64) * 64);
     float* vv = kt + E * SP;
-    float* sc = vv + SP * EP;
+    float* sc = shared ? kt : vv + SP * EP;
     float* qb = sc + 8 * SP;
     float* ob = qb + 8 * E;
-    #pragma omp for schedule(static)
-    for (int64_t t = 0; t < B * H * nq; t++) {
-      const int64_t b = t / (H * nq), h = (t / nq) % H, c = t % nq;
-      const int64_t lo = std::min(L, (c * nb / nq) * 8), hi = std::min(L, ((c + 1) * nb / nq) * 8);
-      if (lo >= hi) continue;
-      const int64_t J = causal ? std::min(S, hi) : S;
-      const int64_t JP = (J + 15) & ~(int64_t)15;
-      const float* kb = k + b * ks[0] + h * ks[1];
-      for (int64_t j = 0; j < J; j++) {
-        const float* kr = kb + j * ks[2];
-        for (int64_t e = 0; e < E; e++) kt[e * SP + j] = kr[e * ks[3]];
+    if (shared) {
+      // packing: tasks of 64 keys of a head
+      const int64_t nc = (SP + 63) / 64;
+      #pragma omp for schedule(static)
+      for (int64_t t = 0; t < B * H * nc; t++) {
+        const int64_t bh = t / nc, j0 = (t % nc) * 64, b = bh / H, h = bh % H;
+        float* kp = packed + bh * head;
+        ember_attn_pack(k + b * ks[0] + h * ks[1], v + b * vs[0] + h * vs[1], ks, vs, j0,
+                        std::min(SP, j0 + 64), S, E, Ev, SP, EP, kp, kp + E * SP);
       }
-      for (int64_t e = 0; e < E; e++)
-        for (int64_t j = J; j < JP; j++) kt[e * SP + j] = 0.0f;
-      const float* vb = v + b * vs[0] + h * vs[1];
-      for (int64_t j = 0; j < JP; j++) {
-        float* d = vv + j * EP;
-        const float* vr = vb + j * vs[2];
-        if (j < J && vs[3] == 1) std::memcpy(d, vr, Ev * sizeof(float));
-        else if (j < J) { for (int64_t e = 0; e < Ev; e++) d[e] = vr[e * vs[3]]; }
-        else { for (int64_t e = 0; e < Ev; e++) d[e] = 0.0f; }
-        for (int64_t e = Ev; e < EP; e++) d[e] = 0.0f;
+      // (the implicit barrier: every head packed.) The parts, the heaviest first (a causal
+      // part's work grows with its last row), taken as threads come free
+      #pragma omp for schedule(dynamic, 1)
+      for (int64_t t = 0; t < B * H * nq; t++) {
+        const int64_t bh = t % (B * H), p = t / (B * H), c = causal ? nq - 1 - p : p;
+        const int64_t lo = std::min(L, (c * nb / nq) * 8), hi = std::min(L, ((c + 1) * nb / nq) * 8);
+        if (lo >= hi) continue;
+        const float* kp = packed + bh * head;
+        ember_attn_part(a, bh / H, bh % H, lo, hi, kp, kp + E * SP, qb, sc, ob);
       }
-      int64_t i0 = lo;
-      for (; i0 + 8 <= hi; i0 += 8) ember_attn_rows<8>(a, b, h, i0, kt, vv, qb, sc, ob);
-      if (i0 + 4 <= hi) { ember_attn_rows<4>(a, b, h, i0, kt, vv, qb, sc, ob); i0 += 4; }
-      if (i0 + 2 <= hi) { ember_attn_rows<2>(a, b, h, i0, kt, vv, qb, sc, ob); i0 += 2; }
-      if (i0 < hi) ember_attn_rows<1>(a, b, h, i0, kt, vv, qb, sc, ob);
+    } else {
+      #pragma omp for schedule(static)
+      for (int64_t t = 0; t < B * H * nq; t++) {
+        const int64_t b = t / (H * nq), h = (t / nq) % H, c = t % nq;
+        const int64_t lo = std::min(L, (c * nb / nq) * 8), hi = std::min(L, ((c + 1) * nb / nq) * 8);
+        if (lo >= hi) continue;
+        // the keys a causal part reads: up to its last row
+        const int64_t J = causal ? std::min(S, hi) : S;
+        ember_attn_pack(k + b * ks[0] + h * ks[1], v + b * vs[0] + h * vs[1], ks, vs, 0,
+                        (J + 15) & ~(int64_t)15, J, E, Ev, SP, EP, kt, vv);
+        ember_attn_part(a, b, h, lo, hi, kt, vv, qb, sc, ob);
+      }
     }
     std::free(kt);
   }
+  std::free(packed);
 }
 """
 
@@ -203,13 +283,28 @@ _F32 = torch.float32
 
 
 @functools.cache
+def _module() -> Any:
+    return cache.load(PRELUDE + SOURCE)
+
+
+@functools.cache
 def _library() -> Any:
     """The kernel's entry point, built through the compile cache once per process."""
-    fn = cache.load(PRELUDE + SOURCE).ember_attention_f32
+    fn = _module().ember_attention_f32
     p = ctypes.c_void_p
     fn.argtypes = [p, p, p, p, p, p, _I64, _I64, ctypes.c_float, ctypes.c_int]
     fn.restype = None
     return fn
+
+
+def tasks(b: int, h: int, n: int, s: int, e: int, threads: int) -> tuple[int, bool]:
+    """The kernel's plan for q [b, h, n, e] and keys [s, e] at `threads` threads: its number
+    of tasks and whether the heads' keys and values are packed once for all of them."""
+    fn = _module().ember_attention_tasks
+    fn.restype = ctypes.c_int64
+    shared = ctypes.c_int(0)
+    count = fn(*(ctypes.c_int64(x) for x in (b, h, n, s, e, e, threads)), ctypes.byref(shared))
+    return int(count), bool(shared.value)
 
 
 def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
@@ -267,4 +362,4 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float 
     return out, lse
 
 
-__all__ = ["MAX_KEYS_X_FEATURES", "MIN_ROWS", "SOURCE", "forward"]
+__all__ = ["MAX_KEYS_X_FEATURES", "MIN_ROWS", "SOURCE", "forward", "tasks"]
