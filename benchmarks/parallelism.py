@@ -23,8 +23,12 @@ calls, per-line medians. Each line is one of:
 
 `--measure` also times every line at `--target` threads by wall time (`--realtime`: under
 SCHED_FIFO), for a machine with that many cores: the estimate next to the measurement, line by
-line. The estimate at T threads is the sum; the "cappers" are the lines that lose the most against
-perfect scaling (estimate - t1 / T). torch.compile's C++ backend decides differently
+line. Before that timing, oneDNN's packed weights are dropped and made again at `--target`
+threads by two untimed calls (`repack_at`): oneDNN picks a convolution's weight layout by the
+thread count too, and a weight packed at 1 thread was reordered on every 16-thread call where
+the layouts differ (3 of resnet50's 23 convolution shapes on an AVX-512 Xeon). The estimate at
+T threads is the sum; the "cappers" are the lines that lose the most against perfect scaling
+(estimate - t1 / T). torch.compile's C++ backend decides differently
 (torch/_inductor/codegen/cpp.py `decide_parallel_depth`): it collapses outer loops until it has
 >= 2T (or exactly T) chunks and stays serial where the work per thread would be below
 `cpp.min_chunk_size` (512 elements): thread-count aware, where ember's PARALLEL_WORK (32768
@@ -240,20 +244,30 @@ def _callable_name(fn: Any) -> str:
     return type(fn).__name__
 
 
+_CONTINUED = ("else:", "elif ", "except", "finally:")  # a compound statement's later clauses
+
+
 def instrument(source: str, ns: dict[str, Any]) -> tuple[Any, list[str]]:
-    """The wrapper's `call` with each body line timed into `_acc[k]`; the lines."""
+    """The wrapper's `call` with each body statement timed into `_acc[k]`; the statements (a
+    compound one, such as an `if` over the input checks, with its indented lines: one)."""
     body = source.splitlines()
     assert body[0].startswith("def call(")
-    out, stmts = [body[0]], list[str]()
+    blocks: list[list[str]] = []
+    ret: list[str] = []
     for s in body[1:]:
         if not s.strip():
             continue
         if s.startswith("    return "):
-            out.append(s)
-            continue
-        k = len(stmts)
-        stmts.append(s)
-        out += ["    _t0 = _tt()", s, f"    _acc[{k}] += _tt() - _t0"]
+            ret.append(s)
+        elif blocks and (s.startswith("     ") or s.lstrip().startswith(_CONTINUED)):
+            blocks[-1].append(s)  # the body or the else of the statement before
+        else:
+            blocks.append([s])
+    stmts = ["\n".join(b) for b in blocks]
+    out = [body[0]]
+    for k, b in enumerate(blocks):
+        out += ["    _t0 = _tt()", *b, f"    _acc[{k}] += _tt() - _t0"]
+    out += ret  # (the wrapper's one return, last)
     g = dict(ns)
     g["_tt"] = time.thread_time_ns
     g["_acc"] = [0] * len(stmts)
@@ -336,6 +350,22 @@ def _time_lines(compiled: Any, args: Any, seen: list[tuple[Any, Any]],
     return lines_t, calls, outside
 
 
+def repack_at(compiled: Any, args: Any, threads: int) -> dict[int, int]:
+    """Set `threads` (the caller restores the count) and make every packed weight at that count
+    with two untimed calls, the packs of other counts dropped (targets/cpu/packed.py caches a
+    pack per thread count: oneDNN's layout depends on it). Returns the cached packs per thread
+    count after: all at `threads` unless a call packs outside the cache."""
+    import torch
+
+    from ember.inductor.targets.cpu import packed
+    torch.set_num_threads(threads)
+    packed._PACKS.clear()
+    with torch.no_grad():
+        for _ in range(2):
+            compiled(*args)
+    return packed.pack_threads()
+
+
 def census(name: str, reps: int, target: int, overhead_ns: float,
            measure: bool = False, rt: bool = False) -> dict[str, Any]:
     import torch
@@ -371,10 +401,11 @@ def census(name: str, reps: int, target: int, overhead_ns: float,
     lines_t, calls, outside = _time_lines(compiled, args, seen, timed, wholes, reps,
                                           time.thread_time_ns, overhead_ns)
     measured = None
+    packs: dict[int, int] | None = None
     if measure:  # the same lines at --target threads, by wall time
         from realtime import realtime
-        torch.set_num_threads(target)
         try:
+            packs = repack_at(compiled, args, target)  # (sets target threads)
             wall = clock_overhead(time.perf_counter_ns)
             with realtime(rt):  # (benchmarks/realtime.py: a shared machine's cores)
                 measured = _time_lines(compiled, args, seen, timed, wholes, reps,
@@ -408,6 +439,8 @@ def census(name: str, reps: int, target: int, overhead_ns: float,
     est_by = {k: sum(x.est_ms for x in out if x.kind == k) for k in by}
     return compact({"model": name, "call_ms": statistics.median(calls), "lines_t1_ms": t1,
             "measured_call_ms": statistics.median(measured[1]) if measured else None,
+            # --measure: the packed weights cached when timing, per thread count made at
+            "measured_packs": None if packs is None else {str(k): v for k, v in packs.items()},
             "clock_overhead_ns": overhead_ns,
             "est_ms": est, "speedup": t1 / est if est else None,
             "t1_by_kind_ms": by, "est_by_kind_ms": est_by,
@@ -466,6 +499,18 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
+def _packs_note(r: dict[str, Any], t: int) -> str:
+    """--measure: how many packed weights the timed calls used, and at which thread count made."""
+    packs = r.get("measured_packs")
+    if packs is None:
+        return ""
+    n = sum(packs.values())
+    if set(packs) <= {str(t)}:
+        return f" Measured at {t}t on {n} packed weights, all made at {t} threads."
+    return (f" WARNING: measured at {t}t on packed weights made at other thread counts "
+            f"({packs}): oneDNN may reorder them on every call.")
+
+
 def report(results: list[dict[str, Any]], meta: dict[str, Any], top: int) -> str:
     t = meta["target"]
     out = [f"# ember parallelism census at {t} threads: an ESTIMATE, not a measurement",
@@ -513,7 +558,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any], top: int) -> str
                 f"Wrapper lines {w1:.3f} ms serial ({ws['lines']} "
                 f"lines, each less the {r['clock_overhead_ns']:.0f} ns its clock reads take); "
                 f"the runtime outside the wrapper (`outside`: guards, arguments, outputs) "
-                f"{sum(x['t1_ms'] for x in rest):.3f} ms serial.", "",
+                f"{sum(x['t1_ms'] for x in rest):.3f} ms serial." + _packs_note(r, t), "",
                 f"Top {top} by loss at {t} threads (eff. x: the kernel's estimated speedup; "
                 "nests: each parallel nest's chunk trip counts):", "",
                 "| line | kind | t1 ms | share of 1t | eff. x | nests | work | torch splits | "

@@ -3,7 +3,7 @@ times the generated wrapper line by line. What is tested, on kernels ember gener
 reduction's `parallel for collapse(2)` gives outer x blocks chunks, a split full reduction's
 region the run count of its outer loop, a small kernel none (serial); the estimate at T threads
 is ceil(c/T)/c of the 1-thread time; the timed wrapper returns what the wrapper returns and
-gives every line a time."""
+gives every line a time; --measure times on packed weights made at its thread count."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import math
 import torch
 
 import ember.inductor  # noqa: F401
+from ember.inductor.targets.cpu import packed
 from ember.inductor.wrapper import generate
 from ember.ir import Module, parse
 from ember.ir.passes import run_pipeline
+from ember.runtime.compile import compile as ember_compile
 from tests.bench_scripts import load_script
 
 par = load_script("parallelism")
@@ -63,3 +65,44 @@ def test_timed_wrapper_matches_and_times_every_line() -> None:
     kinds = {par.classify(s, w.call.__globals__, {k.name: k.source for k in
                                                   m.kernels.values()})[0] for s in stmts}
     assert "kernel" in kinds and "wrapper" in kinds
+
+
+def test_measure_times_on_packs_made_at_the_target_thread_count() -> None:
+    """oneDNN's weight layout depends on the thread count: `repack_at` drops the 1-thread packs
+    and makes each at the target count before --measure's timing, and the report says so."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 16, 1)).eval()
+    x = torch.randn(2, 8, 12, 12)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        f = ember_compile(net)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), net(x))
+        weights = [net[0].weight, net[2].weight]
+        assert all(packed.is_cached(w) for w in weights)
+        one = {id(w): dict(packed._PACKS[id(w)].entries) for w in weights}
+        assert all(k[-1] == 1 for e in one.values() for k in e)
+        packs = par.repack_at(f, (x,), 2)
+        assert torch.get_num_threads() == 2
+        assert packs == {2: 2}  # each weight's pack made again at 2 threads, none at 1
+        for w in weights:
+            assert [k[-1] for k in packed._PACKS[id(w)].entries] == [2]
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), net(x))
+    finally:
+        torch.set_num_threads(before)
+    assert "all made at 2 threads" in par._packs_note({"measured_packs": {"2": 2}}, 2)
+    assert "WARNING" in par._packs_note({"measured_packs": {"1": 2, "2": 2}}, 2)
+    assert par._packs_note({"measured_packs": None}, 2) == ""
+
+
+def test_a_compound_statement_is_timed_as_one_line() -> None:
+    src = ("def call(inputs):\n    a = inputs[0]\n    if a > 0:\n        b = a * 2\n"
+           "        b += 1\n    else:\n        b = -a\n    c = (b +\n         1)\n"
+           "    return c\n")
+    g, stmts = par.instrument(src, {})
+    assert len(stmts) == 3 and stmts[1].startswith("    if a > 0:") and "else:" in stmts[1]
+    assert g["call"]([3]) == 8 and g["call"]([-2]) == 3
+    assert par.classify(stmts[1], {}, {}) == ("wrapper", "check")
