@@ -156,7 +156,18 @@ static void ember_attn_pack(const float* kb, const float* vb, const int64_t* ks,
                             const int64_t* vs, int64_t j0, int64_t j1, int64_t J, int64_t E,
                             int64_t Ev, int64_t SP, int64_t EP, float* kt, float* vv) {
   const int64_t jr = std::min(j1, J);
-  for (int64_t j = j0; j < jr; j++) {
+  int64_t j = j0;
+  // 16 keys at a time, a feature's 16 keys stored as one line: key by key, the E stores a key
+  // went SP floats apart, with SP = 256 to the same few cache sets (S = 1024: 2.2x the time)
+  for (; j + 16 <= jr; j += 16) {
+    const float* kr = kb + j * ks[2];
+    for (int64_t e = 0; e < E; e++) {
+      float g[16];
+      for (int jj = 0; jj < 16; jj++) g[jj] = kr[jj * ks[2] + e * ks[3]];
+      std::memcpy(kt + e * SP + j, g, sizeof g);
+    }
+  }
+  for (; j < jr; j++) {
     const float* kr = kb + j * ks[2];
     for (int64_t e = 0; e < E; e++) kt[e * SP + j] = kr[e * ks[3]];
   }
