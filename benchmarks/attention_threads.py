@@ -65,7 +65,8 @@ def _old_source(path: str | None) -> str:
 
 
 def _entry(source: str) -> Any:
-    fn = cache.load(PRELUDE + source).ember_attention_f32
+    # (a function object of its own: the library's attribute is flash.py's, with its argtypes)
+    fn = cache.load(PRELUDE + source)["ember_attention_f32"]
     p = ctypes.c_void_p
     fn.argtypes = [p, p, p, p, p, p, ctypes.POINTER(ctypes.c_int64),
                    ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int]
