@@ -40,7 +40,8 @@ from ember.inductor.targets.cpu.cpp import PRELUDE  # noqa: E402
 SHAPES: dict[str, tuple[int, int, int, int, tuple[int, ...] | None, bool]] = {
     "bert": (2, 4, 128, 64, (2, 1, 1, 128), False),
     "deit": (2, 3, 197, 64, None, False),
-    "gpt2": (2, 12, 128, 64, None, True),
+    "gpt2": (2, 4, 128, 64, None, True),  # (the zoo's hf/gpt2: 4 layers x 4 heads)
+    "gpt2_12h": (2, 12, 128, 64, None, True),
     "one": (1, 1, 128, 64, None, False),
     "one_causal": (1, 1, 256, 64, None, True),
     "long": (1, 4, 1024, 64, None, False),
