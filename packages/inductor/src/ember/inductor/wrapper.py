@@ -12,7 +12,9 @@ extern whose op is a prim, a plain aten op or loop.index_select calls the torch 
 (`direct`: constants converted once, no argument lists built per call). Where the checks of
 `out_buffer` and `strided_view` hold by construction (a buffer reused at a static size, an
 input's view with numeric coefficients) they are written into the source instead of called:
-on a tiny transformer these per-call helpers were a fifth of the wrapper's time.
+on a tiny transformer these per-call helpers were a fifth of the wrapper's time. A graph with
+static shapes checks all its tensor inputs in one call where the runtime registered its C
+checker (inputcheck.py), the per-input checks and copies running only where that check fails.
 
 A graph with symbolic sizes binds its symbols once per call from the inputs' shapes (a few
 attribute reads, `bind_sizes`), checks them against their declared ranges, and evaluates its
@@ -38,6 +40,7 @@ import sympy
 import torch
 
 from ember.inductor.buffers import last_uses, out_call
+from ember.inductor.inputcheck import InputCheck
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
 from ember.inductor.sanitize import py_str, safe_text, short
 from ember.ir import (
@@ -156,6 +159,7 @@ class _Gen:
         self.lines: list[str] = []
         self.table: dict[str, LoadedKernel] | None = None  # launch.load_module
         self.bound: list[str] = []  # the size symbols bound so far, as Python names
+        self.batched = False  # the inputs' checks behind one batch check (`_ok`)
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -171,6 +175,25 @@ class _Gen:
         shape = _shape(t.shape)
         self.lines.append(f"    if {var}.dtype is not {self.dtype(t)} or {var}.shape != "
                           f"{shape}: _bad({py_str(what)}, {var}, {self.const(t)})")
+
+    def batch_check(self, params: list[str], start: int) -> None:
+        """The input checks from line `start` on run only where one batch check of every
+        tensor input fails (inputcheck.py): a graph with static shapes and tensor inputs."""
+        tensors = [(p.type, n) for p, n in zip(self.g.params, params, strict=True)
+                   if isinstance(p.type, TensorType)]
+        if not tensors or self.bound or any(not isinstance(d, int) for t, _ in tensors
+                                            for d in t.shape):
+            return
+        checks = []
+        for line in self.lines[start:]:  # `    if COND: _bad(...)`, each kept one line (the
+            head, sep, tail = line.partition(": _bad(")  # census times the lines one by one)
+            if not head.startswith("    if ") or not sep:
+                return
+            checks.append(f"    if not _ok and ({head[len('    if '):]}): _bad({tail}")
+        self.ns["_ic"] = InputCheck([t for t, _ in tensors])
+        names = "".join(f"{n}, " for _, n in tensors)
+        self.lines[start:] = [f"    _ok = _ic.check(_ic.types, ({names}), _ic.spec)", *checks]
+        self.batched = True
 
     def bind_sizes(self, params: list[str]) -> None:
         """Bind the graph's size symbols from the inputs' shapes, once per call: a symbol that
@@ -262,6 +285,7 @@ class _Gen:
             self.lines.append(f"    {', '.join(params)}, = inputs")
         self.lines.append("    if inputs.__class__ is _Boxed: inputs.clear()")
         self.ns["_Boxed"] = BoxedInputs
+        start = len(self.lines)
         for p, n in zip(g.params, params, strict=True):
             if isinstance(p.type, TensorType):
                 self.lines.append(f"    if {n}.__class__ is not _Tensor and not isinstance("
@@ -271,6 +295,7 @@ class _Gen:
         for p, n in zip(g.params, params, strict=True):
             if isinstance(p.type, TensorType):
                 self.check(n, p.type, f"input %{p.name}")
+        self.batch_check(params, start)
         self.ns["_Tensor"] = torch.Tensor
         last = last_uses(g)
         for i, node in enumerate(g.nodes):
@@ -311,7 +336,11 @@ class _Gen:
                 ins.append(self.name(a))
             else:  # bound to a name, so the copy lives until the kernel has run
                 name = f"c{i}_{j}"
-                self.lines.append(f"    {name} = {self.name(a)}.contiguous()")
+                x = self.name(a)
+                # (an input the batch check passed is contiguous: inputcheck.py)
+                self.lines.append(f"    {name} = {x} if _ok else {x}.contiguous()"
+                                  if self.batched and a in self.params
+                                  else f"    {name} = {x}.contiguous()")
                 ins.append(name)
         reuse = node.kwargs.get("reuse")
         reuse = reuse if isinstance(reuse, list) else []

@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from ember.inductor.inputcheck import register_checker
+
 log = logging.getLogger("ember.runtime.tensorcheck")
 
 MODULE = "ember_tensorcheck"
@@ -320,3 +322,7 @@ def self_test(mod: Any) -> str | None:
     if mod.check(types, tuple(samples[:-1]), pack(specs)) is not False:
         return "a short tensor tuple passes"
     return None
+
+
+# generated wrappers check their tensor inputs in one call with this module (inputcheck.py)
+register_checker(checker)
