@@ -6,8 +6,13 @@ Face architectures (benchmarks/zoo_models.py), random weights, inference, f32, b
                              --budget S [--shard K/N] [--reps R] [--compilers ember,torch.compile]
     python benchmarks/zoo.py --merge A.json B.json ... --out DIR     (shards -> one report)
 
-Each model runs in its own process (`--worker`), with a timeout: a crash or hang in one model is
-that model's result, not the suite's. In the worker: the model is built (seed 0), eager runs it
+Each model runs in a worker process (benchmarks/zoo_worker.py), with a timeout: a crash or hang
+in one model is that model's result, not the suite's. By default each model gets its own
+process; `--per-process N` gives a process up to N models one after another (0: no limit), so
+its imports and torch.compile's per-process setup (~10 s and ~60 s a process on the 16-core
+machine) are paid once: the model in flight is killed with its process on a timeout, and the
+rest go on in a new one; compiles after a process's first model are then labelled not cold.
+In the worker: the model is built (seed 0), eager runs it
 once (the reference), then each compiler's first call is timed cold (fresh cache directories, a
 fresh process) and warm (a new compiled object with the disk caches kept, in-process state
 dropped), its output is checked against eager's, and what it did is recorded (ember: graphs,
@@ -44,7 +49,6 @@ reported as skipped, with the reason.
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import datetime as dt
 import json
@@ -56,12 +60,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -71,272 +73,8 @@ if (ROOT / ".devlibs").is_dir():  # `bytecode` carried to a machine with no inde
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from realtime import realtime  # noqa: E402
-from zoo_models import BY_NAME, FULL, TINY, ZOO, Model, Size, tm  # noqa: E402
-
-from ember.runtime.bench import calibrate, interleaved, quartiles  # noqa: E402
-
-COMPILERS = ("torch.compile", "ember")
-RTOL, ATOL = 1e-3, 1e-3
-LIBRARY = {"torchvision": "torchvision", "timm": "timm", "hf": "transformers"}
-
-# ---- the worker: one model, in its own process -------------------------------------------------
-
-
-class Events:
-    """The worker's JSON-lines log, flushed after every line (a killed worker keeps its steps)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, event: str, **data: Any) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps({"event": event, **data}, default=str) + "\n")
-
-
-def _short(e: BaseException, frames: int = 3) -> str:
-    """The exception in one line, with the innermost frames' locations (for diagnosis)."""
-    tb = traceback.extract_tb(e.__traceback__)[-frames:]
-    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(tb))
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:400]}" + (f" [at {where}]"
-                                                                      if where else "")
-
-
-def _out(x: Any) -> Any:
-    """The tensors compared: an HF output's logits (or last hidden state), else the output."""
-    for attr in ("logits", "last_hidden_state"):
-        v = getattr(x, attr, None)
-        if v is not None:
-            return v
-    return x
-
-
-def _scale(x: Any) -> float:
-    import torch
-    from torch.utils._pytree import tree_leaves
-    m = 0.0
-    for t in tree_leaves(x):
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-            fin = t[torch.isfinite(t)]
-            if fin.numel():
-                m = max(m, float(fin.abs().max()))
-    return m
-
-
-def compare(got: Any, want: Any) -> str:
-    import torch
-    want = _out(want)
-    try:
-        torch.testing.assert_close(_out(got), want, rtol=RTOL, atol=ATOL * max(1.0, _scale(want)),
-                                   equal_nan=True)
-    except (AssertionError, TypeError, ValueError) as e:
-        return "MISMATCH: " + " ".join(str(e).split())[:400]
-    return "ok"
-
-
-class TorchCompile:
-    """torch.compile (default inductor): cold = a fresh inductor cache directory and dynamo
-    reset; warm = dynamo reset with the disk cache kept. What dynamo did is read from its
-    counters right after the cold compile (this process compiled nothing else before)."""
-
-    name = "torch.compile"
-
-    def __init__(self) -> None:
-        self.seen: dict[str, Any] = {}
-
-    def make(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        import torch
-        return torch.compile(fn)
-
-    def cold(self, d: Path) -> None:
-        import torch._dynamo
-        import torch._inductor.utils
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(d)
-        torch._dynamo.reset()
-        torch._inductor.utils.clear_caches()
-        torch._dynamo.utils.counters.clear()
-
-    def after_cold(self) -> None:
-        import torch._dynamo
-        c = torch._dynamo.utils.counters
-        breaks = {k: v for k, v in c["graph_break"].items()}
-        frames_failed = c["frames"]["total"] - c["frames"]["ok"]
-        graphs = c["stats"]["unique_graphs"]
-        status = f"{graphs} graph(s)"
-        if breaks:
-            status += f"; {sum(breaks.values())} graph break(s)"
-        if frames_failed:
-            status += f"; {frames_failed} frame(s) failed to compile (run eagerly)"
-        self.seen = {"status": status, "graphs": graphs,
-                     "breaks": [f"{n}× {k}" for k, n in breaks.items()],
-                     "break_count": sum(breaks.values()), "frames_failed": frames_failed,
-                     "fallbacks": [f"{k} ({n}×)" for k, n in c["unimplemented"].items()]
-                     if frames_failed else []}
-
-    def warm(self) -> None:
-        import torch._dynamo
-        import torch._inductor.utils
-        torch._dynamo.reset()
-        torch._inductor.utils.clear_caches()
-
-    def describe(self, compiled: Any) -> dict[str, Any]:
-        return self.seen
-
-
-class Ember:
-    name = "ember"
-
-    def __init__(self, backend: str = "inductor") -> None:
-        self.backend = backend
-
-    def make(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        from ember.runtime.compile import compile
-        return compile(fn, backend=self.backend)  # type: ignore[no-any-return]
-
-    def cold(self, d: Path) -> None:
-        from ember.inductor import cache
-        os.environ["EMBER_CACHE_DIR"] = str(d)
-        cache.forget_loaded()
-
-    def after_cold(self) -> None:
-        pass
-
-    def warm(self) -> None:
-        from ember.inductor import cache
-        cache.forget_loaded()
-
-    def describe(self, compiled: Any) -> dict[str, Any]:
-        from ember.runtime.bench import ember_status
-        info = ember_status(compiled)
-        info.pop("notes", None)
-        info["break_count"] = len(info.get("breaks", []))
-        return info
-
-
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
-
-
-def _descendants_cpu() -> dict[int, float]:
-    """CPU seconds (own + reaped children's) of every live descendant process, by pid, from
-    /proc (empty where there is no /proc)."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    parent: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for d in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            # after the command's ")": state, ppid, ... utime stime cutime cstime at 11..14
-            parent[int(d.name)] = int(rest[1])
-            cpu[int(d.name)] = sum(int(x) for x in rest[11:15]) / tick
-    me, out = os.getpid(), {}
-    for pid in cpu:
-        p, seen = parent.get(pid), 0
-        while p is not None and p > 1 and seen < 64:
-            if p == me:
-                out[pid] = cpu[pid]
-                break
-            p, seen = parent.get(p), seen + 1
-    return out
-
-
-def _cpu_mark() -> tuple[float, dict[int, float]]:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system, _descendants_cpu()
-
-
-def _cpu_since(mark: tuple[float, dict[int, float]]) -> float:
-    """CPU seconds since `mark`: this process, children it reaped, and live descendants."""
-    own, desc = _cpu_mark()
-    return own - mark[0] + sum(c - mark[1].get(pid, 0.0) for pid, c in desc.items())
-
-
-def worker(model: Model, size: Size, emit: Events, compilers: list[str], reps: int,
-           warm: bool, check_only: bool = False, ember_backend: str = "inductor",
-           clock_name: str = "wall", rt: bool = False, cache_dir: Path | None = None) -> int:
-    clock = CLOCKS[clock_name]
-    try:
-        import importlib
-        importlib.import_module(LIBRARY[model.family])
-    except Exception as e:  # noqa: BLE001  (a broken install is as good as a missing one)
-        emit("skipped", reason=f"{LIBRARY[model.family]} not importable "
-                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
-        return 0
-    import torch
-    warnings.filterwarnings("ignore")
-    with torch.no_grad():
-        try:
-            torch.manual_seed(0)
-            fn, args = model.build(size)
-        except Exception as e:  # noqa: BLE001
-            emit("error", reason="build failed: " + _short(e))
-            return 0
-        t = time.perf_counter()
-        want = fn(*args)
-        emit("built", eager_first_s=time.perf_counter() - t,
-             params=sum(p.numel() for p in getattr(fn, "parameters", lambda: [])()),
-             inputs=[list(a.shape) for a in args if isinstance(a, torch.Tensor)],
-             eager_finite=all(bool(torch.isfinite(t).all()) for t in
-                              torch.utils._pytree.tree_leaves(_out(want))
-                              if isinstance(t, torch.Tensor) and t.is_floating_point()))
-        runs: dict[str, Callable[..., Any]] = {"eager": fn}
-        # ember first: a model that times out in torch.compile's long cold compile still
-        # reports what ember did
-        for who in sorted(compilers, key=lambda w: w != "ember"):
-            c: TorchCompile | Ember = (TorchCompile() if who == "torch.compile"
-                                       else Ember(ember_backend))
-            if cache_dir is not None:  # shared with other models and runs: not cold
-                tmp = cache_dir / who.replace(".", "_")
-                tmp.mkdir(parents=True, exist_ok=True)
-            else:
-                tmp = Path(tempfile.mkdtemp(prefix=f"zoo-{who}-"))
-                atexit.register(shutil.rmtree, tmp, True)  # the cold caches (~1-10 MB a model)
-            try:
-                c.cold(tmp)
-                mark = _cpu_mark()
-                t = time.perf_counter()
-                compiled = c.make(fn)
-                got = compiled(*args)
-                cold_s = time.perf_counter() - t
-                cold_cpu_s = _cpu_since(mark)
-                c.after_cold()
-                check = compare(got, want)
-                if check_only and check == "ok":  # a second call: guards, caches, recompiles
-                    check = compare(compiled(*args), want)
-                    check = check if check == "ok" else "second call: " + check
-                warm_s = None
-                if warm and not check_only:
-                    c.warm()
-                    t = time.perf_counter()
-                    compiled = c.make(fn)
-                    compiled(*args)
-                    warm_s = time.perf_counter() - t
-                emit("compiled", who=who, cold_s=cold_s, cold_cpu_s=cold_cpu_s,
-                     warm_s=warm_s, check=check,
-                     info=c.describe(compiled))
-                runs[who] = compiled
-            except Exception as e:  # noqa: BLE001  (the compiler failed: its result, not ours)
-                emit("compile_error", who=who, error=_short(e))
-        if check_only:
-            return 0
-        with realtime(rt) as not_rt:  # (benchmarks/realtime.py: the timed calls only)
-            if rt and not_rt:
-                emit("note", text=f"--realtime: timed under the normal scheduler: {not_rt}")
-            for n, f in list(runs.items()):
-                try:
-                    for _ in range(2):
-                        f(*args)
-                except Exception as e:  # noqa: BLE001
-                    emit("run_error", who=n, error=_short(e))
-                    del runs[n]
-            number = calibrate(fn, args, 0.005, clock)
-            samples = interleaved(runs, args, reps, number=number, clock=clock)
-        timings = {}
-        for n, s in samples.items():
-            med, q1, q3 = quartiles(s)
-            timings[n] = {"ms": med, "q1": q1, "q3": q3, "calls": len(s) * number}
-        emit("timed", timings=timings)
-    return 0
-
+from zoo_models import BY_NAME, TINY, ZOO, Model  # noqa: E402, F401  (BY_NAME: for tests)
+from zoo_worker import ATOL, CLOCKS, COMPILERS, RTOL, model_named  # noqa: E402
 
 # ---- the driver --------------------------------------------------------------------------------
 
@@ -355,7 +93,9 @@ def record_of(model: Model, events: list[dict[str, Any]]) -> dict[str, Any]:
     con = rec["contenders"]
     for ev in events:
         kind = ev.pop("event")
-        if kind in ("skipped", "error"):
+        if kind == "begin":  # (which process ran it, and how many models it had run)
+            rec["process"] = {"pid": ev.get("pid"), "nth": ev.get("nth_in_process")}
+        elif kind in ("skipped", "error"):
             rec["status"], rec["reason"] = kind, ev["reason"]
         elif kind == "built":
             rec["built"] = ev
@@ -373,26 +113,47 @@ def record_of(model: Model, events: list[dict[str, Any]]) -> dict[str, Any]:
 
 @dataclass
 class Job:
-    """A model's worker process, running in slot `slot` (its own set of cores)."""
+    """A worker process (benchmarks/zoo_worker.py) in slot `slot` (its own set of cores) and the
+    model it is running: `index` in the run's list, sent at `start`, killed after `timeout`."""
 
-    index: int
-    model: Model
     slot: int
     proc: subprocess.Popen[bytes]
-    start: float
-    timeout: float
-    events: Path
     log: Path
+    index: int = -1
+    model: Model | None = None
+    start: float = 0.0
+    timeout: float = 0.0
+    events: Path = Path()
+    count: int = 0  # models this process was given
+
+    def send(self, index: int, model: Model, timeout: float, logdir: Path) -> None:
+        """Give the process its next model; the model's clock starts now (the first model's
+        at the process's start: its imports count, as they did with one process a model)."""
+        self.events = logdir / f"{model.name.replace('/', '_')}.jsonl"
+        self.events.unlink(missing_ok=True)
+        if self.count:
+            self.start = time.monotonic()
+        self.index, self.model, self.timeout, self.count = index, model, timeout, self.count + 1
+        stdin: IO[bytes] | None = self.proc.stdin
+        assert stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # (it died: seen as a crash when polled)
+            stdin.write(f"{self.events}\t{model.name}\n".encode())
+            stdin.flush()
+
+    def ended(self) -> bool:
+        """Whether the model in flight has written its `end` event."""
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            last = self.events.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[-1]
+            return bool(json.loads(last).get("event") == "end")
+        return False
 
 
-def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdir: Path,
-          slot: int, cores: list[int] | None) -> Job:
-    safe = model.name.replace("/", "_")
-    ev_path, log_path = logdir / f"{safe}.jsonl", logdir / f"{safe}.log"
-    ev_path.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", model.name,
-           "--events", str(ev_path), "--threads", str(a.threads), "--reps", str(a.reps),
-           "--compilers", ",".join(a.compilers)] + (["--tiny"] if a.tiny else []) \
+def spawn(a: argparse.Namespace, logdir: Path, slot: int, cores: list[int] | None,
+          serial: int) -> Job:
+    """A new worker process; its models come later, one at a time, on its stdin."""
+    cmd = [sys.executable, str(HERE / "zoo_worker.py"), "--threads", str(a.threads),
+           "--reps", str(a.reps), "--compilers", ",".join(a.compilers)] \
+        + (["--tiny"] if a.tiny else []) \
         + ([] if a.warm else ["--no-warm"]) + (["--check-only"] if a.check_only else []) \
         + ["--ember-backend", a.ember_backend, "--clock", a.clock] \
         + (["--realtime"] if a.realtime else []) \
@@ -403,20 +164,31 @@ def start(index: int, model: Model, a: argparse.Namespace, timeout: float, logdi
         if cores is not None:
             os.sched_setaffinity(0, cores)
 
+    log_path = logdir / f"worker-{slot}-{serial}.log"
     with log_path.open("w") as log:
         # its own session: on a timeout the whole group goes (g++, inductor's compile workers)
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                             start_new_session=True, preexec_fn=pin if cores else None)
-    return Job(index, model, slot, p, time.monotonic(), timeout, ev_path, log_path)
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                             env=env, cwd=ROOT, start_new_session=True,
+                             preexec_fn=pin if cores else None)
+    return Job(slot, p, log_path, start=time.monotonic())
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """End the process and everything in its session (compile workers, g++)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def finish(job: Job, a: argparse.Namespace) -> dict[str, Any]:
-    """The job's record once its process has ended, or kill it if it is past its time."""
+    """The record of the job's model once it has ended; if it has not and its process is alive,
+    it is past its time: the process is killed. Where the process is gone without the model's
+    `end`, the model crashed it."""
+    assert job.model is not None
+    ended = job.ended()
     rc = job.proc.poll()
-    if rc is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.proc.pid, signal.SIGKILL)
-        job.proc.wait()
+    if not ended and rc is None:
+        _kill(job.proc)
     events = []
     with contextlib.suppress(OSError):
         for line in job.events.read_text().splitlines():
@@ -424,22 +196,22 @@ def finish(job: Job, a: argparse.Namespace) -> dict[str, Any]:
                 events.append(json.loads(line))
     rec = record_of(job.model, events)
     rec["seconds"] = round(time.monotonic() - job.start, 1)
-    if rc is None:
+    if not ended and rc is None:
         cut = job.timeout < a.timeout
         rec["status"] = "budget" if cut else "timeout"
         rec["reason"] = (f"stopped after {job.timeout:.0f} s: the time budget ran out" if cut
                          else f"timed out after {job.timeout:.0f} s")
         rec["log_tail"] = _tail(job.log, 600)
-    elif rc != 0 or not events:
+    elif not ended:
         rec["status"], rec["reason"] = "crashed", f"worker exited with status {rc}"
         rec["log_tail"] = _tail(job.log)
     return rec
 
 
 def slots(a: argparse.Namespace) -> list[list[int] | None]:
-    """`--jobs` disjoint sets of `--threads` cores (one job: no pinning)."""
-    if a.jobs == 1:
-        return [None]
+    """`--jobs` disjoint sets of `--threads` cores (one job, or --share-cores: no pinning)."""
+    if a.jobs == 1 or getattr(a, "share_cores", False):
+        return [None] * a.jobs
     cores = _by_physical_core(sorted(os.sched_getaffinity(0)))
     if a.jobs * a.threads > len(cores):
         raise SystemExit(f"zoo: --jobs {a.jobs} × --threads {a.threads} needs "
@@ -466,36 +238,65 @@ def _by_physical_core(cpus: list[int]) -> list[int]:
 
 def run_all(models: list[Model], a: argparse.Namespace, on_record: Callable[[int], None],
             records: list[dict[str, Any]]) -> None:
-    """Run the models' workers, `--jobs` at a time, within `--budget`; `records[i]` is filled
-    in (and `on_record(i)` called) as each ends."""
+    """Run the models in worker processes, `--jobs` at a time, each process given up to
+    `--per-process` models one after another (0: no limit), within `--budget`; `records[i]` is
+    filled in (and `on_record(i)` called) as each ends. A model past its timeout is killed with
+    its process, as is one that crashes it: the slot's next model goes to a new process."""
     logdir = Path(tempfile.mkdtemp(prefix="zoo-logs-"))
     cores = slots(a)
     pending = list(enumerate(models))
     running: dict[int, Job] = {}
+    leaving: list[tuple[Job, float]] = []  # given no more models: exiting
     unimportable: dict[str, str] = {}
-    t0 = time.monotonic()
-    while pending or running:
+    t0, spawned = time.monotonic(), 0
+
+    def next_model() -> tuple[int, Model, float] | None:
+        while pending and pending[0][1].family in unimportable:
+            i, m = pending.pop(0)
+            records[i].update(status="skipped", reason=unimportable[m.family])
+        left = a.budget - (time.monotonic() - t0)
+        if pending and left < 15:  # too little to build and compile anything
+            for i, _ in pending:
+                records[i]["reason"] = "the time budget ran out before it started"
+            pending.clear()
+        if not pending:
+            return None
+        i, m = pending.pop(0)
+        return i, m, min(a.timeout, left)
+
+    def leave(job: Job) -> None:
+        with contextlib.suppress(OSError):
+            if job.proc.stdin:
+                job.proc.stdin.close()  # end of input: it exits
+        leaving.append((job, time.monotonic()))
+
+    while pending or running or leaving:
         for slot in [k for k in range(len(cores)) if k not in running]:
-            while pending and pending[0][1].family in unimportable:
-                i, m = pending.pop(0)
-                records[i].update(status="skipped", reason=unimportable[m.family])
-            left = a.budget - (time.monotonic() - t0)
-            if pending and left < 15:  # too little to build and compile anything
-                for i, _ in pending:
-                    records[i]["reason"] = "the time budget ran out before it started"
-                pending.clear()
-            if pending:
-                i, m = pending.pop(0)
-                running[slot] = start(i, m, a, min(a.timeout, left), logdir, slot, cores[slot])
+            if (nxt := next_model()) is not None:
+                spawned += 1
+                running[slot] = spawn(a, logdir, slot, cores[slot], spawned)
+                running[slot].send(*nxt, logdir)
         time.sleep(0.1)
         for slot, job in list(running.items()):
-            if job.proc.poll() is None and time.monotonic() - job.start < job.timeout:
+            if not job.ended() and job.proc.poll() is None \
+                    and time.monotonic() - job.start < job.timeout:
                 continue
+            ended = job.ended()
             rec = records[job.index] = finish(job, a)
-            del running[slot]
             if rec["status"] == "skipped" and "not importable" in rec["reason"]:
+                assert job.model is not None
                 unimportable[job.model.family] = rec["reason"]
             on_record(job.index)
+            more = ended and (a.per_process <= 0 or job.count < a.per_process)
+            if more and job.proc.poll() is None and (nxt := next_model()) is not None:
+                job.send(*nxt, logdir)
+            else:
+                del running[slot]
+                leave(job)
+        for job, since in list(leaving):  # exited, or given a minute to
+            if job.proc.poll() is not None or time.monotonic() - since > 60:
+                _kill(job.proc)  # (its session too: no compile worker outlives it)
+                leaving.remove((job, since))
     shutil.rmtree(logdir, ignore_errors=True)
 
 
@@ -568,6 +369,43 @@ def _compile_cell(c: dict[str, Any]) -> str:
     return f"{_f(c.get('cold_s'))}{cpu} / {_f(c.get('warm_s'))}"
 
 
+def _compile_kind(meta: dict[str, Any]) -> tuple[str, str]:
+    """What the first-call column is (the summary's word, the table's): cold only with fresh
+    caches in a fresh process."""
+    if meta.get("cache_dir"):
+        return "cached", "cached compile"
+    if meta.get("per_process", 1) != 1:
+        return "not cold", "compile (not cold)"
+    return "cold", "cold"
+
+
+def _method(a: argparse.Namespace) -> str:
+    n = a.per_process
+    procs = ("each model in its own process" if n == 1 else
+             f"{n if n > 0 else 'any number of'} models a process, one after another (between "
+             f"models dynamo reset, inductor's in-memory caches cleared, ember's loaded kernels "
+             f"forgotten; a model that times out or crashes ends its process, the next model "
+             f"starts a new one)")
+    where = "in a fresh process" if n == 1 else "in a process that may have compiled other " \
+        "models before (its imports and torch.compile's per-process setup done)"
+    first = (f"cold s = first call with empty caches {where}" if not a.cache_dir and n == 1
+             else f"compile s (not cold) = first call with empty caches {where}"
+             if not a.cache_dir else
+             f"compile s (not cold) = first call {where} with the compile caches of "
+             f"--cache-dir, shared by every model and filled by an earlier run")
+    return (f"{procs}; {a.reps} interleaved repetitions per contender (round robin, order "
+            f"rotating), median ms of "
+            + ("the calling thread's CPU time (time.thread_time) per call; " if
+               a.clock == "thread" else "wall time per call; ")
+            + ("timed calls under SCHED_FIFO (--realtime); " if a.realtime else "")
+            + first + " (wall; CPU = the process, its children and its live descendants), "
+            f"warm s = first call of a new compiled object with the disk caches kept; correct = "
+            f"assert_close vs eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's "
+            f"output)); inference under torch.no_grad(), f32, random weights."
+            + (" Check only: no timing; each compiled function called twice, both outputs "
+               "checked." if a.check_only else ""))
+
+
 def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str]) -> str:
     m, v, s = meta["machine"], meta["versions"], summary(records, compilers)
     out = [f"# ember model zoo, {meta['date']}", "",
@@ -588,13 +426,13 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
                    f"on the {s['both_correct_and_timed']} models both got right "
                    f"{_f(x['geomean_speedup'], '×')}; graph breaks in {x['with_graph_breaks']} "
                    f"model(s), fallbacks in {x['with_fallbacks']}; slowest "
-                   f"{'cold' if not meta.get('cache_dir') else 'cached'} compile "
+                   f"{_compile_kind(meta)[0]} compile "
                    f"{_f(x['max_cold_compile_s'], ' s')}")
     for k, x in s.items():
         if " / " in k:
             out.append(f"- geomean of {k} speedups: {_f(x, '×')}")
     head = ["model", "eager ms"] + [f"{w} ms" for w in compilers] + [f"{w} ×" for w in compilers] \
-        + [f"{w} {'cold' if not meta.get('cache_dir') else 'cached compile'} (CPU) / warm s"
+        + [f"{w} {_compile_kind(meta)[1]} (CPU) / warm s"
            for w in compilers] + compilers
     out += ["", "## Results", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
@@ -651,22 +489,8 @@ def meta_of(a: argparse.Namespace) -> dict[str, Any]:
             "check_only": a.check_only, "ember_backend": a.ember_backend,
             "tolerance": {"rtol": RTOL, "atol": f"{ATOL} × max(1, max|eager output|)"},
             "clock": a.clock, "realtime": a.realtime, "cache_dir": str(a.cache_dir or ""),
-            "method": f"each model in its own process; {a.reps} interleaved repetitions per "
-                      f"contender (round robin, order rotating), median ms of "
-                      + ("the calling thread's CPU time (time.thread_time) per call; " if
-                         a.clock == "thread" else "wall time per call; ")
-                      + ("timed calls under SCHED_FIFO (--realtime); " if a.realtime else "")
-                      + ("cold s = first call with empty caches in a fresh process"
-                         if not a.cache_dir else
-                         "compile s (not cold) = first call in a fresh process with the compile "
-                         "caches of --cache-dir, shared by every model and filled by an earlier "
-                         "run") + f" (wall; CPU = the process, its "
-                      f"children and its live descendants), warm s = first call of a new "
-                      f"compiled object with the disk caches kept; correct = assert_close vs "
-                      f"eager (rtol {RTOL}, atol {ATOL} × max(1, max abs of eager's output)); "
-                      f"inference under torch.no_grad(), f32, random weights."
-                      + (" Check only: no timing; each compiled function called twice, both "
-                         "outputs checked." if a.check_only else "")}
+            "per_process": a.per_process, "share_cores": a.share_cores,
+            "method": _method(a)}
 
 
 def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[str],
@@ -677,16 +501,6 @@ def write(records: list[dict[str, Any]], meta: dict[str, Any], compilers: list[s
                               "models": records}, indent=1, default=str) + "\n")
     md.write_text(markdown(records, meta, compilers))
     return [js, md]
-
-
-def model_named(name: str) -> Model | None:
-    """A zoo model by name, or `timm/NAME` for any other timm model (ad hoc runs outside the
-    zoo's models, built as the zoo builds its timm models: random weights, its own input size)."""
-    if name in BY_NAME:
-        return BY_NAME[name]
-    if name.startswith("timm/") and name[5:].replace("_", "").replace(".", "").isalnum():
-        return tm(name[5:], "ad hoc", "not in the zoo")
-    return None
 
 
 def select(a: argparse.Namespace) -> list[Model]:
@@ -728,7 +542,7 @@ def merge(paths: list[Path], outdir: Path) -> list[Path]:
     return write(records, meta, list(meta["compilers"]), outdir, stem)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="all", help="all, or a comma-separated list (--list; "
@@ -766,25 +580,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tag", default="", help="file name tag (default cpu-<cores>core-<N>t)")
     ap.add_argument("--commit", default="", help="ember's commit, where git cannot tell")
     ap.add_argument("--merge", type=Path, nargs="+", help="JSON results to merge into one")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--events", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--per-process", type=int, default=1, metavar="N",
+                    help="models a worker process runs one after another (0: no limit): "
+                         "imports and torch.compile's per-process setup paid once a process; "
+                         "compile times are then not cold after a process's first model")
+    ap.add_argument("--share-cores", action="store_true",
+                    help="--jobs processes side by side on all the cores, unpinned (a "
+                         "check-only pass filling --cache-dir at the timed run's --threads)")
     a = ap.parse_args(argv)
     a.compilers = [c for c in a.compilers.split(",") if c]
     a.cache_dir = a.cache_dir.resolve() if a.cache_dir else None
     if bad := [c for c in a.compilers if c not in COMPILERS]:
         ap.error(f"unknown compiler(s) {', '.join(bad)}: choose from {', '.join(COMPILERS)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
     if a.merge:
         for p in merge(a.merge, a.out):
             print(f"wrote {p}", file=sys.stderr)
         return 0
-    if a.worker:
-        import torch
-        torch.set_num_threads(a.threads)
-        m = model_named(a.worker)
-        assert m is not None, a.worker
-        return worker(m, TINY if a.tiny else FULL, Events(a.events), a.compilers, a.reps,
-                      a.warm, a.check_only, a.ember_backend, a.clock, a.realtime,
-                      a.cache_dir)
     models = select(a)
     if a.list:
         for m in models:

@@ -17,6 +17,7 @@ import pytest
 from tests.bench_scripts import load_script
 
 zoo = load_script("zoo", "zoo_census")
+worker = load_script("zoo_worker", "zoo_worker_census")
 
 
 def _sleepy(size: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -33,10 +34,10 @@ def _sleepy(size: Any) -> tuple[Any, tuple[Any, ...]]:
 def test_thread_clock_counts_work_not_waiting(tmp_path: Path, clock: str) -> None:
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers not installed (the fake model's family must import)")
-    model = zoo.Model("fake/sleepy", "hf", "mlp", _sleepy, "sleeps 20 ms, adds 1")
+    model = worker.Model("fake/sleepy", "hf", "mlp", _sleepy, "sleeps 20 ms, adds 1")
     events = tmp_path / "ev.jsonl"
-    assert zoo.worker(model, zoo.TINY, zoo.Events(events), [], 2, False,
-                      clock_name=clock) == 0
+    assert worker.worker(model, worker.TINY, worker.Events(events), [], 2, False,
+                         clock_name=clock) == 0
     timed = [json.loads(x) for x in events.read_text().splitlines()][-1]
     ms = timed["timings"]["eager"]["ms"]
     assert (ms < 10.0) if clock == "thread" else (ms >= 19.0), (clock, ms)
@@ -46,14 +47,14 @@ def test_cold_cpu_counts_reaped_and_live_descendants() -> None:
     busy = [sys.executable, "-c", "import time\nt = time.process_time()\n"
             "while time.process_time() - t < 0.3: pass\nimport sys; sys.stdout.write('x')\n"
             "sys.stdout.flush(); time.sleep(30)"]
-    mark = zoo._cpu_mark()
+    mark = worker._cpu_mark()
     subprocess.run([sys.executable, "-c", "import time\nt = time.process_time()\n"
                     "while time.process_time() - t < 0.3: pass"], check=True)  # reaped child
     live = subprocess.Popen(busy, stdout=subprocess.PIPE)  # a pool worker that stays alive
     try:
         assert live.stdout is not None and live.stdout.read(1) == b"x"
-        assert zoo._cpu_since(mark) >= 0.55
-        assert live.pid in zoo._descendants_cpu()
+        assert worker._cpu_since(mark) >= 0.55
+        assert live.pid in worker._descendants_cpu()
     finally:
         live.kill()
         live.wait()

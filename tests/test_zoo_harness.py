@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -62,8 +63,8 @@ def test_a_hang_is_a_timeout_and_the_budget_stops_new_models(tmp_path: Path) -> 
     assert data["summary"]["ran"] == 2 and data["summary"]["ember"]["correct"] == 0
     # a model still running when the budget runs out is killed and marked "budget"
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    job = zoo.Job(0, zoo.BY_NAME["hf/bert"], 0, proc, time.monotonic(), 0.1,
-                  tmp_path / "none.jsonl", tmp_path / "none.log")
+    job = zoo.Job(0, proc, tmp_path / "none.log", index=0, model=zoo.BY_NAME["hf/bert"],
+                  start=time.monotonic(), timeout=0.1, events=tmp_path / "none.jsonl")
     rec = zoo.finish(job, argparse.Namespace(timeout=300.0))
     assert rec["status"] == "budget" and "budget ran out" in rec["reason"]
     assert proc.returncode is not None
@@ -141,3 +142,58 @@ def test_cache_dir_is_kept_and_shared_between_runs(tmp_path: Path) -> None:
     assert second["meta"]["cache_dir"] == str(cache.resolve())
     md = next((tmp_path / "b").glob("zoo-*-t.md")).read_text()
     assert "cached compile" in md and "not cold" in md
+
+
+_TIMING = {"cold_s", "cold_cpu_s", "warm_s", "ms", "q1", "q3", "calls", "eager_first_s",
+           "seconds", "process", "log_tail"}
+
+
+def _same(rec: Any) -> Any:
+    """A record without its timings and process: what must not depend on how models share
+    processes."""
+    if isinstance(rec, dict):
+        return {k: _same(v) for k, v in rec.items() if k not in _TIMING}
+    return rec
+
+
+def test_several_models_in_one_process_give_the_records_of_one_per_process(
+        tmp_path: Path) -> None:
+    args = ("--models", "hf/bert,hf/gpt2,hf/llama", "--tiny", "--compilers", "ember",
+            "--reps", "1", "--no-warm", "--timeout", "300")
+    one = _run(tmp_path / "one", *args)
+    shared = _run(tmp_path / "shared", *args, "--per-process", "0")
+    assert [_same(r) for r in shared["models"]] == [_same(r) for r in one["models"]]
+    assert all(r["status"] == "done" and r["contenders"]["ember"]["check"] == "ok"
+               and r["contenders"]["ember"]["ms"] > 0 for r in shared["models"])
+    assert len({r["process"]["pid"] for r in one["models"]}) == 3
+    assert [r["process"]["nth"] for r in shared["models"]] == [1, 2, 3]
+    assert len({r["process"]["pid"] for r in shared["models"]}) == 1
+    assert shared["meta"]["per_process"] == 0 and "not cold" in shared["meta"]["method"]
+    md = next((tmp_path / "shared").glob("zoo-*-t.md")).read_text()
+    assert "ember compile (not cold) (CPU) / warm s" in md
+
+
+def test_a_hang_in_a_shared_process_costs_only_that_model(tmp_path: Path) -> None:
+    # the worker is stopped once the 1st model is done: the 2nd, sent to it, hangs; it is
+    # killed at its timeout and the 3rd runs in a new process
+    a = zoo.parse_args(["--models", "hf/bert,hf/gpt2,hf/llama", "--tiny", "--compilers",
+                        "ember", "--check-only", "--ember-backend", "eager", "--timeout", "60",
+                        "--per-process", "0", "--threads", "1"])
+    models = zoo.select(a)
+    records: list[dict[str, Any]] = [zoo.record_of(m, []) for m in models]
+    ended: list[int] = []
+
+    def on_record(i: int) -> None:
+        ended.append(i)
+        if i == 0:
+            os.kill(records[0]["process"]["pid"], signal.SIGSTOP)
+
+    t = time.monotonic()
+    zoo.run_all(models, a, on_record, records)
+    assert ended == [0, 1, 2]
+    assert [r["status"] for r in records] == ["done", "timeout", "done"], records
+    assert "timed out after 60 s" in records[1]["reason"]
+    assert records[2]["contenders"]["ember"]["check"] == "ok"
+    assert records[2]["process"]["nth"] == 1
+    assert records[2]["process"]["pid"] != records[0]["process"]["pid"]
+    assert records[1]["seconds"] >= 60 and time.monotonic() - t < 300
