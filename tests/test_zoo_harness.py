@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,11 @@ def test_several_models_in_one_process_give_the_records_of_one_per_process(
     assert "ember compile (not cold) (CPU) / warm s" in md
 
 
-def test_a_hang_in_a_shared_process_costs_only_that_model(tmp_path: Path) -> None:
-    # the worker is stopped once the 1st model is done: the 2nd, sent to it, hangs; it is
-    # killed at its timeout and the 3rd runs in a new process
+@pytest.mark.parametrize("fault", ["hang", "crash"])
+def test_a_hang_or_crash_in_a_shared_process_costs_only_that_model(tmp_path: Path,
+                                                                     fault: str) -> None:
+    # the worker is stopped once the 1st model is done: the 2nd, sent to it, hangs (and is
+    # killed at its timeout) or, killed 2 s later, crashes; the 3rd runs in a new process
     a = zoo.parse_args(["--models", "hf/bert,hf/gpt2,hf/llama", "--tiny", "--compilers",
                         "ember", "--check-only", "--ember-backend", "eager", "--timeout", "60",
                         "--per-process", "0", "--threads", "1"])
@@ -186,14 +189,20 @@ def test_a_hang_in_a_shared_process_costs_only_that_model(tmp_path: Path) -> Non
     def on_record(i: int) -> None:
         ended.append(i)
         if i == 0:
-            os.kill(records[0]["process"]["pid"], signal.SIGSTOP)
+            pid = records[0]["process"]["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            if fault == "crash":
+                threading.Timer(2.0, os.kill, (pid, signal.SIGKILL)).start()
 
     t = time.monotonic()
     zoo.run_all(models, a, on_record, records)
     assert ended == [0, 1, 2]
-    assert [r["status"] for r in records] == ["done", "timeout", "done"], records
-    assert "timed out after 60 s" in records[1]["reason"]
+    want = "timeout" if fault == "hang" else "crashed"
+    assert [r["status"] for r in records] == ["done", want, "done"], records
+    assert ("timed out after 60 s" if fault == "hang" else "worker exited with status -9") \
+        in records[1]["reason"]
     assert records[2]["contenders"]["ember"]["check"] == "ok"
     assert records[2]["process"]["nth"] == 1
     assert records[2]["process"]["pid"] != records[0]["process"]["pid"]
-    assert records[1]["seconds"] >= 60 and time.monotonic() - t < 300
+    assert (records[1]["seconds"] >= 60) if fault == "hang" else (records[1]["seconds"] < 30)
+    assert time.monotonic() - t < 300
