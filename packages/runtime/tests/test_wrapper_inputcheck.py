@@ -62,6 +62,7 @@ def test_learned_batch_check_skips_the_per_input_copies(monkeypatch: Any) -> Non
     w = generate(m, "f")
     ic = w.call.__globals__["_ic"]
     assert "_ic.check(" in w.source and not ic.learned
+    assert "_bad('input %" not in w.source  # (the per-input checks: one loop, InputCheck.each)
     _same(w.call(inputs(0)), m, inputs(0))  # the first call learns
     assert ic.learned
     made: list[int] = []

@@ -9,7 +9,8 @@ Python type, dtype, device, layout, requires_grad, sizes and strides of every te
 ~40 ns each), a graph with static input shapes checks all its tensor inputs with it: on a pass
 every input is a plain tensor or Parameter of its declared dtype and shape with contiguous
 strides, so the per-input checks and the kernels' `.contiguous()` calls are skipped; on a failure
-the wrapper runs them all as before (same errors, same copies).
+the wrapper runs them all as before (same errors, same copies; the checks as one loop,
+`InputCheck.each`).
 
 The spec is learned on the first call whose inputs all have their declared dtype, shape and
 device, contiguous strides and a checked type; until then (and where no checker is registered,
@@ -56,12 +57,26 @@ class InputCheck:
     """`check(types, tensors, spec)`: the generated call's one check of its tensor inputs
     (attributes read by the generated source, no Python frame once learned)."""
 
-    def __init__(self, declared: list[TensorType]):
+    def __init__(self, declared: list[TensorType], what: list[str],
+                 bad: Callable[[str, Any, Any], None]):
         self.declared = declared
+        self.what = what  # each input's name in errors ('input %x')
+        self.bad = bad  # raises the wrapper's error
+        self.shapes = [tuple(int(d) for d in t.shape) for t in declared]
         self.types: tuple[type, ...] = ()
         self.spec = b""
         self.check: Callable[[Any, tuple[Any, ...], bytes], bool] = self._learn
         self.learned = False
+
+    def each(self, ts: tuple[Any, ...]) -> None:
+        """The per-input checks, where the batch check did not pass: every input a tensor,
+        then each of its declared dtype and shape (the wrapper's own checks, in its order)."""
+        for t, want, what in zip(ts, self.declared, self.what, strict=True):
+            if not isinstance(t, torch.Tensor):
+                self.bad(what, t, want)
+        for t, want, shape, what in zip(ts, self.declared, self.shapes, self.what, strict=True):
+            if t.dtype is not want.dtype.torch or t.shape != shape:
+                self.bad(what, t, want)
 
     def _learn(self, types: Any, ts: tuple[Any, ...], spec: Any) -> bool:
         """The first call: the spec from these inputs where each is as declared and

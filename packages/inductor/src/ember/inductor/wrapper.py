@@ -184,15 +184,13 @@ class _Gen:
         if not tensors or self.bound or any(not isinstance(d, int) for t, _ in tensors
                                             for d in t.shape):
             return
-        checks = []
-        for line in self.lines[start:]:  # `    if COND: _bad(...)`, each kept one line (the
-            head, sep, tail = line.partition(": _bad(")  # census times the lines one by one)
-            if not head.startswith("    if ") or not sep:
-                return
-            checks.append(f"    if not _ok and ({head[len('    if '):]}): _bad({tail}")
-        self.ns["_ic"] = InputCheck([t for t, _ in tensors])
+        named = [(t, f"input %{p.name}") for p in self.g.params
+                 if isinstance(t := p.type, TensorType)]
+        self.ns["_ic"] = InputCheck([t for t, _ in named], [w for _, w in named], _bad)
         names = "".join(f"{n}, " for _, n in tensors)
-        self.lines[start:] = [f"    _ok = _ic.check(_ic.types, ({names}), _ic.spec)", *checks]
+        # (the per-input checks, the lines from `start`, become InputCheck.each's loop)
+        self.lines[start:] = [f"    _ok = _ic.check(_ic.types, ({names}), _ic.spec)",
+                              f"    if not _ok: _ic.each(({names}))"]
         self.batched = True
 
     def bind_sizes(self, params: list[str]) -> None:
