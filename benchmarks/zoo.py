@@ -442,10 +442,15 @@ def markdown(records: list[dict[str, Any]], meta: dict[str, Any], compilers: lis
         cells = [r["name"], _f(con.get("eager", {}).get("ms"))]
         cells += [_f(con.get(w, {}).get("ms")) for w in compilers]
         cells += [_f(_speedup(r, w), "×") for w in compilers]
-        cells += [_compile_cell(con.get(w, {})) for w in compilers]
+        first = meta.get("per_process", 1) != 1 and r.get("process", {}).get("nth") == 1
+        cells += [_compile_cell(con.get(w, {})) + (" †" if first else "") for w in compilers]
         cells += [_cell(r, w) if r["status"] == "done" else
                   f"{r['status'].upper()}: {_cell(r, w)}" for w in compilers]
         out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    if meta.get("per_process", 1) != 1:
+        out += ["", "† a process's first model: its first compile includes the process's setup "
+                    "(torch.compile's vector-ISA check builds, precompiled header, compile "
+                    "workers; ember's compiler checks), the later models' do not."]
     out += ["", "## Graph breaks, fallbacks, mismatches and failures", ""]
     for r in records:
         notes = [f"{r['status']}: {r['reason']}"] if r["status"] not in ("done",) else []

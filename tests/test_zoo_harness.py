@@ -172,6 +172,8 @@ def test_several_models_in_one_process_give_the_records_of_one_per_process(
     assert shared["meta"]["per_process"] == 0 and "not cold" in shared["meta"]["method"]
     md = next((tmp_path / "shared").glob("zoo-*-t.md")).read_text()
     assert "ember compile (not cold) (CPU) / warm s" in md
+    rows = [line for line in md.splitlines() if line.startswith("| hf/")]
+    assert ["†" in row for row in rows] == [True, False, False]  # the process's first model
 
 
 @pytest.mark.parametrize("fault", ["hang", "crash"])
