@@ -58,7 +58,8 @@ class InputCheck:
     (attributes read by the generated source, no Python frame once learned)."""
 
     def __init__(self, declared: list[TensorType], what: list[str],
-                 bad: Callable[[str, Any, Any], None]):
+                 bad: Callable[[str, Any, Any], None], copies: Sequence[int] = ()):
+        self.copies = list(copies)  # the inputs `each` returns made contiguous (kernels')
         self.declared = declared
         self.what = what  # each input's name in errors ('input %x')
         self.bad = bad  # raises the wrapper's error
@@ -68,15 +69,19 @@ class InputCheck:
         self.check: Callable[[Any, tuple[Any, ...], bytes], bool] = self._learn
         self.learned = False
 
-    def each(self, ts: tuple[Any, ...]) -> None:
+    def each(self, ts: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The per-input checks, where the batch check did not pass: every input a tensor,
-        then each of its declared dtype and shape (the wrapper's own checks, in its order)."""
+        then each of its declared dtype and shape (the wrapper's own checks, in its order);
+        then the inputs only kernels read (`copies`), contiguous."""
         for t, want, what in zip(ts, self.declared, self.what, strict=True):
             if not isinstance(t, torch.Tensor):
                 self.bad(what, t, want)
         for t, want, shape, what in zip(ts, self.declared, self.shapes, self.what, strict=True):
             if t.dtype is not want.dtype.torch or t.shape != shape:
                 self.bad(what, t, want)
+        if not self.copies:
+            return None
+        return tuple(ts[k].contiguous() for k in self.copies)
 
     def _learn(self, types: Any, ts: tuple[Any, ...], spec: Any) -> bool:
         """The first call: the spec from these inputs where each is as declared and

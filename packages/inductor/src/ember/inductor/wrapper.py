@@ -160,6 +160,7 @@ class _Gen:
         self.table: dict[str, LoadedKernel] | None = None  # launch.load_module
         self.bound: list[str] = []  # the size symbols bound so far, as Python names
         self.batched = False  # the inputs' checks behind one batch check (`_ok`)
+        self.kernel_only: set[Value] = set()  # inputs contiguous once checked (batch_check)
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -186,11 +187,18 @@ class _Gen:
             return
         named = [(t, f"input %{p.name}") for p in self.g.params
                  if isinstance(t := p.type, TensorType)]
-        self.ns["_ic"] = InputCheck([t for t, _ in named], [w for _, w in named], _bad)
         names = "".join(f"{n}, " for _, n in tensors)
+        # inputs only kernels read: made contiguous once where the batch check fails (each
+        # kernel call then takes the name as it is: no per-call copy line, no `del`)
+        self.kernel_only = _kernel_operands_only(self.g)
+        copies = [k for k, (p, _) in enumerate(zip(
+            (p for p in self.g.params if isinstance(p.type, TensorType)), tensors))
+            if p in self.kernel_only]
+        self.ns["_ic"] = InputCheck([t for t, _ in named], [w for _, w in named], _bad, copies)
         # (the per-input checks, the lines from `start`, become InputCheck.each's loop)
+        got = "".join(f"{tensors[k][1]}, " for k in copies)
         self.lines[start:] = [f"    _ok = _ic.check(_ic.types, ({names}), _ic.spec)",
-                              f"    if not _ok: _ic.each(({names}))"]
+                              f"    if not _ok: {got}{' = ' if got else ''}_ic.each(({names}))"]
         self.batched = True
 
     def bind_sizes(self, params: list[str]) -> None:
@@ -330,7 +338,7 @@ class _Gen:
         for j, a in enumerate(node.args[1:]):
             if not isinstance(a, Value):
                 raise WrapperUnsupported(f"kernels.call takes buffers, got {a!r}")
-            if a in self.buffers:
+            if a in self.buffers or a in self.kernel_only:  # (kernel_only: batch_check)
                 ins.append(self.name(a))
             else:  # bound to a name, so the copy lives until the kernel has run
                 name = f"c{i}_{j}"
@@ -579,6 +587,27 @@ def _lin(terms: list[tuple[int, str]]) -> str:
     """sum(c * name) as Python source over integer coefficients ("0" when empty)."""
     out = [n if c == 1 else f"{n} * {int(c)}" for c, n in terms if c != 0]
     return " + ".join(out) or "0"
+
+
+def _kernel_operands_only(g: Graph) -> set[Value]:
+    """The graph's inputs used only as operands of kernel calls (not returned, not read by
+    any other node): a contiguous copy of one stands for it everywhere."""
+    params = set(g.params)
+    bad: set[Value] = {o for o in g.outputs if isinstance(o, Value)}
+    used: set[Value] = set()
+    for n in g.nodes:
+        ops = n.args[1:] if n.op == "kernels.call" else []
+        for a in ops:
+            if isinstance(a, Value) and a in params:
+                used.add(a)
+        rest = [*(n.args if n.op != "kernels.call" else n.args[:1]), *n.kwargs.values()]
+
+        def visit(v: Value) -> Value:
+            bad.add(v)
+            return v
+        for a in rest:
+            map_args(a, visit)
+    return (used - bad) & params
 
 
 def _read_or_made(node: Node) -> list[Value]:
