@@ -238,3 +238,27 @@ def test_tasks_cover_the_threads(bh: tuple[int, int], n: int, threads: int, leas
     assert count >= least and shared, (count, shared)
     assert flash.tasks(*bh, n, n, 64, 1) == (bh[0] * bh[1], False)
     assert flash.tasks(16, 8, n, n, 64, threads)[0] == 128  # (>= 4 heads a thread)
+
+
+_EMPTY = """
+import torch
+from ember.inductor.targets.cpu import flash
+torch.set_num_threads(3)
+for b, h in ((0, 2), (2, 0)):
+    q, k, v = torch.randn(b, h, 32, 16), torch.randn(b, h, 20, 16), torch.randn(b, h, 20, 16)
+    out, lse = flash.forward(q, k, v, 0.0, False)
+    assert out.shape == (b, h, 32, 16) and lse.shape == (b, h, 32), (out.shape, lse.shape)
+    assert flash.tasks(b, h, 32, 20, 16, 3) == (0, False)
+print("ok")
+"""
+
+
+def test_an_empty_batch_or_no_heads_at_several_threads() -> None:
+    """B*H == 0 at > 1 thread: the plan divided by B*H (SIGFPE, the process killed); run in a
+    child process so that a crash fails this test only."""
+    import subprocess
+    import sys
+    got = subprocess.run([sys.executable, "-c", _EMPTY], capture_output=True, text=True,
+                         timeout=600)
+    assert got.returncode == 0 and got.stdout.strip().endswith("ok"), (got.returncode,
+                                                                        got.stderr[-2000:])

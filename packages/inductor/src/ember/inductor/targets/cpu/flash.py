@@ -210,7 +210,8 @@ static int ember_attn_plan(int64_t BH, int64_t L, int64_t S, int64_t E, int64_t 
   const int64_t nb = (L + 7) / 8;
   const int64_t SP = (S + 15) & ~(int64_t)15, EP = (Ev + 15) & ~(int64_t)15;
   *nq = 1;
-  if (nt <= 1 || BH >= 4 * nt) return 0;
+  // (BH == 0: an empty batch or no heads, nothing to split; it divides below)
+  if (nt <= 1 || BH == 0 || BH >= 4 * nt) return 0;
   if (BH * (E * SP + SP * EP) <= EMBER_ATTN_SHARED_FLOATS) {
     *nq = std::min(nb, (4 * nt + BH - 1) / BH);
     return 1;
