@@ -180,21 +180,19 @@ class _Gen:
     def batch_check(self, params: list[str], start: int) -> None:
         """The input checks from line `start` on run only where one batch check of every
         tensor input fails (inputcheck.py): a graph with static shapes and tensor inputs."""
-        tensors = [(p.type, n) for p, n in zip(self.g.params, params, strict=True)
+        tensors = [(p, n) for p, n in zip(self.g.params, params, strict=True)
                    if isinstance(p.type, TensorType)]
-        if not tensors or self.bound or any(not isinstance(d, int) for t, _ in tensors
+        types = [p.type for p, _ in tensors if isinstance(p.type, TensorType)]
+        if not tensors or self.bound or any(not isinstance(d, int) for t in types
                                             for d in t.shape):
             return
-        named = [(t, f"input %{p.name}") for p in self.g.params
-                 if isinstance(t := p.type, TensorType)]
         names = "".join(f"{n}, " for _, n in tensors)
         # inputs only kernels read: made contiguous once where the batch check fails (each
         # kernel call then takes the name as it is: no per-call copy line, no `del`)
         self.kernel_only = _kernel_operands_only(self.g)
-        copies = [k for k, (p, _) in enumerate(zip(
-            (p for p in self.g.params if isinstance(p.type, TensorType)), tensors))
-            if p in self.kernel_only]
-        self.ns["_ic"] = InputCheck([t for t, _ in named], [w for _, w in named], _bad, copies)
+        copies = [k for k, (p, _) in enumerate(tensors) if p in self.kernel_only]
+        self.ns["_ic"] = InputCheck(types, [f"input %{p.name}" for p, _ in tensors], _bad,
+                                    copies)
         # (the per-input checks, the lines from `start`, become InputCheck.each's loop)
         got = "".join(f"{tensors[k][1]}, " for k in copies)
         self.lines[start:] = [f"    _ok = _ic.check(_ic.types, ({names}), _ic.spec)",
