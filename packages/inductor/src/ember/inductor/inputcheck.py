@@ -92,11 +92,10 @@ class InputCheck:
         if mod is None or len(ts) != len(self.declared):
             return False
         words: list[int] = []
-        for t, want in zip(ts, self.declared, strict=True):
+        for t, want, shape in zip(ts, self.declared, self.shapes, strict=True):
             if type(t) not in _TYPES or t.layout is not torch.strided \
                     or t.dtype is not want.dtype.torch or t.device != torch.device(want.device):
                 return False
-            shape = tuple(int(d) for d in want.shape)
             got = mod.read(t)
             if got is None:
                 return False
