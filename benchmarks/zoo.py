@@ -68,13 +68,11 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-if (ROOT / ".devlibs").is_dir():  # `bytecode` carried to a machine with no index (README)
-    sys.path.append(str(ROOT / ".devlibs"))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# (zoo_worker, the worker's script, sets up the path to .devlibs and the HF offline variables
+# at import, before anything imports a model library)
+from zoo_worker import ATOL, CLOCKS, COMPILERS, RTOL, model_named  # noqa: E402, I001
 from zoo_models import BY_NAME, TINY, ZOO, Model  # noqa: E402, F401  (BY_NAME: for tests)
-from zoo_worker import ATOL, CLOCKS, COMPILERS, RTOL, model_named  # noqa: E402
 
 # ---- the driver --------------------------------------------------------------------------------
 
