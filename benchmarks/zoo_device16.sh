@@ -19,7 +19,8 @@
 # Each call leaves $OUT/zoo16.tgz (reports so far, pass logs, progress); after the last:
 #   tar xzf zoo16.tgz; the reports are p1/zoo-*-p1.{json,md} and p2/zoo-*-cpu-16core-16t.{json,md}
 #   (cp p2's into benchmarks/results). Budgets: P1 (default 600 s), P2 (default 540 s).
-# (MODELS=a,b EXTRA="--tiny --compilers ember" THREADS=1 OUT=DIR: a smoke run elsewhere.)
+# (MODELS=a,b EXTRA="--tiny --compilers ember" THREADS=1 OUT=DIR: a smoke run elsewhere;
+#  JOBS=6 CT=3: pass 1's processes and each one's compile threads, default 4 and 4.)
 set -u
 W=/tmp/z16pp
 mode=${1:-poll}
@@ -55,9 +56,9 @@ job)
   date -u +"%F %T start" > $W/out/progress.txt
   nproc >> $W/out/progress.txt
   # pass 1: compile-only; each process's g++ fan-out cut to 4 (4 processes × 4 = the cores)
-  OMP_WAIT_POLICY=passive TORCHINDUCTOR_COMPILE_THREADS=4 EMBER_COMPILE_JOBS=4 \
+  OMP_WAIT_POLICY=passive TORCHINDUCTOR_COMPILE_THREADS=${CT:-4} EMBER_COMPILE_JOBS=${CT:-4} \
     python3 benchmarks/zoo.py --models ${MODELS:-all} ${EXTRA:-} --threads ${THREADS:-16} \
-      --check-only --jobs 4 --share-cores --per-process 0 --cache-dir $W/cache --timeout 300 \
+      --check-only --jobs ${JOBS:-4} --share-cores --per-process 0 --cache-dir $W/cache --timeout 300 \
       --budget ${P1:-600} --out $W/out/p1 --tag p1 --commit "$SHA" > $W/out/p1.log 2>&1
   date -u +"%F %T pass 1 done" >> $W/out/progress.txt
   # pass 2: timed, one process, the whole machine
