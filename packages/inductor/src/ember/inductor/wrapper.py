@@ -80,11 +80,12 @@ class Wrapper:
     call: Callable[[Sequence[Any]], RunResult]
 
 
-# Extern ops that take their attributes once per node: op name -> bind(attributes) -> a
-# callable of the node's operands alone, returning its one tensor result, contiguous
-# (packed.py's convolution: the attribute checks and the argument list and dict the
+# Extern ops that take their attributes once per node: op name -> bind(constant attributes)
+# -> a callable of the node's operands (then, as keywords, the attributes that name values:
+# attention's mask), returning its tensor result (a tuple of them where the node has several),
+# contiguous (packed.py's convolution: the attribute checks and the argument list and dict the
 # reference builds cost ~4 us a call, ~100 calls per CNN forward)
-Binder = Callable[[dict[str, Any]], Callable[..., torch.Tensor]]
+Binder = Callable[[dict[str, Any]], Callable[..., Any]]
 _BINDERS: dict[str, Binder] = {}
 
 
@@ -514,9 +515,13 @@ class _Gen:
         direct = self.direct(op, node, kw) if node.op == "kernels.extern" else None
         tensors = all(isinstance(r.type, TensorType) for r in node.results)
         bind = _BINDERS.get(op.name) if node.op == "kernels.extern" else None
-        if bind is not None and len(names) == 1 and tensors:
-            fn = self.const(bind(kw))
-            self.lines.append(f"    {names[0]} = {fn}({', '.join(self.arg(a) for a in node.args)})")
+        late = {k: v for k, v in kw.items() if _reads_values(v)}  # passed per call
+        if bind is not None and names and tensors and \
+                all(k.isidentifier() and not keyword.iskeyword(k) for k in late):
+            fn = self.const(bind({k: v for k, v in kw.items() if k not in late}))
+            parts = [self.arg(a) for a in node.args] + [f"{k}={self.arg(v)}"
+                                                        for k, v in late.items()]
+            self.lines.append(f"    {', '.join(names)} = {fn}({', '.join(parts)})")
         elif direct is not None and len(names) == 1 and tensors:
             self.lines.append(f"    {names[0]} = {direct}.contiguous()")
         elif direct is not None and len(names) > 1 and tensors \
@@ -606,6 +611,17 @@ def _kernel_operands_only(g: Graph) -> set[Value]:
         for a in rest:
             map_args(a, visit)
     return (used - bad) & params
+
+
+def _reads_values(a: Any) -> bool:
+    """Whether an argument is or holds a value (a node's operand, not a constant)."""
+    found: list[Value] = []
+
+    def visit(v: Value) -> Value:
+        found.append(v)
+        return v
+    map_args(a, visit)
+    return bool(found)
 
 
 def _read_or_made(node: Node) -> list[Value]:

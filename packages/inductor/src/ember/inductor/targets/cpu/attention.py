@@ -31,7 +31,8 @@ transposes would be copies (`.contiguous()`), the values the same.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ import torch
 from ember.inductor.indexing import affine_view, ivar
 from ember.inductor.lowering import View
 from ember.inductor.targets.cpu import flash
+from ember.inductor.wrapper import register_binder
 from ember.ir import DType, Node, TensorType, Value
 from ember.ir.graph import Arg, map_args
 from ember.ir.registry import OpTypeError, default_registry, register_op
@@ -105,18 +107,26 @@ def _forward_infer(ctx: Any, args: Sequence[Arg], kw: Mapping[str, Arg]) -> list
 def _forward_run(interp: Any, args: list[Any], kw: dict[str, Any]) -> Any:
     # called as it is (its arguments are tensors, floats and a bool): the generic reference's
     # argument handling cost ~45 us a call, as much as the copies this op saves; ember's
-    # kernel (flash.py) where it serves, which writes [B, L, H, E], else torch's
-    out, lse = flash.forward(*args, **{k: v for k, v in kw.items() if k != "kernel"},
-                             heads_last=True)
-    # the buffers the kernel wrote (a copy only where torch's wrote another layout: the
-    # extern's results are made contiguous)
-    return out.transpose(1, 2), lse.transpose(1, 2)
+    # kernel (flash.py) where it serves, which writes [B, L, H, E], else torch's (its results
+    # copied into that order)
+    return flash.forward_heads_last(*args, **{k: v for k, v in kw.items() if k != "kernel"})
+
+
+def _bind_forward(kw: Mapping[str, Any]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The generated wrapper's call of the op (wrapper.register_binder): flash's heads-last
+    forward with the node's constant attributes bound once; the call passes q, k, v (and
+    dropout_p, is_causal) and the mask. No interpreter call, argument list or dict a call."""
+    if kw.get("kernel") != FORWARD:
+        raise ValueError(f"{HEADS_LAST}: kernel= must be {FORWARD}, got {kw.get('kernel')!r}")
+    return functools.partial(flash.forward_heads_last,
+                             **{k: v for k, v in kw.items() if k != "kernel"})
 
 
 if default_registry().lookup(HEADS_LAST) is None:
     register_op(HEADS_LAST, "torch's fused CPU attention (kernel=) with its output and "
                 "logsumexp returned as the [B, L, H, E] and [B, L, H] buffers the kernel writes "
                 "(an extern's op)", _forward_infer, _forward_run, aliasing="fresh")
+register_binder(HEADS_LAST, _bind_forward)
 
 
 def _heads_inside_rows(lw: Any, v: Any) -> bool:

@@ -295,6 +295,7 @@ extern "C" void ember_attention_f32(const float* q, const float* k, const float*
 # cost ~3x as much per call (bert's shape: 12 -> 4 us here)
 _DIMS, _STRIDES = struct.Struct("6q"), struct.Struct("23q")
 _F32 = torch.float32
+_empty = torch.empty
 
 
 @functools.cache
@@ -323,23 +324,67 @@ def tasks(b: int, h: int, n: int, s: int, e: int, threads: int) -> tuple[int, bo
     return int(count), bool(shared.value)
 
 
-def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
-            attn_mask: torch.Tensor | None) -> bool:
+def _dims(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+          attn_mask: torch.Tensor | None) -> tuple[int, int, int, int, int] | None:
+    """(B, H, L, S, E) where ember's kernel serves the call, else None."""
     # (plain attribute checks: this runs on every call)
     if q.dtype is not _F32 or k.dtype is not _F32 or v.dtype is not _F32 \
             or not q.is_cpu or not k.is_cpu or not v.is_cpu \
             or q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or dropout_p != 0.0:
-        return False
+        return None
     (b, h, n, e), (kb, kh, s, ke), (vb, vh, vs, ve) = q.shape, k.shape, v.shape
     if (kb, kh, vb, vh) != (b, h, b, h) or ke != e or ve != e or vs != s or n < MIN_ROWS \
             or s == 0 or e == 0 or s * e > MAX_KEYS_X_FEATURES:
-        return False
+        return None
     if attn_mask is None:
-        return True
+        return b, h, n, s, e
     # a float mask that broadcasts to [B, H, L, S] without growing it
     ms = attn_mask.shape
-    return attn_mask.dtype is _F32 and attn_mask.is_cpu and len(ms) <= 4 \
-        and all(m in (1, t) for m, t in zip(reversed(ms), (s, n, h, b)))
+    if attn_mask.dtype is not _F32 or not attn_mask.is_cpu:
+        return None
+    if len(ms) == 4:  # (the usual mask, checked without a generator: ~1 us less a call)
+        mb, mh, mn, mz = ms
+        ok = (mb == 1 or mb == b) and (mh == 1 or mh == h) and (mn == 1 or mn == n) \
+            and (mz == 1 or mz == s)
+    else:
+        ok = len(ms) < 4 and all(m in (1, t) for m, t in zip(reversed(ms), (s, n, h, b)))
+    return (b, h, n, s, e) if ok else None
+
+
+def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+            attn_mask: torch.Tensor | None) -> bool:
+    return _dims(q, k, v, dropout_p, attn_mask) is not None
+
+
+def _torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+           is_causal: bool, attn_mask: torch.Tensor | None, scale: float | None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    # torch's kernel reads a head's features as contiguous (eager's SDPA hands it such
+    # views): given a strided last dim it returned wrong values
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out, lse = _KERNEL(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return out, lse
+
+
+def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+            out: torch.Tensor, lse: torch.Tensor, dims: tuple[int, int, int, int, int],
+            out_strides: tuple[int, ...], scale: float | None, is_causal: bool) -> None:
+    """ember's kernel on a call `_dims` took, writing `out` and `lse` as [B, H, L, Ev] and
+    [B, H, L] with `out_strides` (theirs, 4 then 3)."""
+    b, h, n, s, e = dims
+    ms: tuple[int, ...] = (0, 0, 0, 0)
+    if attn_mask is not None:  # its strides as [B, H, L, S] (0 along broadcast dims)
+        st, sh = attn_mask.stride(), attn_mask.shape
+        if len(sh) == 4:  # (the usual mask: no index arithmetic)
+            ms = tuple(0 if d == 1 else x for d, x in zip(sh, st))
+        else:
+            ms = tuple(0 if i < 4 - len(sh) or sh[i - 4 + len(sh)] == 1
+                       else st[i - 4 + len(sh)] for i in range(4))
+    _library()(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+               attn_mask.data_ptr() if attn_mask is not None else None, out.data_ptr(),
+               lse.data_ptr(), _DIMS.pack(b, h, n, s, e, e),
+               _STRIDES.pack(*q.stride(), *k.stride(), *v.stride(), *ms, *out_strides),
+               float(scale) if scale is not None else e ** -0.5, int(bool(is_causal)))
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -348,35 +393,43 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float 
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The flash kernel's (output [B, H, L, Ev], logsumexp [B, H, L]); with heads_last, as
     permuted views of [B, L, H, Ev] and [B, L, H] buffers, else contiguous."""
-    if not _serves(q, k, v, dropout_p, attn_mask):
-        # torch's kernel reads a head's features as contiguous (eager's SDPA hands it such
-        # views): given a strided last dim it returned wrong values
-        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-        out, lse = _KERNEL(q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    dims = _dims(q, k, v, dropout_p, attn_mask)
+    if dims is None:
+        out, lse = _torch(q, k, v, dropout_p, is_causal, attn_mask, scale)
         if heads_last:
             return out, lse
         return out.contiguous(), lse.contiguous()
-    b, h, n, e = q.shape
-    s = k.shape[2]
+    b, h, n, _, e = dims
     if heads_last:
         # (one call each, not empty + transpose: 15 -> 7 us here)
-        out = torch.empty_strided((b, h, n, e), (n * h * e, e, h * e, 1))
-        lse = torch.empty_strided((b, h, n), (n * h, 1, h))
+        out = torch.empty_strided((b, h, n, e), (n * h * e, e, h * e, 1), dtype=_F32)
+        lse = torch.empty_strided((b, h, n), (n * h, 1, h), dtype=_F32)
     else:
-        out, lse = torch.empty((b, h, n, e)), torch.empty((b, h, n))
-    ms: tuple[int, ...] = (0, 0, 0, 0)
-    if attn_mask is not None:  # its strides as [B, H, L, S] (0 along broadcast dims)
-        st, sh = attn_mask.stride(), attn_mask.shape
-        ms = tuple(0 if i < 4 - len(sh) or sh[i - 4 + len(sh)] == 1
-                   else st[i - 4 + len(sh)] for i in range(4))
-    dims = _DIMS.pack(b, h, n, s, e, e)
-    strides = _STRIDES.pack(*q.stride(), *k.stride(), *v.stride(), *ms, *out.stride(),
-                                    *lse.stride())
-    _library()(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-               attn_mask.data_ptr() if attn_mask is not None else None, out.data_ptr(),
-               lse.data_ptr(), dims, strides,
-               float(scale) if scale is not None else e ** -0.5, int(bool(is_causal)))
+        out, lse = _empty(b, h, n, e, dtype=_F32), _empty(b, h, n, dtype=_F32)
+    _launch(q, k, v, attn_mask, out, lse, dims, (*out.stride(), *lse.stride()), scale,
+            is_causal)
     return out, lse
 
 
-__all__ = ["MAX_KEYS_X_FEATURES", "MIN_ROWS", "SOURCE", "forward", "tasks"]
+def forward_heads_last(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       dropout_p: float = 0.0, is_causal: bool = False, *,
+                       attn_mask: torch.Tensor | None = None, scale: float | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output [B, L, H, Ev], logsumexp [B, L, H]), contiguous: the buffers ember's kernel
+    writes (torch's results copied into that order where its kernel runs). The generated
+    wrapper's call of attention.py's heads-last extern: no views of the results made, their
+    strides known without asking (a call's Python was ~20 us against a ~4 us kernel call)."""
+    dims = _dims(q, k, v, dropout_p, attn_mask)
+    if dims is None:
+        o, lse = _torch(q, k, v, dropout_p, is_causal, attn_mask, scale)
+        return o.transpose(1, 2).contiguous(), lse.transpose(1, 2).contiguous()
+    b, h, n, _, e = dims
+    # (f32 whatever torch's default dtype: the kernel writes floats)
+    out, lse = _empty(b, n, h, e, dtype=_F32), _empty(b, n, h, dtype=_F32)
+    _launch(q, k, v, attn_mask, out, lse, dims, (n * h * e, e, h * e, 1, n * h, 1, h), scale,
+            is_causal)
+    return out, lse
+
+
+__all__ = ["MAX_KEYS_X_FEATURES", "MIN_ROWS", "SOURCE", "forward", "forward_heads_last",
+           "tasks"]
