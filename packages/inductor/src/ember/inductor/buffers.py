@@ -27,7 +27,13 @@ torch.mm / torch.bmm with out=, loop.index_select is torch.index_select with out
 dead buffer the same way, `kernels.extern(..., op="prims.matmul", reuse=[%dead])`: the wrapper
 passes the dead buffer's storage as `out=` instead of letting the op allocate its result
 (TorchInductor's wrapper does the same with `extern_kernels.bmm(..., out=buf)`). Externs
-without one (oneDNN's packed linear and convolution, attention) still allocate.
+without one (oneDNN's packed linear and convolution, attention) still allocate, except where
+the op can write its result over an operand (`INTO_FORMS`: oneDNN's convolution with a
+residual adds into the residual in place, TorchInductor's `_convolution_pointwise_.binary`
+under freezing): where that operand is a buffer of the graph's own whose storage, and
+everything aliasing it, is last read there and no other operand may share it, the node gets
+`reuse=[%operand]` and the op's attribute saying so, and the operand's storage lives on as
+the result (never handed to another buffer).
 """
 
 from __future__ import annotations
@@ -82,6 +88,12 @@ def _index_select_out(n: Node) -> Callable[..., Any] | None:
 # the node's one result into `out`), or None where this node has none
 OUT_FORMS: dict[str, Callable[[Node], Callable[..., Any] | None]] = {
     "prims.matmul": _matmul_out, "loop.index_select": _index_select_out}
+
+
+# extern op -> for a node, (the operand its result may be written over, the boolean
+# attribute telling the op to do so), or None where this node cannot (the op's own module
+# registers it: packed.py's convolution with a residual)
+INTO_FORMS: dict[str, Callable[[Node], tuple[int, str] | None]] = {}
 
 
 def out_call(n: Node) -> Callable[..., Any] | None:
@@ -224,6 +236,40 @@ def _operand_dying(n: Node, inplace: object, j: int, i: int, dies: dict[Value, f
     return a
 
 
+def _into_operand(n: Node, i: int, dies: dict[Value, float], al: dict[Value, set[Value]]
+                  ) -> tuple[Value, str] | None:
+    """The operand extern node `n` (node i) writes its one result over (INTO_FORMS) and the
+    attribute saying so, where that is safe: an owned buffer of the result's dtype and size
+    whose storage, and every value aliasing it, is last read here (so never a graph input or
+    output, or a view of one), that no other operand (or keyword value) may alias; else None."""
+    op = n.kwargs.get("op")
+    form = INTO_FORMS.get(op) if n.op == "kernels.extern" and isinstance(op, str) \
+        and len(n.results) == 1 and "reuse" not in n.kwargs else None
+    spec = form(n) if form is not None else None
+    if spec is None or not 0 <= spec[0] < len(n.args):
+        return None
+    a = n.args[spec[0]]
+    if not isinstance(a, Value) or dies.get(a) != i or al.get(a) != {a} \
+            or _buffer_key(a) is None or _buffer_key(a) != _buffer_key(n.results[0]):
+        return None
+    others = [v for k, b in enumerate(n.args) if k != spec[0] for v in _values_of(b)]
+    others += [v for b in n.kwargs.values() for v in _values_of(b)]
+    if any(v is a or a in al.get(v, ()) for v in others):  # (conv(x) + x: x read as well)
+        return None
+    return a, spec[1]
+
+
+def _values_of(a: object) -> list[Value]:
+    """The values in one argument (a value, or a list of them)."""
+    out: list[Value] = []
+
+    def visit(v: Value) -> Value:
+        out.append(v)
+        return v
+    map_args(a, visit)
+    return out
+
+
 def plan_graph(g: Graph) -> int:
     """Add `reuse=` to the graph's kernel calls and out-form externs; the number of buffers
     reused. A graph that already carries a plan (a stored compiled module, planned by an
@@ -254,6 +300,12 @@ def plan_graph(g: Graph) -> int:
             if key is not None and b not in overwritten:  # (its storage lives on as a result)
                 free.setdefault(key, []).append(b)
             k += 1
+        into = _into_operand(n, i, dies, al)
+        if into is not None:  # written over its dying operand (INTO_FORMS)
+            n.kwargs = {**n.kwargs, into[1]: True, "reuse": [into[0]]}
+            overwritten.add(into[0])
+            count += 1
+            continue
         if n.op != "kernels.call" and (n.op != "kernels.extern" or out_call(n) is None):
             continue
         reuse: list[Value] = []
@@ -292,4 +344,4 @@ def plan_buffers(module: Module) -> Module:
     return out
 
 
-__all__ = ["OUT_FORMS", "last_uses", "out_call", "plan_buffers", "plan_graph"]
+__all__ = ["INTO_FORMS", "OUT_FORMS", "last_uses", "out_call", "plan_buffers", "plan_graph"]

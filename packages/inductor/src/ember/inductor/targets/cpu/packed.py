@@ -12,7 +12,10 @@ costs more than the convolution (2 threads, batch 2: a 512-channel 3×3 layer at
 computes `conv(x, w * a[o]) + b[o]` (then ReLU: torch's NaN-keeping relu_, in place, when
 relu=true; with relu_max=c, torch's clamp_(y, 0, c), NaN kept too: ReLU6; silu=true:
 torch's silu_, eager's own SiLU kernel; hardswish=true: torch's hardswish_; residual=true: an NHWC residual operand added before
-the activation, by oneDNN's binary add post-op as it writes the result), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
+the activation, by oneDNN's binary add post-op as it writes the result; into_residual=true,
+set by plan-buffers where the residual is the graph's own buffer dying there (buffers.py's
+INTO_FORMS): added into the residual's storage, which becomes the result, instead of a new
+output), where the packed `w * a` is cached per weight tensor (`_PACKS`, dropped when the
 weight dies) while the weight's version counter and data pointer stay the same (the
 packed-from storage is held, so a freed storage's address cannot come back under
 `w.data = ...`), under the input's size, the convolution's attributes and the bytes of `a`
@@ -45,11 +48,13 @@ from typing import Any
 
 import torch
 
+from ember.inductor.buffers import INTO_FORMS
 from ember.inductor.wrapper import register_binder
 from ember.ir import (
     Arg,
     InferContext,
     Interpreter,
+    Node,
     OpDef,
     OpTypeError,
     TensorType,
@@ -114,12 +119,14 @@ def _operands(args: Sequence[Any], kw: Mapping[str, Any]) -> tuple[Any, Any, Any
             or (hi is not None and (hi.__class__ is not float or not relu or not hi >= 0)) \
             or kw.get("silu", False).__class__ is not bool or (relu and kw.get("silu")) \
             or kw.get("hardswish", False).__class__ is not bool \
-            or (kw.get("hardswish") and (relu or kw.get("silu"))):
+            or (kw.get("hardswish") and (relu or kw.get("silu"))) \
+            or kw.get("into_residual", False).__class__ is not bool \
+            or (kw.get("into_residual") and not res):
         raise OpTypeError(f"{PACKED_OP} takes an NHWC input, an OIHW weight, then a [O] scale "
                           f"if scale=true and a [O] bias if bias=true (scale=, bias=, relu= "
                           f"are true or false; relu_max=, with relu=true, a float >= 0; silu= true or "
                           f"false, not with relu=true; hardswish= likewise, not with silu=true either), then the NHWC residual if "
-                          f"residual=true")
+                          f"residual=true (into_residual= true or false, true only with it)")
     rest = list(args[2:len(args) - res])
     a = rest.pop(0) if kw.get("scale") else None
     b = rest.pop(0) if kw.get("bias") else None
@@ -147,13 +154,24 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
 # oneDNN's packing is there (checked once: it is per build, and _run asks on every call)
 _ONEDNN = torch.backends.mkldnn.is_available() \
     and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+# the convolution's overloads, resolved once (a call through the op packet resolves its
+# overload on every call); `_INTO`: the in-place binary form, which adds into `other`
+_CONV_OPS: Any = torch.ops.mkldnn if _ONEDNN else None
+_PLAIN: Any = _CONV_OPS._convolution_pointwise.default if _CONV_OPS is not None else None
+_BINARY: Any = _CONV_OPS._convolution_pointwise.binary if _CONV_OPS is not None else None
+_INTO: Any = _CONV_OPS._convolution_pointwise_.binary \
+    if _CONV_OPS is not None and hasattr(_CONV_OPS, "_convolution_pointwise_") else None
 
 
 def f32_on_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
     """`x` and `w` are f32 tensors on the CPU: what oneDNN's packed weights serve (these
     convolutions; linear.py's products)."""
-    return x.dtype == torch.float32 and w.dtype == torch.float32 \
-        and x.device.type == "cpu" and w.device.type == "cpu"
+    # (`is`: dtypes are singletons; is_cpu, where .device builds a device object: 0.8 of
+    # this check's 2.4 us on a loaded core)
+    return x.dtype is _F32 and w.dtype is _F32 and x.is_cpu and w.is_cpu
+
+
+_F32 = torch.float32
 
 
 def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -187,9 +205,16 @@ def _packed(w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
             _scaled(w, a).contiguous(), list(kw["padding"]), list(kw["stride"]),
             list(kw["dilation"]), int(kw.get("groups", 1)), list(size))
         return out
-    key = (size, attrs, None if a is None else a.detach().numpy().tobytes()) \
-        if isinstance(w, torch.nn.Parameter) else ()
+    key = (size, attrs, _bytes(a)) if isinstance(w, torch.nn.Parameter) else ()
     return cached_pack(w, key, make)
+
+
+def _bytes(a: torch.Tensor | None) -> bytes | None:
+    """The scale's bytes, a pack's key part (numpy() without detach() where no grad is
+    recorded: ~1 us less a call)."""
+    if a is None:
+        return None
+    return (a.detach() if a.requires_grad else a).numpy().tobytes()
 
 
 def cached_pack(w: torch.Tensor, key: tuple[Any, ...],
@@ -278,7 +303,11 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     The generated wrapper binds each of its convolutions once (wrapper.register_binder), so a
     call pays neither the attribute checks nor the argument list and dict the reference takes
     (~4 us of the ~9 us a call spent over oneDNN's own, alone; ghostnet_100's 95 convolutions
-    ~0.8 ms of a ~19 ms call)."""
+    ~0.8 ms of a ~19 ms call). With into_residual=true (plan-buffers: the residual dies here,
+    `_into_residual`) oneDNN adds the convolution into the residual's own storage, which is
+    the result then: no new output (a fresh large one is mmap'd pages, faulted in as oneDNN
+    writes them and unmapped when freed); a residual that is not contiguous NHWC, or a call
+    not on oneDNN, takes the out-of-place path (the result is then new storage)."""
     scale, bias, res = (kw.get(k) is True for k in ("scale", "bias", "residual"))
     _operands([None] * (2 + scale + bias + res), kw)  # refuses bad attributes now
     stride, padding = list(kw["stride"]), list(kw["padding"])
@@ -286,12 +315,18 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     attrs = _attrs(kw)
     one = stride == [1, 1] and padding == [0, 0] and groups == 1
     act = _activation_fn(kw)
+    into = kw.get("into_residual") is True and _INTO is not None
 
     def call(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         a = rest[0] if scale else None
         b = rest[scale] if bias else None
         r = rest[-1] if res else None
-        if changing_weight(w):  # training: oneDNN on the plain weight (the non-packed path)
+        # one lookup of the weight's packs serves both questions below where it is unchanged
+        # (the common case): not changing (changing_weight's own first test), and its pack
+        # for this call, if made, is in p.entries (cached_pack's lookup)
+        p = _PACKS.get(id(w))
+        same = p is not None and p.ref() is w and p.state == (w._version, w.data_ptr())
+        if not same and changing_weight(w):  # training: oneDNN on the plain weight
             with torch.no_grad():
                 y = torch.convolution(x.permute(0, 3, 1, 2), _scaled(w, a), b, stride,
                                       padding, dilation, False, [0, 0], groups)
@@ -300,28 +335,49 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
             return act(y).permute(0, 2, 3, 1).contiguous()
         if one and _small(x, w):  # NHWC rows times the [I, O] matrix: the NHWC result as it is
             rows = x.reshape(-1, x.shape[3])
-            m = _packed(w, a, (), attrs, kw)  # (made under no_grad)
+            m = _lookup(p if same else None, w, a, (), attrs, kw)  # (made under no_grad)
             y = torch.mm(rows, m) if b is None else torch.addmm(b, rows, m)
             if r is not None:
                 y = y.add_(r.reshape(y.shape))
             return act(y).view(x.shape[0], x.shape[1], x.shape[2], w.shape[0])
         xc = x.permute(0, 3, 1, 2)  # NCHW seen with channels-last strides
-        if r is not None and _mkldnn(x, w):  # oneDNN's binary add post-op: one pass
-            y = torch.ops.mkldnn._convolution_pointwise(
-                xc, r.permute(0, 3, 1, 2), _packed(w, a, tuple(xc.shape), attrs, kw), b,
-                padding, stride, dilation, groups, "add", None, None, [], None)
-        elif _mkldnn(x, w):
-            y = torch.ops.mkldnn._convolution_pointwise(
-                xc, _packed(w, a, tuple(xc.shape), attrs, kw), b, padding, stride, dilation,
-                groups, "none", [], "")
-        else:
+        if not _mkldnn(x, w):
             with torch.no_grad():
                 y = torch.convolution(xc, _scaled(w, a), b, stride, padding, dilation, False,
                                       [0, 0], groups)
             if r is not None:
                 y = y.add_(r.permute(0, 3, 1, 2))
+            return act(y).permute(0, 2, 3, 1).contiguous()
+        pw = _lookup(p if same else None, w, a, tuple(xc.shape), attrs, kw)
+        if r is None:
+            y = _PLAIN(xc, pw, b, padding, stride, dilation, groups, "none", [], "")
+        elif into and r.is_contiguous():  # added into the dying residual: its storage
+            y = _INTO(r.permute(0, 3, 1, 2), xc, pw, b, padding, stride, dilation, groups,
+                      "add", None, None, [], None)
+        else:  # oneDNN's binary add post-op: one pass
+            y = _BINARY(xc, r.permute(0, 3, 1, 2), pw, b, padding, stride, dilation, groups,
+                        "add", None, None, [], None)
         return act(y).permute(0, 2, 3, 1).contiguous()
     return call
+
+
+def _lookup(p: _Packs | None, w: torch.Tensor, a: torch.Tensor | None, size: tuple[int, ...],
+            attrs: tuple[Any, ...], kw: Mapping[str, Any]) -> torch.Tensor:
+    """`_packed(w, a, size, attrs, kw)`, looked up in `p` first: the packs of `w`, unchanged
+    (the binder checked it), or None."""
+    if p is not None:
+        hit = p.entries.get(((size, attrs, _bytes(a)), torch.get_num_threads()))
+        if hit is not None:
+            p.streak = 0  # (a reuse: cached_pack's hit)
+            return hit
+    return _packed(w, a, size, attrs, kw)
+
+
+def _into_residual(n: Node) -> tuple[int, str] | None:
+    """plan-buffers' in-place form (buffers.INTO_FORMS): a convolution with a residual may
+    write its result over the residual (the last operand), told by into_residual=true."""
+    return (len(n.args) - 1, "into_residual") if n.kwargs.get("residual") is True \
+        and n.kwargs.get("into_residual") is not True and _INTO is not None else None
 
 
 def _run(interp: Interpreter, args: list[Any], kw: dict[str, Any]) -> Any:
@@ -350,6 +406,7 @@ PACKED_OPDEF = OpDef(PACKED_OP, "a 2-d convolution of an NHWC buffer with an OIH
 if default_registry().lookup(PACKED_OP) is None:
     default_registry().register(PACKED_OPDEF)
 register_binder(PACKED_OP, bind)
+INTO_FORMS[PACKED_OP] = _into_residual
 
 __all__ = ["PACKED_OP", "cached_pack", "changing_weight", "f32_on_cpu", "is_cached",
            "pack_threads", "packed_weight"]
