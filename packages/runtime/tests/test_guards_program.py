@@ -242,3 +242,28 @@ def test_without_the_machine_the_check_stays_python(monkeypatch: pytest.MonkeyPa
     m.config.mode = "none"
     assert_same(m(x), c(x))
     assert "self.config.mode is 'none'" in er.explain(c).recompilations[0]
+
+
+def test_prefetch_of_stale_addresses_is_harmless() -> None:
+    """A program prefetches the cache lines its recorded runs read (objects freed since
+    included): results are those of Python on every run, fresh objects each time."""
+    src = "\n".join([
+        "def guard(S, A, K):", "    try:",
+        "        v0 = A[0]",
+        "        if not (type(v0) is D and v0['a'][0] == 1 and 'b' not in v0):",
+        "            return _full(S, A, K)",
+        "        return [v0['a'], K.get('k')]",
+        "    except Exception:", "        return _full(S, A, K)", ""])
+    prog = guardvm.program(src, {"D": dict}, lambda S, A, K: "full")
+    assert prog is not None and prog.prefetched == 0
+    for i in range(300):
+        d: dict[str, Any] = {f"x{j}": [j] * j for j in range(i % 50)}
+        d["a"] = [1 if i % 7 else 2]
+        if i % 11 == 0:
+            d["b"] = 0
+        want = "full" if i % 7 == 0 or i % 11 == 0 else [d["a"], i]
+        got = prog(None, (d,), {"k": i})
+        assert got == want, (i, got)
+        if i == 0:
+            assert prog.prefetched > 0  # the first run recorded what it read
+        del d

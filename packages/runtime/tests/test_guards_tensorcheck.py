@@ -216,3 +216,44 @@ def test_fast_check_agrees_with_full_check(steps: list[int], shape: tuple[int, i
         except RuntimeError:  # (a mutation the current metadata refuses)
             pass
         assert_checks_agree(code, m, torch.randn(*shape))
+
+
+def _specs(ts: list[Any]) -> list[list[int]]:
+    mod = tensorcheck.checker()
+    out = []
+    for t in ts:
+        r = mod.read(t)
+        out.append([*r[:6], *r[6], *r[7]])
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.data())
+def test_long_tuples_fail_at_every_position(n: int, data: Any) -> None:
+    """The check prefetches objects and TensorImpls ahead of the one it checks: a changed
+    field, a wrong type or a non-tensor at any position (ahead of the check too) fails the
+    check, never crashes it, and the unchanged tuple passes."""
+    mod = tensorcheck.checker()
+    if mod is None:
+        pytest.skip("no C checker")
+    base = torch.randn(6, 5)
+    ts: list[Any] = [base[: 1 + i % 5] if i % 3 else nn.Parameter(torch.randn(i % 4 + 1))
+                     for i in range(n)]
+    specs = _specs(ts)
+    types_ = tuple(type(t) for t in ts)
+    assert mod.check(types_, tuple(ts), tensorcheck.pack(specs)) is True
+    k = data.draw(st.integers(0, n - 1))
+    what = data.draw(st.sampled_from(["field", "type", "object", "requires_grad"]))
+    bad_types, bad_ts, bad_specs = list(types_), list(ts), [list(s) for s in specs]
+    if what == "field":
+        f = data.draw(st.integers(1, len(specs[k]) - 1))
+        bad_specs[k][f] += 1
+    elif what == "type":
+        bad_types[k] = torch.Tensor if types_[k] is nn.Parameter else nn.Parameter
+    elif what == "object":
+        bad_ts[k] = data.draw(st.sampled_from([1, None, "x", object(), [torch.ones(1)]]))
+    else:
+        bad_ts[k] = ts[k].detach().requires_grad_(not ts[k].requires_grad)
+        if type(ts[k]) is nn.Parameter:
+            bad_ts[k] = nn.Parameter(bad_ts[k].detach(), requires_grad=not ts[k].requires_grad)
+    assert mod.check(tuple(bad_types), tuple(bad_ts), tensorcheck.pack(bad_specs)) is False

@@ -39,6 +39,7 @@ from ember.capture import Guard, GuardKind, Source
 from ember.capture.guards import TensorMeta
 from ember.capture.sources import (
     AttrSource,
+    GetItemSource,
     ModuleMemberSource,
     SelfSource,
     key_expr,
@@ -51,6 +52,20 @@ _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
                 "_backward_pre_hooks")
 _ROOTS = ("S", "A", "K")
 _MISSING = object()
+# guards that only read their source's value: implied by its identity where it is immutable
+_FROZEN_KINDS = (GuardKind.TYPE_MATCH, GuardKind.LENGTH, GuardKind.CONSTANT_MATCH,
+                 GuardKind.EQUALS_MATCH)
+_VALUE_KINDS = (GuardKind.CONSTANT_MATCH, GuardKind.EQUALS_MATCH)
+_SCALARS = (int, float, bool, str, bytes, complex, type(None))
+
+
+def _frozen(x: Any, depth: int = 0) -> bool:
+    """Whether `x` (and all it holds) can never change: an exact scalar or string, or an exact
+    tuple (or torch.Size) of such."""
+    t = type(x)
+    if t in _SCALARS:
+        return True
+    return depth < 4 and t in (tuple, torch.Size) and all(_frozen(i, depth + 1) for i in x)
 
 
 @dataclass(frozen=True)
@@ -267,6 +282,41 @@ class _Builder:
         parts += [f"{name!r} not in {self.ns.ref(c.__dict__, 'CP')}" for c in cls.__mro__]
         return " and ".join(parts)
 
+    def _frozen_anchor(self, g: Guard) -> tuple[Source, str] | None:
+        """For a type, length or value guard on a deeply immutable value (a conv's `stride`
+        tuple, its items, a float `eps`): the outermost source it is read through by item
+        reads of immutable values only, and a reference to that source's value now. When the
+        source is that very object again, the guard holds as it did (its value cannot have
+        changed), so the check tests identity first (`_emit_group`): a conv's `stride` guards
+        (type, length, each item's type and value) become one `v is C`; any other object
+        still gets the guards themselves, so what passes and fails is unchanged."""
+        src = g.source
+        if src is None or g.other is not None or g.kind not in _FROZEN_KINDS or (
+                g.kind in _VALUE_KINDS and not _frozen(g.expected)) or (
+                g.kind is GuardKind.CONSTANT_MATCH and (g.expected is None or
+                                                        type(g.expected) is bool)):
+            # (`x is None`, `x is True`: already one identity test)
+            return None
+        chain = prefixes(src)
+        for k, p in enumerate(chain):
+            if p.expr(self.ns.ref) in _ROOTS or p in self.pinned:
+                continue
+            if all(isinstance(q, GetItemSource) for q in chain[k + 1:]):
+                try:
+                    v = self.value(p)
+                except Exception:
+                    return None
+                if _frozen(v):
+                    return p, self.ns.ref(v, "FZ")
+        return None
+
+    def _emit_group(self, anchor: tuple[Source, str], codes: list[str]) -> None:
+        src, const = anchor
+        conj = " and ".join(f"({c})" for c in codes)
+        self.body.append(f"        if not ({self.fast(src).expr(self.ns.ref)} is {const} "
+                         f"or ({conj})):")
+        self.body.append("            return _full(S, A, K)")
+
     def build(self, guards: list[Guard], inputs: list[Source]) -> str:
         uses: dict[Source, int] = {}
         for s in [s for g in guards for s in (g.source, g.other) if s is not None] + inputs:
@@ -274,9 +324,18 @@ class _Builder:
                 uses[p] = uses.get(p, 0) + 1
         self.hoist = {s for s, n in uses.items()
                       if n > 1 and s.expr(self.ns.ref) not in _ROOTS}
+        group: list[str] = []  # consecutive guards on one frozen value (`_frozen_anchor`)
+        anchor: tuple[Source, str] | None = None
         for g in guards:
+            at = self._frozen_anchor(g)
+            if anchor is not None and (at is None or at[0] is not anchor[0]):
+                self._emit_group(anchor, group)
+                anchor, group = None, []
             code = self.guard_code(g)
-            if code is not None:
+            if code is not None and at is not None:
+                anchor = anchor or at
+                group.append(code)
+            elif code is not None:
                 self.body.append(f"        if not ({code}):")
                 self.body.append("            return _full(S, A, K)")
             if g.source is not None and g.kind is GuardKind.ID_MATCH:
@@ -284,6 +343,8 @@ class _Builder:
                 self.typed.add(g.source)
             elif g.source is not None and g.kind is GuardKind.TYPE_MATCH:
                 self.typed.add(g.source)
+        if anchor is not None:
+            self._emit_group(anchor, group)
         if self.tensors:  # (a TorchFunctionMode may intercept tensor attributes: Python's)
             mod = tensorcheck.checker()
             ref = self.ns.ref

@@ -59,6 +59,7 @@ _SOURCE = r"""
 #include "@PYTHON_H@"
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { ATTR, ITEM, GA, TYPE, DGET, CALL, TUPLE, LIST, IS, CMP, IN, TRUTH, RET };
@@ -71,6 +72,11 @@ typedef struct {
   PyObject* full;    // called on any failure
   Py_ssize_t nregs;
   Py_ssize_t failed; // ordinal of the last failing check; -2 an exception; -1 none
+  uintptr_t* trace;  // addresses a recording run read (bit 0: a dict's keys), see run()
+  Py_ssize_t tcap;
+  uintptr_t* lines;  // the cache lines they span, sorted, each once: prefetched per run
+  Py_ssize_t nlines;
+  uint64_t runs;
 } Program;
 
 static PyObject *s_cell_contents, *s_get, *s_code;
@@ -81,6 +87,71 @@ static PyObject *s_cell_contents, *s_get, *s_code;
   if ((target) < 0) { fail = (ordinal); goto failed; } \
   w = w0 + (target); break;
 #define SET(d, v) do { PyObject* o_ = regs[(d)]; regs[(d)] = (v); Py_XDECREF(o_); } while (0)
+// an address for the next run's prefetch (an exact dict: its keys too, flagged by bit 0)
+#define NOTE(x) do { if (nt < tcap) tr[nt++] = (uintptr_t)(x); } while (0)
+#define NOTE_DICT(x) do { if (PyDict_CheckExact(x)) { if ((PyObject*)(x) != last_dict && \
+    nt + 4 <= tcap) { PyDictObject* d_ = (PyDictObject*)(x); last_dict = (x); \
+    tr[nt++] = (uintptr_t)d_; tr[nt++] = (uintptr_t)d_->ma_keys | 1; \
+    tr[nt++] = (uintptr_t)keys_lines(d_->ma_keys); \
+    if (d_->ma_values) tr[nt++] = (uintptr_t)d_->ma_values; } } else NOTE(x); } while (0)
+
+// the cache lines of a dict's keys object (header, index table, entries) that a lookup may
+// read, from CPython's layout of 3.11-3.13 (internal/pycore_dict.h); 4 lines elsewhere
+static Py_ssize_t keys_lines(const void* k) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+  typedef struct {
+    Py_ssize_t refcnt; uint8_t log2_size, log2_index_bytes, kind; uint32_t version;
+    Py_ssize_t usable, nentries;
+  } Head;
+  const Head* h = (const Head*)k;
+  Py_ssize_t entry = h->kind == 0 ? 24 : 16;  // DICT_KEYS_GENERAL: hash, key, value
+  Py_ssize_t bytes = (Py_ssize_t)sizeof(Head) + ((Py_ssize_t)1 << h->log2_index_bytes) +
+                     h->nentries * entry;
+  Py_ssize_t lines = (bytes + 63) / 64 + 1;
+  return lines < 1 ? 1 : (lines > 32 ? 32 : lines);
+#else
+  return 4;
+#endif
+}
+
+#ifdef Py_GIL_DISABLED
+#define RECORD_EVERY 0xFFFFFFFFFFFFFFFFull  // (no recording without the GIL: lines is shared)
+#else
+#define RECORD_EVERY 64
+#endif
+
+static int cmp_addr(const void* a, const void* b) {
+  uintptr_t x = *(const uintptr_t*)a, y = *(const uintptr_t*)b;
+  return x < y ? -1 : x > y;
+}
+
+// the recorded addresses (the first `nt` of p->trace) as p->lines: each cache line once
+static void settle_lines(Program* p, Py_ssize_t nt) {
+  const uintptr_t* tr = p->trace;
+  Py_ssize_t n = 0;
+  for (Py_ssize_t i = 0; i < nt; i++) {
+    if ((tr[i] & 1) && i + 1 < nt) { n += (Py_ssize_t)tr[i + 1]; i++; } else n++;
+  }
+  uintptr_t* lines = (uintptr_t*)PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uintptr_t));
+  if (!lines) return;  // (no prefetch: a hint)
+  Py_ssize_t k = 0;
+  for (Py_ssize_t i = 0; i < nt && k < n; i++) {
+    uintptr_t a = tr[i] & ~(uintptr_t)63;
+    if ((tr[i] & 1) && i + 1 < nt) {  // a dict's keys object: its lines (keys_lines)
+      Py_ssize_t m = (Py_ssize_t)tr[++i];
+      for (Py_ssize_t j = 0; j < m && k < n; j++) lines[k++] = a + 64 * (uintptr_t)j;
+    } else {
+      lines[k++] = a;
+    }
+  }
+  qsort(lines, (size_t)k, sizeof(uintptr_t), cmp_addr);
+  Py_ssize_t u = 0;
+  for (Py_ssize_t i = 0; i < k; i++)
+    if (u == 0 || lines[u - 1] != lines[i]) lines[u++] = lines[i];
+  uintptr_t* old = p->lines;
+  p->lines = lines; p->nlines = u;
+  PyMem_Free(old);
+}
 
 static PyObject* run(Program* p, PyObject* const* args) {
   const int32_t* w0 = (const int32_t*)PyBytes_AS_STRING(p->code);
@@ -96,6 +167,17 @@ static PyObject* run(Program* p, PyObject* const* args) {
     memset(small, 0, sizeof(small));
   }
   for (int i = 0; i < 3; i++) { Py_INCREF(args[i]); regs[i] = args[i]; }
+  // The objects a check reads lie all over the heap and each read depends on the one before
+  // (a module's dict, its keys, the value, the value's type): run cold (a model's forward
+  // between two calls evicts them), each is a serial cache miss, most of a large check's
+  // time. So the addresses the last run read are prefetched first, all at once: a hint (a
+  // stale or freed address is harmless; what the run computes does not depend on it).
+  // What a run reads is recorded on the first run and every RECORD_EVERY-th after (the
+  // objects are a model's modules and parameters: the same from call to call).
+  for (Py_ssize_t i = 0; i < p->nlines; i++) __builtin_prefetch((const char*)p->lines[i]);
+  uintptr_t* tr = p->trace;
+  Py_ssize_t nt = 0, tcap = p->runs++ % RECORD_EVERY == 0 ? p->tcap : 0;
+  PyObject* last_dict = NULL;
   PyObject* result = NULL;
   Py_ssize_t fail = -1;
   for (;;) {
@@ -115,6 +197,7 @@ static PyObject* run(Program* p, PyObject* const* args) {
           r = PyObject_GetAttr(x, name);
           if (!r) goto error;
         }
+        NOTE(x); NOTE(r);
         SET(w[1], r); w += 4; break;
       }
       case ITEM: {
@@ -130,15 +213,18 @@ static PyObject* run(Program* p, PyObject* const* args) {
           r = PyObject_GetItem(x, k);
           if (!r) goto error;
         }
+        NOTE_DICT(x); NOTE(r);
         SET(w[1], r); w += 4; break;
       }
       case GA: {
         PyObject* r = PyObject_GenericGetAttr(V(w[2]), V(w[3]));
         if (!r) goto error;
+        NOTE(V(w[2])); NOTE(r);
         SET(w[1], r); w += 4; break;
       }
       case TYPE: {
         PyObject* r = (PyObject*)Py_TYPE(V(w[2]));
+        NOTE(V(w[2]));
         Py_INCREF(r); SET(w[1], r); w += 3; break;
       }
       case DGET: {
@@ -157,6 +243,7 @@ static PyObject* run(Program* p, PyObject* const* args) {
           Py_DECREF(m);
           if (!r) goto error;
         }
+        NOTE_DICT(x); NOTE(r);
         SET(w[1], r); w += 4; break;
       }
       case CALL: {
@@ -186,6 +273,7 @@ static PyObject* run(Program* p, PyObject* const* args) {
         w += 6; break;
       }
       case CMP: {
+        NOTE(V(w[1])); NOTE(V(w[2]));
         PyObject* r = PyObject_RichCompare(V(w[1]), V(w[2]), w[6]);
         if (!r) goto error;
         int t = PyObject_IsTrue(r);
@@ -195,12 +283,14 @@ static PyObject* run(Program* p, PyObject* const* args) {
         w += 7; break;
       }
       case IN: {
+        NOTE_DICT(V(w[2]));
         int t = PySequence_Contains(V(w[2]), V(w[1]));
         if (t < 0) goto error;
         if (t != w[3]) { JUMP(w[4], w[5]); }
         w += 6; break;
       }
       case TRUTH: {
+        NOTE_DICT(V(w[1]));
         int t = PyObject_IsTrue(V(w[1]));
         if (t < 0) goto error;
         if (t != w[3]) { JUMP(w[4], w[5]); }
@@ -223,6 +313,7 @@ error:
 failed:
   p->failed = fail;
 done:
+  if (nt) settle_lines(p, nt);
   for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(regs[i]);
   if (regs != small) PyMem_Free(regs);
   if (fail != -1) return PyObject_Vectorcall(p->full, args, 3, NULL);
@@ -249,8 +340,12 @@ static PyObject* program_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     PyErr_SetString(PyExc_ValueError, "bad guard program");
     return NULL;
   }
+  Py_ssize_t tcap = PyBytes_GET_SIZE(code) / 4 + 16;  // >= the notes of one run
+  uintptr_t* trace = (uintptr_t*)PyMem_Calloc((size_t)tcap, sizeof(uintptr_t));
+  if (!trace) return PyErr_NoMemory();
   Program* p = (Program*)type->tp_alloc(type, 0);
-  if (!p) return NULL;
+  if (!p) { PyMem_Free(trace); return NULL; }
+  p->trace = trace; p->tcap = tcap; p->lines = NULL; p->nlines = 0; p->runs = 0;
   Py_INCREF(code); Py_INCREF(consts); Py_INCREF(full);
   p->code = code; p->consts = consts; p->full = full; p->nregs = nregs; p->failed = -1;
   p->vectorcall = program_vectorcall;
@@ -271,13 +366,18 @@ static void program_dealloc(Program* p) {
   PyObject_GC_UnTrack(p);
   program_clear(p);
   Py_CLEAR(p->code);
+  PyMem_Free(p->trace);
+  PyMem_Free(p->lines);
   Py_TYPE(p)->tp_free((PyObject*)p);
 }
 
 static PyObject* program_failed(Program* p, void*) { return PyLong_FromSsize_t(p->failed); }
 
+static PyObject* program_lines(Program* p, void*) { return PyLong_FromSsize_t(p->nlines); }
+
 static PyGetSetDef program_getset[] = {
   {"failed", (getter)program_failed, NULL, "the last failing check's ordinal", NULL},
+  {"prefetched", (getter)program_lines, NULL, "cache lines prefetched per run", NULL},
   {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(NULL, 0)};

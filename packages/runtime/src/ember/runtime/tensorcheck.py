@@ -108,6 +108,24 @@ static void* impl_of(PyObject* t, int* rg) {
   return impl;
 }
 
+#define AHEAD 4
+
+// the TensorImpl of `t` (of the exact type `type`, else NULL), its first lines prefetched
+static void* prefetch_impl(PyObject* t, PyObject* type) {
+  if ((PyObject*)Py_TYPE(t) != type) return NULL;
+  PyObject* c = cd_get(t, cd_closure);
+  if (!c) { PyErr_Clear(); return NULL; }
+  void* impl = PyLong_Check(c) ? PyLong_AsVoidPtr(c) : NULL;
+  Py_DECREF(c);
+  if (PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+  if (impl) {
+    const char* a = (const char*)impl;
+    __builtin_prefetch(a); __builtin_prefetch(a + 64); __builtin_prefetch(a + 128);
+    __builtin_prefetch(a + 192);
+  }
+  return impl;
+}
+
 // check(types, tensors, spec) -> bool: every tensor of its exact type and spec (int64s per
 // tensor: ndim, dtype, device type, device index, layout, requires_grad, sizes, strides)
 static PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -119,14 +137,30 @@ static PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (PyTuple_GET_SIZE(types) != n) Py_RETURN_FALSE;
   const int64_t* s = (const int64_t*)PyBytes_AS_STRING(args[2]);
   const int64_t* end = s + PyBytes_GET_SIZE(args[2]) / 8;
+  // A model's parameters lie all over the heap, and each check reads the Python object, then
+  // its TensorImpl (then autograd's metadata): run cold, serial cache misses. So the objects
+  // AHEAD*2 tensors on are prefetched, and the TensorImpls of those AHEAD on (their objects
+  // are in cache by then): a hint only, what is checked is the same.
+  void* ring[AHEAD];
+  for (Py_ssize_t i = 0; i < n && i < 2 * AHEAD; i++) __builtin_prefetch(PyTuple_GET_ITEM(ts, i));
+  for (Py_ssize_t i = 0; i < n && i < AHEAD; i++)
+    ring[i] = prefetch_impl(PyTuple_GET_ITEM(ts, i), PyTuple_GET_ITEM(types, i));
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject* t = PyTuple_GET_ITEM(ts, i);
     if ((PyObject*)Py_TYPE(t) != PyTuple_GET_ITEM(types, i)) Py_RETURN_FALSE;
     if (end - s < 6) Py_RETURN_FALSE;
     int64_t nd = s[0];
     if (nd < 0 || end - s < 6 + 2 * nd) Py_RETURN_FALSE;
+    void* impl = ring[i % AHEAD];
+    if (i + 2 * AHEAD < n) __builtin_prefetch(PyTuple_GET_ITEM(ts, i + 2 * AHEAD));
+    if (i + AHEAD < n)
+      ring[i % AHEAD] = prefetch_impl(PyTuple_GET_ITEM(ts, i + AHEAD),
+                                      PyTuple_GET_ITEM(types, i + AHEAD));
     int rg = -1;
-    void* impl = impl_of(t, &rg);
+    PyObject* r = rg_get(t, rg_closure);
+    if (!r) { PyErr_Clear(); Py_RETURN_FALSE; }
+    rg = r == Py_True ? 1 : (r == Py_False ? 0 : -1);
+    Py_DECREF(r);
     if (!impl || rg != s[5]) Py_RETURN_FALSE;
     void* h = &impl;  // an at::Tensor is one intrusive pointer to its TensorImpl
     int32_t v; int64_t d; int64_t* p;
