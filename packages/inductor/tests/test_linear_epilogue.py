@@ -187,28 +187,34 @@ def test_the_call_matches_eager(m: int, k: int, n: int, bias: bool, act: str | N
     its epilogue is eager's bias add and GELU on the same product (bitwise on the packed
     path; the fallback's addmm rounds the bias add into the product);
     the whole is eager's linear and GELU within the defaults where outputs are of unit
-    scale (at 30x, the two GEMMs' different summation orders alone exceed atol=1e-5)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, k, generator=g)
-    w = torch.nn.Parameter(torch.randn(n, k, generator=g) * scale / math.sqrt(k),
-                           requires_grad=False)
-    b = torch.randn(n, generator=g) if bias else None
-    kw = {"kn": True} if kn else {}
-    call = linear.bind({**kw, **({"bias": True} if bias else {}),
-                        **({"act": act} if act else {})})
-    wk = torch.nn.Parameter(w.detach().t().contiguous(), requires_grad=False) if kn else w
-    got = call(x, wk) if b is None else call(x, wk, b)
-    product = linear.bind(kw)(x, wk)
-    same = _ACTS[act](product if b is None else product + b)
-    big = m * k * n >= linear.SMALL_LINEAR
-    if big:
-        assert torch.equal(got, same)
-    else:
-        torch.testing.assert_close(got, same)
-    if scale <= 1:
-        torch.testing.assert_close(got, _ACTS[act](F.linear(x, w, b)))
-    assert packed.is_cached(wk) == big
-    packed._PACKS.pop(id(wk), None)
+    scale (at 30x, the two GEMMs' different summation orders alone exceed atol=1e-5).
+    At 1 thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # SMALL_LINEAR's rule (by thread count: test_linear_packed)
+    try:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(m, k, generator=g)
+        w = torch.nn.Parameter(torch.randn(n, k, generator=g) * scale / math.sqrt(k),
+                               requires_grad=False)
+        b = torch.randn(n, generator=g) if bias else None
+        kw = {"kn": True} if kn else {}
+        call = linear.bind({**kw, **({"bias": True} if bias else {}),
+                            **({"act": act} if act else {})})
+        wk = torch.nn.Parameter(w.detach().t().contiguous(), requires_grad=False) if kn else w
+        got = call(x, wk) if b is None else call(x, wk, b)
+        product = linear.bind(kw)(x, wk)
+        same = _ACTS[act](product if b is None else product + b)
+        big = m * k * n >= linear.SMALL_LINEAR
+        if big:
+            assert torch.equal(got, same)
+        else:
+            torch.testing.assert_close(got, same)
+        if scale <= 1:
+            torch.testing.assert_close(got, _ACTS[act](F.linear(x, w, b)))
+        assert packed.is_cached(wk) == big
+        packed._PACKS.pop(id(wk), None)
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_mkldnn

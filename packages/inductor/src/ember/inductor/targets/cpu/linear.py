@@ -17,14 +17,16 @@ oneDNN as its bias and post-op. The call
 runs oneDNN's linear on the packed `w`, cached per weight by packed.py's cache (`cached_pack`: repacked when the weight's version counter or data
 pointer changes, Parameters only), where `w` is an `nn.Parameter` on the CPU in f32, `x` is
 contiguous, autograd does not need the product (grad mode off or `w` not requiring grad), the
-weight is not changing every call (`changing_weight`: training) and the product has at least
-SMALL_LINEAR multiply-adds (oneDNN's ~12 us per-call setup is more than a small product);
-otherwise it is `torch.mm(x, w.t())` (kn: `torch.mm(x, w)`), what the plain extern computes
+weight is not changing every call (`changing_weight`: training) and `use_packed` says the
+product is large enough for the thread count at the call (oneDNN's ~12-25 us per-call setup is
+more than a small product: SMALL_LINEAR multiply-adds at 1-2 threads, more and a large K or a
+bias above); otherwise it is `torch.mm(x, w.t())` (kn: `torch.mm(x, w)`), what the plain extern computes
 (with a bias: `torch.addmm(b, x, ...)`, eager's linear; then eager's GELU).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +35,7 @@ import torch
 from ember.inductor.indexing import ivar
 from ember.inductor.lowering import View, _Lowering
 from ember.inductor.targets.cpu.linear_epilogue import ACTIVATIONS, linear_epilogue
-from ember.inductor.targets.cpu.packed import cached_pack, changing_weight, f32_on_cpu
+from ember.inductor.targets.cpu.packed import cached_pack, changing_weight
 from ember.inductor.wrapper import register_binder
 from ember.ir import (
     Arg,
@@ -56,9 +58,22 @@ LINEAR_OP = "loop.linear_packed"
 # 0.87x at 0.52M, 1.2x at 1.05M, 1.5x at 2.1M, 2-2.5x from 7M (LeViT's 32x384x768 221 vs
 # 106 us, Swin's 6272x96x384 5608 vs 2248 us)
 SMALL_LINEAR = 1 << 20
+# At more threads oneDNN's per-call setup stays (~25 us at 8-16 threads) while MKL's small
+# products shrink: on the 16-core Xeon (session 12, benchmarks/device_queue/diag16.py: every
+# linear of the zoo's transformers, min of 15; addmm vs oneDNN) addmm took 0.26-0.95x
+# oneDNN's time for K <= 384 without a bias at 16 threads (32x256x256 12 vs 27 us, 256x256x256
+# 39 vs 47, 392x128x640 55 vs 68), about the same from ~50M (6272x384x96 517 vs 532); oneDNN
+# was faster from K = 512 (98x512x256 48 vs 44 us, 256x1024x256 200 vs 120, 394x3072x768 2106
+# vs 1546) and, at K = 256, with a bias (addmm's separate bias pass: 256x256x256 66 vs 57 us),
+# but not below ~SMALL_LINEAR * threads / 2 multiply-adds (2x768x1000 18 vs 28 us). `use_packed` is that rule above 2
+# threads; of the table's 46 rows it picks the slower by more than 10% for 1 at 16 threads
+# (32x768x384: 39 vs 44 us) and 6 at 8 (32x768x384, 98x256x512, 98x256x1280, 256x256x1024
+# with a bias, 392x384x1536 and 394x192x768: 10-23%); 3-7 threads are not measured.
+PACKED_K = 512
 
 _ONEDNN = torch.backends.mkldnn.is_available() \
     and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+_F32 = torch.float32
 
 
 _USAGE = (f"{LINEAR_OP} takes x [M, K], w [N, K] (kn=true: w [K, N]) and, with bias=true, "
@@ -91,19 +106,29 @@ def _infer(ctx: InferContext, args: Sequence[Arg], kw: Mapping[str, Arg]) -> lis
     return [TensorType(x.type.dtype, (x.type.shape[0], n), None, x.type.device)]
 
 
-def _packed_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """oneDNN's packed weight serves this call (module docstring)."""
-    return _ONEDNN and isinstance(w, torch.nn.Parameter) and f32_on_cpu(x, w) \
-        and x.shape[0] * w.numel() >= SMALL_LINEAR and x.is_contiguous() \
-        and not (w.requires_grad and torch.is_grad_enabled()) and not changing_weight(w)
+def use_packed(m: int, k: int, n: int, bias: bool, threads: int) -> bool:
+    """oneDNN's packed linear is the faster for an [m, k] x [k, n] product (with a bias) at
+    `threads` threads (SMALL_LINEAR's and PACKED_K's measurements): at 1-2 threads from
+    SMALL_LINEAR multiply-adds; above, from SMALL_LINEAR * threads / 2 and only with K >=
+    PACKED_K or a bias."""
+    macs = m * k * n
+    if threads <= 2:
+        return macs >= SMALL_LINEAR
+    return 2 * macs >= SMALL_LINEAR * threads and (k >= PACKED_K or bias)
 
 
-def _pack(w: torch.Tensor) -> Callable[[], torch.Tensor]:
-    return lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach(), None)
+def _servable(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """oneDNN's packed weight can serve this call (module docstring), whatever its size
+    (`changing_weight` is asked apart: it notes the weight's state)."""
+    return _ONEDNN and isinstance(w, torch.nn.Parameter) and x.dtype is _F32 \
+        and w.dtype is _F32 and x.is_cpu and w.is_cpu and x.is_contiguous() \
+        and not (w.requires_grad and torch.is_grad_enabled())
 
 
-def _pack_kn(w: torch.Tensor) -> Callable[[], torch.Tensor]:
-    return lambda: torch.ops.mkldnn._reorder_linear_weight(w.detach().t().contiguous(), None)
+def _packer(w: torch.Tensor, kn: bool) -> torch.Tensor:
+    out: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+        w.detach().t().contiguous() if kn else w.detach(), None)
+    return out
 
 
 # act= -> oneDNN's post-op (_linear_pointwise's attr and algorithm) and eager's function
@@ -111,27 +136,99 @@ _POST_OPS: dict[str | None, tuple[str, str]] = {
     None: ("none", ""), "gelu": ("gelu", "none")}
 _EAGER: dict[str | None, Callable[[torch.Tensor], torch.Tensor]] = {
     None: lambda y: y, "gelu": torch.nn.functional.gelu}
+_LINEAR_FN: Callable[..., torch.Tensor] | None = None
+if _ONEDNN:  # the overload's C++ function itself: the packet's and overload's __call__
+    _overload = torch.ops.mkldnn._linear_pointwise.default  # frames cost ~1-2 us a call
+    _LINEAR_FN = getattr(_overload, "_op", _overload)
+
+
+class _Gone:
+    pass
+
+
+_NOTHING: weakref.ref[Any] = weakref.ref(_Gone())  # a dead reference: the empty fast path
 
 
 def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """The generated wrapper's call of the op (wrapper.register_binder): a callable of x, w
     (and b) returning act(x @ w.T + b), contiguous; oneDNN's linear on the cached packed `w`
-    (bias and activation as its bias and post-op) where it serves, else torch's addmm (or mm)
-    and eager's activation."""
+    (bias and activation as its bias and post-op) where it serves and `use_packed` says, else
+    torch's addmm (or mm) and eager's activation.
+
+    The callable remembers its last call's weight (weakly), rows and thread count and what
+    served it: a call with the same ones takes addmm at once where the size rule chose it,
+    or, where the weight kept its version and data pointer, `x` is a contiguous f32 CPU
+    tensor and autograd does not need the product, oneDNN on the remembered pack, skipping
+    the pack cache's lookup. The pack is remembered only once the cache returned it as
+    made before (which zeroes the weight's change streak, what `changing_weight` counts),
+    and with its packed-from data held, so that its address cannot come back under
+    `w.data = ...`; both are dropped when the weight dies."""
     kn, _, act = _attrs(kw)
     attr, algorithm = _POST_OPS[act]
-    eager = _EAGER[act]
+    gelu = act is not None
     key = (LINEAR_OP, "kn") if kn else (LINEAR_OP,)
-    pack = _pack_kn if kn else _pack
+    mm, addmm, flinear, fgelu = torch.mm, torch.addmm, torch.nn.functional.linear, _EAGER[act]
+    last: weakref.ref[Any] = _NOTHING
+    last_m = last_t = last_version = last_ptr = -1
+    last_pack: torch.Tensor | None = None
+    last_source: torch.Tensor | None = None
+
+    def forget(ref: weakref.ref[Any]) -> None:  # the remembered weight died
+        nonlocal last_pack, last_source
+        if ref is last:
+            last_pack = last_source = None
+
+    def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if kn:
+            y = mm(x, w) if b is None else addmm(b, x, w)
+        else:  # F.linear: addmm(b, x, w.t()) (mm without a bias) without a Python w.t()
+            y = flinear(x, w, b)
+        return fgelu(y) if gelu else y
+
+    def slow(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, m: int,
+             t: int) -> torch.Tensor:
+        nonlocal last, last_m, last_t, last_version, last_ptr, last_pack, last_source
+        n = w.shape[1] if kn else w.shape[0]
+        if not use_packed(m, x.shape[1], n, b is not None, t):
+            last = _NOTHING
+            last_m, last_t, last_pack, last_source = m, t, None, None
+            last = weakref.ref(w, forget)
+            return eager(x, w, b)
+        if not _servable(x, w) or changing_weight(w):
+            return eager(x, w, b)
+        made = False
+
+        def make() -> torch.Tensor:
+            nonlocal made
+            made = True
+            return _packer(w, kn)
+        pw = cached_pack(w, key, make)
+        if not made:  # a cache hit: the streak is 0, remember the pack
+            last = _NOTHING  # (the state changes under an empty fast path)
+            last_m, last_t, last_pack = m, t, pw
+            last_version, last_ptr, last_source = w._version, w.data_ptr(), w.detach()
+            last = weakref.ref(w, forget)
+        assert _LINEAR_FN is not None
+        return _LINEAR_FN(x, pw, None if b is None else b.contiguous(), attr, [], algorithm)
 
     def call(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        if _packed_ok(x, w):
-            y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-                x, cached_pack(w, key, pack(w)), None if b is None else b.contiguous(), attr,
-                [], algorithm)
-            return y
-        wt = w if kn else w.t()
-        return eager(torch.mm(x, wt) if b is None else torch.addmm(b, x, wt))
+        m = x.shape[0]
+        t = torch.get_num_threads()
+        if w is last() and m == last_m and t == last_t:
+            pw = last_pack
+            if pw is None:  # addmm (eager's body: a frame less)
+                if kn:
+                    y = mm(x, w) if b is None else addmm(b, x, w)
+                else:
+                    y = flinear(x, w, b)
+                return fgelu(y) if gelu else y
+            if w._version == last_version and w.data_ptr() == last_ptr \
+                    and x.is_contiguous() and x.dtype is _F32 and x.is_cpu \
+                    and not (w.requires_grad and torch.is_grad_enabled()):
+                assert _LINEAR_FN is not None
+                return _LINEAR_FN(x, pw, None if b is None else b.contiguous(), attr, [],
+                                  algorithm)
+        return slow(x, w, b, m, t)
     return call
 
 
