@@ -6,6 +6,9 @@ convolution's input; results equal eager either way."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -225,3 +228,34 @@ def test_resnet_bottlenecks_take_the_in_place_path() -> None:
         torch.testing.assert_close(got, net(x), rtol=1e-4, atol=1e-4)
     assert [ok for op, ok in seen.calls if "_convolution_pointwise_" in op] == [True, True], \
         seen.calls
+
+
+_VERBOSE = """
+import torch
+import ember.inductor
+from ember.inductor.targets.cpu import packed
+call = packed.bind({"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1,
+                    "bias": True, "relu": True, "residual": True, "into_residual": True})
+x, r = torch.randn(2, 14, 14, 64), torch.randn(2, 14, 14, 256)
+w = torch.nn.Parameter(torch.randn(256, 64, 1, 1) / 8, requires_grad=False)
+b = torch.randn(256)
+call(x, w, b, r.clone())
+print("TIMED", flush=True)
+ptr = r.data_ptr()
+y = call(x, w, b, r)
+assert y.data_ptr() == ptr
+print("DONE", flush=True)
+"""
+
+
+def test_the_in_place_call_is_one_fused_convolution() -> None:
+    """oneDNN adds into the residual as the convolution's own sum post-op (one primitive),
+    not torch's fallback (a separate output, then an add: what the in-place form does when it
+    cannot fuse, which would allocate anyway)."""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", _VERBOSE], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    part = out.split("TIMED")[1].split("DONE")[0]
+    execs = [ln for ln in part.splitlines() if ln.startswith("onednn_verbose,v1,primitive,exec")]
+    assert len(execs) == 1 and ",convolution," in execs[0] \
+        and "attr-post-ops:sum" in execs[0], part
