@@ -18,7 +18,7 @@ import ctypes
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,11 +38,21 @@ class LoadedKernel:
     fn: Any  # a ctypes function ("pointer") or a Python callable ("tensor")
     abi: str = "pointer"
     take_errors: Callable[[], Any] | None = None  # nonzero: the kernel divided by zero
+    # "pointer": (fn, argument count) -> a cheaper callable of the same ints, or None (the
+    # ctypes call then; targets/cpu/trampoline.py), made once per count
+    fast: Callable[[Any, int], Callable[..., Any] | None] | None = None
+    _callers: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def launcher(self, nargs: int, nsizes: int = 0) -> Callable[..., Any]:
         """The callable to call with `nargs` buffers converted by `arg`, then `nsizes` ints
         (the values of the size symbols the kernel takes: kernels.call's sizes=)."""
         if self.abi == "pointer":
+            count = nargs + nsizes
+            if self.fast is not None:
+                if count not in self._callers:
+                    self._callers[count] = self.fast(self.fn, count)
+                if self._callers[count] is not None:
+                    return self._callers[count]  # type: ignore[no-any-return]
             self.fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_int64] * nsizes
             self.fn.restype = None
         return self.fn  # type: ignore[no-any-return]

@@ -33,7 +33,7 @@ from ember.inductor.codegen import (
 from ember.inductor.launch import LoadedKernel
 from ember.inductor.sanitize import kernel_symbol
 from ember.inductor.targets import require_device
-from ember.inductor.targets.cpu import cache
+from ember.inductor.targets.cpu import cache, trampoline
 from ember.inductor.targets.cpu.cpp import PRELUDE, CodegenError
 from ember.inductor.targets.cpu.inplace import inplace_inputs
 from ember.inductor.targets.cpu.kernel import kernel_source_sizes
@@ -95,7 +95,8 @@ def load_cpp(m: Module, blocks: list[Kernel]) -> dict[str, LoadedKernel]:
                 fn.restype = None
                 checks = any(op in k.source for op in _CHECKED_OPS)
                 table[k.name] = LoadedKernel(fn, "pointer",
-                                             lib.ember_take_errors if checks else None)
+                                             lib.ember_take_errors if checks else None,
+                                             fast=trampoline.caller)
     return table
 
 
