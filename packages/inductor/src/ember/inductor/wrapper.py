@@ -15,6 +15,8 @@ input's view with numeric coefficients) they are written into the source instead
 on a tiny transformer these per-call helpers were a fifth of the wrapper's time. A graph with
 static shapes checks all its tensor inputs in one call where the runtime registered its C
 checker (inputcheck.py), the per-input checks and copies running only where that check fails.
+A kernel call on graph inputs alone (BatchNorm's folded scale and shift on the parameters)
+runs only where those inputs changed since its last run (paramcache.py).
 
 A graph with symbolic sizes binds its symbols once per call from the inputs' shapes (a few
 attribute reads, `bind_sizes`), checks them against their declared ranges, and evaluates its
@@ -39,6 +41,7 @@ from typing import Any
 import sympy
 import torch
 
+from ember.inductor import paramcache
 from ember.inductor.buffers import last_uses, out_call
 from ember.inductor.inputcheck import InputCheck
 from ember.inductor.launch import LoadedKernel, kernel, load_module, out_buffer, strided_view
@@ -162,6 +165,8 @@ class _Gen:
         self.bound: list[str] = []  # the size symbols bound so far, as Python names
         self.batched = False  # the inputs' checks behind one batch check (`_ok`)
         self.kernel_only: set[Value] = set()  # inputs contiguous once checked (batch_check)
+        self.cached: set[int] = set()  # kernel calls kept between calls (paramcache.py)
+        self.kept: set[Value] = set()  # what may alias their results: never reused
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -301,6 +306,10 @@ class _Gen:
             if isinstance(p.type, TensorType):
                 self.check(n, p.type, f"input %{p.name}")
         self.batch_check(params, start)
+        if paramcache.enabled() and not self.bound:
+            self.cached, self.kept = paramcache.cacheable(g)
+            self.ns["_store"] = paramcache.store
+            self.ns["_key"] = paramcache.key
         self.ns["_Tensor"] = torch.Tensor
         last = last_uses(g)
         for i, node in enumerate(g.nodes):
@@ -331,6 +340,7 @@ class _Gen:
         if self.table is None:
             self.table = load_module(self.m)
         k = kernel(self.table, ref.name)
+        start = len(self.lines)
         dev = node.kwargs.get("device", "cpu")
         device = self.const(torch.device(dev if isinstance(dev, str) else "cpu"))
         ins: list[str] = []
@@ -368,12 +378,18 @@ class _Gen:
             self.lines.append(f"    del {', '.join(copies)}")
         if k.take_errors is not None:
             self.lines.append(f"    {self.const(k.check)}()")
+        if i in self.cached:  # its inputs are graph inputs: run where they changed
+            slot = self.const([paramcache.empty(len(node.args) - 1)])
+            self.lines[start:] = paramcache.wrap(
+                self.lines[start:], slot, [self.arg(a) for a in node.args[1:]], outs)
 
     def alloc(self, name: str, r: Value, old: Any, dev: Any, device: str) -> None:
         """`name = ` a new buffer for result `r` (a tensor): `old`'s storage where reuse=
         names a dead buffer, else a new one."""
         assert isinstance(r.type, TensorType)
         shape, dt = _shape(r.type.shape), self.dtype(r.type)
+        if old in self.kept or r in self.kept:  # (a result kept between calls: paramcache)
+            old = None
         if isinstance(old, Value) and isinstance(old.type, TensorType):
             # a dead buffer's storage, as the interpreter's kernels.call takes it
             new = self.reused(old, r.type, dev, shape) or \

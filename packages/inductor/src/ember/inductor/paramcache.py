@@ -1,0 +1,177 @@
+"""Kernel calls that read only graph inputs: computed once, reused while those inputs are unchanged.
+
+A compiled module's parameters and buffers are graph inputs, and many kernels read nothing
+else: BatchNorm's per-channel scale and shift (rsqrt(var + eps) * gamma, beta - mean * scale)
+feeding a packed convolution or a linear, an attention bias's index table. Every call
+recomputed them: a launcher call and two allocations each (resnet50 53 such calls a forward,
+levit_128s ~120), and a serial kernel reading what the previous call's threads wrote. The
+wrapper (wrapper.py) now runs such a call only where its inputs changed since the last run:
+
+    _e = _pc7[0]
+    if _e[1][0]() is p2 and _e[1][1]() is p3 and \
+            _e[0] == (p2._version, p2.data_ptr(), p3._version, p3.data_ptr()):
+        v1_0, v1_1 = _e[2]
+    else:
+        _k = _key(_pc7, _e, (p2, p3))
+        ... the call as before ...
+        if _k is not None: _pc7[0] = _store(_e, _k, (p2, p3), (v1_0, v1_1))
+
+The key is each input's version counter (every in-place write through the tensor or a view
+of it bumps it: `running_var.add_(1)`, `copy_` under no_grad, `load_state_dict`) and data
+address, and the input itself, held weakly (a freed tensor whose address and version come
+back is not the same object). Taken before the kernel runs, so an input written by another
+thread meanwhile makes the next call miss. An inference-mode tensor has no version counter:
+its call is not kept. The entry is one tuple replaced by one store: a
+concurrent call sees the old entry or the new one, never half of one; two threads that miss
+together each use their own results. A write that bypasses the version counter (through
+`.data`, or by raw pointer) is not seen: the same contract as packed.py's and linear.py's
+weight packs, which key on (_version, data_ptr) too.
+
+Only calls whose results nothing writes later are cached: where plan-buffers gave such a
+call, or a later kernel call or out= extern, a dead buffer's storage that may alias a kept
+result (reuse=), the wrapper allocates a new buffer instead; a call whose result an extern
+writes over in place (INTO_FORMS) is not kept, nor one whose result may alias a graph output
+(a training forward's saved tensors are outputs, so a result autograd needs is never kept; an
+output handed to the caller may be written by them). Shapes static, CPU, the results at most
+MAX_BYTES (an entry holds them between calls).
+EMBER_PARAM_CACHE=0 turns it off (A/B comparisons); read when a wrapper is generated.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from ember.inductor.buffers import _aliases, out_call
+from ember.ir import Graph, Node, TensorType, Value
+
+ENV = "EMBER_PARAM_CACHE"
+MAX_BYTES = 4 << 20  # a cached call's results, all together: held between calls
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
+
+
+def _static_bytes(t: object) -> int | None:
+    if not isinstance(t, TensorType) or not all(isinstance(d, int) for d in t.shape):
+        return None
+    return math.prod(int(d) for d in t.shape) * t.dtype.torch.itemsize
+
+
+def _candidate(n: Node, params: set[Value]) -> bool:
+    """A kernels.call whose operands are graph inputs of static shape and whose results are
+    fresh CPU buffers of static shape, at most MAX_BYTES together."""
+    if n.op != "kernels.call" or not n.results:
+        return False
+    sizes = n.kwargs.get("sizes")
+    if isinstance(sizes, list) and not all(isinstance(s, int) for s in sizes):
+        return False
+    if n.kwargs.get("device", "cpu") != "cpu":
+        return False
+    for a in n.args[1:]:
+        if not isinstance(a, Value) or a not in params or _static_bytes(a.type) is None:
+            return False
+    total = 0
+    for r in n.results:
+        b = _static_bytes(r.type)
+        if b is None:
+            return False
+        total += b
+    return total <= MAX_BYTES
+
+
+def cacheable(g: Graph) -> tuple[set[int], set[Value]]:
+    """The indices of g's kernel calls whose results the wrapper may keep between calls, and
+    the values that may alias those results: the wrapper allocates afresh where a kept call
+    or a later kernel call or out= extern was planned (reuse=) onto such storage."""
+    params = set(g.params)
+    outputs = {o for o in g.outputs if isinstance(o, Value)}
+    # storage an op itself writes over (INTO_FORMS' reuse=[operand]), not the wrapper's
+    # allocation, which can be made fresh instead
+    into: set[Value] = set()
+    for n in g.nodes:
+        reuse = n.kwargs.get("reuse")
+        if n.op != "kernels.call" and isinstance(reuse, list) and out_call(n) is None:
+            into.update(r for r in reuse if isinstance(r, Value))
+    al = _aliases(g)  # per value: the kernel outputs and fresh extern results it may share
+    shared: dict[Value, set[Value]] = {}  # per owned buffer: the values that may alias it
+    for v, owners in al.items():
+        for o in owners:
+            shared.setdefault(o, set()).add(v)
+    out: set[int] = set()
+    kept: set[Value] = set()
+    for i, n in enumerate(g.nodes):
+        if not _candidate(n, params):
+            continue
+        alias = set().union(*(shared.get(r, {r}) for r in n.results))
+        if not alias & (outputs | into):
+            out.add(i)
+            kept |= alias
+    return out, kept
+
+
+# an entry: (key, the inputs held weakly, the results, misses with other inputs, the inputs'
+# storages held: a storage reassigned by `.data =` keeps the version counter, and its freed
+# address must not come back as the same key)
+Entry = tuple[Any, tuple[Any, ...], tuple[torch.Tensor, ...], int, tuple[torch.Tensor, ...]]
+MISSES = 3  # calls on new input tensors each time (a user's input, a backward's saved
+# tensors) stop being kept after this many: their entries would only hold memory
+
+
+def _dead() -> None:  # a weak reference that never matches (the identities are checked first)
+    return None
+
+
+def empty(n: int, misses: int = 0) -> Entry:
+    """An entry for a call of `n` inputs that matches no inputs."""
+    return (None, (_dead,) * n, (), misses, ())
+
+
+def key(slot: list[Entry], e: Entry, ins: tuple[torch.Tensor, ...]) -> tuple[int, ...] | None:
+    """The inputs' key, taken before the kernel runs (an input written meanwhile by another
+    thread makes the next call miss); None where the slot stores no more: turned off, or an
+    input without a version counter (an inference-mode tensor, which turns it off)."""
+    if e[3] >= MISSES:
+        return None
+    try:
+        return tuple(v for x in ins for v in (x._version, x.data_ptr()))
+    except RuntimeError:
+        slot[0] = empty(len(ins), MISSES)
+        return None
+
+
+def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
+          outs: tuple[torch.Tensor, ...]) -> Entry:
+    """The entry after a miss: the new results, unless the kernel's inputs keep being other
+    tensors (then an entry that never matches, holding nothing)."""
+    misses = old[3]
+    if old[0] is not None and not all(r() is x for r, x in zip(old[1], ins, strict=True)):
+        misses += 1  # (the same inputs, updated in place or reassigned: a parameter)
+    if misses >= MISSES:
+        return empty(len(ins), misses)
+    return (k, tuple(weakref.ref(x) for x in ins), outs, misses,
+            tuple(x.detach() for x in ins))
+
+
+def wrap(lines: list[str], slot: str, ins: list[str], outs: list[str]) -> list[str]:
+    """A kernel call's generated lines (`lines`: copies, allocations, the launch) run only
+    where the entry in `slot` (a one-item list) is not for inputs `ins`; outputs `outs`.
+    The inputs' identities are checked first: an input that is not the entry's own may have
+    no version counter."""
+    one = "," if len(ins) == 1 else ""
+    k = ", ".join(f"{x}._version, {x}.data_ptr()" for x in ins)
+    same = "".join(f"_e[1][{j}]() is {x} and " for j, x in enumerate(ins))
+    res = ", ".join(outs) + ("," if len(outs) == 1 else "")
+    tup = f"({', '.join(ins)}{one})"
+    return [f"    _e = {slot}[0]",
+            f"    if {same}_e[0] == ({k}{one}):",
+            f"        {res} = _e[2]",
+            "    else:",
+            f"        _k = _key({slot}, _e, {tup})",
+            *("    " + x for x in lines),
+            f"        if _k is not None: {slot}[0] = _store(_e, _k, {tup}, ({res}))"]
