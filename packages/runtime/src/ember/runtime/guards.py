@@ -55,12 +55,23 @@ class _Namespace:
         return name
 
 
+# per class: its MRO when last read, and the dict base found in it (_new_object)
+_DICT_BASES: dict[type, tuple[tuple[type, ...], Any]] = {}
+
+
 def _new_object(cls: type, attrs: dict[str, Any],
                 items: list[tuple[Any, Any]] | None = None) -> Any:
     if items is None:
         obj: Any = object.__new__(cls)
     else:  # a dict subclass (a ModelOutput): contents set through the dict base's own methods
-        base: Any = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections"))
+        # (the base is looked up again only where the class's MRO is another tuple, i.e. its
+        # `__bases__` were reassigned: the walk over the MRO cost ~10-30 us per call, cold)
+        mro = cls.__mro__
+        got = _DICT_BASES.get(cls)
+        if got is None or got[0] is not mro:
+            got = _DICT_BASES[cls] = (mro, next(
+                b for b in mro if b.__module__ in ("builtins", "collections")))
+        base: Any = got[1]
         obj = base.__new__(cls)
         for k, v in items:
             base.__setitem__(obj, k, v)
