@@ -77,6 +77,7 @@ typedef struct {
   uintptr_t* lines;  // the cache lines they span, sorted, each once: prefetched per run
   Py_ssize_t nlines;
   uint64_t runs;
+  Py_ssize_t recorded;  // runs that recorded (records())
 } Program;
 
 static PyObject *s_cell_contents, *s_get, *s_code;
@@ -114,11 +115,16 @@ static Py_ssize_t keys_lines(const void* k) {
 #endif
 }
 
+// whether run number `r` records what it reads: runs 0, 1, 64, 4096, 262144, ... (a
+// recording run sorts its lines, ~1 ms for a large model: paid ever more rarely); none
+// without the GIL (p->lines is shared)
+static int records(uint64_t r) {
 #ifdef Py_GIL_DISABLED
-#define RECORD_EVERY 0xFFFFFFFFFFFFFFFFull  // (no recording without the GIL: lines is shared)
+  return 0;
 #else
-#define RECORD_EVERY 64
+  return r == 0 || ((r & (r - 1)) == 0 && __builtin_ctzll(r) % 6 == 0);
 #endif
+}
 
 static int cmp_addr(const void* a, const void* b) {
   uintptr_t x = *(const uintptr_t*)a, y = *(const uintptr_t*)b;
@@ -172,11 +178,11 @@ static PyObject* run(Program* p, PyObject* const* args) {
   // between two calls evicts them), each is a serial cache miss, most of a large check's
   // time. So the addresses the last run read are prefetched first, all at once: a hint (a
   // stale or freed address is harmless; what the run computes does not depend on it).
-  // What a run reads is recorded on the first run and every RECORD_EVERY-th after (the
-  // objects are a model's modules and parameters: the same from call to call).
+  // What a run reads is recorded on a few runs (records(): the objects are a model's modules
+  // and parameters, the same from call to call).
   for (Py_ssize_t i = 0; i < p->nlines; i++) __builtin_prefetch((const char*)p->lines[i]);
   uintptr_t* tr = p->trace;
-  Py_ssize_t nt = 0, tcap = p->runs++ % RECORD_EVERY == 0 ? p->tcap : 0;
+  Py_ssize_t nt = 0, tcap = records(p->runs++) ? p->tcap : 0;
   PyObject* last_dict = NULL;
   PyObject* result = NULL;
   Py_ssize_t fail = -1;
@@ -313,7 +319,7 @@ error:
 failed:
   p->failed = fail;
 done:
-  if (nt) settle_lines(p, nt);
+  if (nt) { settle_lines(p, nt); p->recorded++; }
   for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(regs[i]);
   if (regs != small) PyMem_Free(regs);
   if (fail != -1) return PyObject_Vectorcall(p->full, args, 3, NULL);
@@ -346,6 +352,7 @@ static PyObject* program_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   Program* p = (Program*)type->tp_alloc(type, 0);
   if (!p) { PyMem_Free(trace); return NULL; }
   p->trace = trace; p->tcap = tcap; p->lines = NULL; p->nlines = 0; p->runs = 0;
+  p->recorded = 0;
   Py_INCREF(code); Py_INCREF(consts); Py_INCREF(full);
   p->code = code; p->consts = consts; p->full = full; p->nregs = nregs; p->failed = -1;
   p->vectorcall = program_vectorcall;
@@ -374,10 +381,12 @@ static void program_dealloc(Program* p) {
 static PyObject* program_failed(Program* p, void*) { return PyLong_FromSsize_t(p->failed); }
 
 static PyObject* program_lines(Program* p, void*) { return PyLong_FromSsize_t(p->nlines); }
+static PyObject* program_recorded(Program* p, void*) { return PyLong_FromSsize_t(p->recorded); }
 
 static PyGetSetDef program_getset[] = {
   {"failed", (getter)program_failed, NULL, "the last failing check's ordinal", NULL},
   {"prefetched", (getter)program_lines, NULL, "cache lines prefetched per run", NULL},
+  {"recorded", (getter)program_recorded, NULL, "runs that recorded their reads", NULL},
   {NULL, NULL, NULL, NULL, NULL}};
 
 static PyTypeObject ProgramType = {PyVarObject_HEAD_INIT(NULL, 0)};
