@@ -6,6 +6,8 @@ argument types, and the compiled results equal eager's."""
 from __future__ import annotations
 
 import ctypes
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -77,3 +79,25 @@ def test_the_wrappers_kernel_lines_call_it() -> None:
     x, y = torch.randn(6, 10, generator=g), torch.randn(10, generator=g)
     (out,) = w.call([x, y]).outputs
     torch.testing.assert_close(out, torch.relu(x * y))
+
+
+def test_a_corrupt_cache_entry_of_the_caller_is_rebuilt(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's library is looked up in the kernel cache as kernels are (not kept because
+    the process loaded it once): a damaged entry is rebuilt on the next lookup."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    cache.forget_loaded()
+    try:
+        assert trampoline.caller(_sum_kernel(2), 2) is not None
+        src = trampoline._library_source()
+        assert src is not None
+        meta = tmp_path / "inductor" / f"{cache.cache_key(src)}.json"
+        meta.write_text("[1, 2]")
+        cache.forget_loaded()
+        call = trampoline.caller(_sum_kernel(2), 2)
+        assert call is not None and isinstance(json.loads(meta.read_text()), dict)
+        out = torch.zeros(1, dtype=torch.int64)
+        call(out.data_ptr(), 7)
+        assert int(out) == 7
+    finally:
+        cache.forget_loaded()

@@ -89,20 +89,35 @@ extern "C" PyObject* ember_kernel_caller(PyObject* info, const char* name) {{
 
 
 @functools.cache
-def _maker() -> Callable[[bytes, bytes], Any] | None:
-    """The library's caller factory, or None where it cannot be built here."""
+def _library_source() -> str | None:
+    """The caller's C++ source, or None where it cannot be built here."""
     include = sysconfig.get_paths().get("include")
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64") or not include \
             or not (Path(include) / "Python.h").is_file() or '"' in include:
         return None
+    return _source(include)
+
+
+_MAKERS: dict[str, Any] = {}  # library path -> its caller factory
+
+
+def _maker() -> Callable[[bytes, bytes], Any] | None:
+    """The library's caller factory, or None where it cannot be built here. Looked up in the
+    kernel cache each time (once per kernel and argument count), as kernels are: an entry
+    found corrupt is rebuilt, not kept because this process loaded it once."""
+    src = _library_source()
+    if src is None:
+        return None
     try:
-        lib = cache.load(_source(include))
+        lib = cache.load(src)
     except cache.CompileError:
         return None
-    fn = ctypes.PyDLL(lib._name).ember_kernel_caller  # (PyDLL: called holding the GIL)
-    fn.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    fn.restype = ctypes.py_object
-    return fn
+    if lib._name not in _MAKERS:
+        fn = ctypes.PyDLL(lib._name).ember_kernel_caller  # (PyDLL: called holding the GIL)
+        fn.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        fn.restype = ctypes.py_object
+        _MAKERS[lib._name] = fn
+    return _MAKERS[lib._name]  # type: ignore[no-any-return]
 
 
 def caller(fn: Any, nargs: int) -> Callable[..., None] | None:
