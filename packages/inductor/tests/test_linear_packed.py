@@ -292,3 +292,37 @@ def test_the_remembered_pack_dies_with_its_weight(threads: None) -> None:
     del w
     gc.collect()
     assert pack() is None
+
+
+class _SwitchingParam(torch.nn.Parameter):
+    """A parameter whose next detach() first runs `during` once: what another Python thread
+    may do there (torch's detach releases the GIL), made deterministic."""
+
+    during: Any = None
+
+    def detach(self) -> torch.Tensor:  # type: ignore[override]
+        hook, type(self).during = type(self).during, None
+        if hook is not None:
+            hook()
+        return super().detach()
+
+
+@needs_mkldnn
+def test_a_call_between_two_remembers_one_weight_with_its_own_pack(threads: None) -> None:
+    """The bound call remembers its last weight and that weight's pack as one state: a call
+    with another weight landing while it is being remembered (another thread, in w.detach())
+    leaves either call's state, never one weight with the other's pack (wrong results)."""
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = (_SwitchingParam(torch.randn(256, 128, generator=g), requires_grad=False)
+              for _ in range(2))
+    x = torch.randn(64, 128, generator=g)  # 2M: oneDNN
+    call = linear.bind({})
+    with torch.no_grad():
+        for w in (w2, w2, w1):  # both packs made (w1's made by this call: not remembered)
+            call(x, w)
+        _SwitchingParam.during = lambda: call(x, w2)  # lands while w1's pack is remembered
+        torch.testing.assert_close(call(x, w1), F.linear(x, w1))
+        assert _SwitchingParam.during is None
+        for w in (w1, w1, w2, w1):  # the remembered state serves each weight its own pack
+            torch.testing.assert_close(call(x, w), F.linear(x, w))

@@ -147,6 +147,10 @@ class _Gone:
 
 
 _NOTHING: weakref.ref[Any] = weakref.ref(_Gone())  # a dead reference: the empty fast path
+# a bound call's remembered state (`bind`): weight (weakly), rows, threads, pack (None: addmm),
+# the weight's version and data pointer, its packed-from data
+_State = tuple[weakref.ref[Any], int, int, torch.Tensor | None, int, int, torch.Tensor | None]
+_EMPTY: _State = (_NOTHING, -1, -1, None, -1, -1, None)
 
 
 def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
@@ -168,15 +172,16 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     gelu = act is not None
     key = (LINEAR_OP, "kn") if kn else (LINEAR_OP,)
     mm, addmm, flinear, fgelu = torch.mm, torch.addmm, torch.nn.functional.linear, _EAGER[act]
-    last: weakref.ref[Any] = _NOTHING
-    last_m = last_t = last_version = last_ptr = -1
-    last_pack: torch.Tensor | None = None
-    last_source: torch.Tensor | None = None
+    # the last call's (weight, weakly; rows; threads; pack or None: addmm; the weight's version
+    # and data pointer; its packed-from data): one tuple, replaced whole, so that a call in
+    # another Python thread reads one call's state, never a mix (the GIL passes inside
+    # w.detach(): separate fields let a call remember one weight with another's pack)
+    state: _State = _EMPTY
 
     def forget(ref: weakref.ref[Any]) -> None:  # the remembered weight died
-        nonlocal last_pack, last_source
-        if ref is last:
-            last_pack = last_source = None
+        nonlocal state
+        if ref is state[0]:
+            state = _EMPTY
 
     def eager(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
         if kn:
@@ -187,12 +192,10 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
 
     def slow(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, m: int,
              t: int) -> torch.Tensor:
-        nonlocal last, last_m, last_t, last_version, last_ptr, last_pack, last_source
+        nonlocal state
         n = w.shape[1] if kn else w.shape[0]
         if not use_packed(m, x.shape[1], n, b is not None, t):
-            last = _NOTHING
-            last_m, last_t, last_pack, last_source = m, t, None, None
-            last = weakref.ref(w, forget)
+            state = (weakref.ref(w, forget), m, t, None, -1, -1, None)
             return eager(x, w, b)
         if not _servable(x, w) or changing_weight(w):
             return eager(x, w, b)
@@ -204,25 +207,23 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
             return _packer(w, kn)
         pw = cached_pack(w, key, make)
         if not made:  # a cache hit: the streak is 0, remember the pack
-            last = _NOTHING  # (the state changes under an empty fast path)
-            last_m, last_t, last_pack = m, t, pw
-            last_version, last_ptr, last_source = w._version, w.data_ptr(), w.detach()
-            last = weakref.ref(w, forget)
+            state = (weakref.ref(w, forget), m, t, pw, w._version, w.data_ptr(), w.detach())
         assert _LINEAR_FN is not None
         return _LINEAR_FN(x, pw, None if b is None else b.contiguous(), attr, [], algorithm)
 
     def call(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
         m = x.shape[0]
         t = torch.get_num_threads()
-        if w is last() and m == last_m and t == last_t:
-            pw = last_pack
+        s = state  # (one read: see `state`)
+        if w is s[0]() and m == s[1] and t == s[2]:
+            pw = s[3]
             if pw is None:  # addmm (eager's body: a frame less)
                 if kn:
                     y = mm(x, w) if b is None else addmm(b, x, w)
                 else:
                     y = flinear(x, w, b)
                 return fgelu(y) if gelu else y
-            if w._version == last_version and w.data_ptr() == last_ptr \
+            if w._version == s[4] and w.data_ptr() == s[5] \
                     and x.is_contiguous() and x.dtype is _F32 and x.is_cpu \
                     and not (w.requires_grad and torch.is_grad_enabled()):
                 assert _LINEAR_FN is not None
