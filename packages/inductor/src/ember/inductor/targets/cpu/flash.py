@@ -359,6 +359,14 @@ def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
 def _torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
            is_causal: bool, attn_mask: torch.Tensor | None, scale: float | None
            ) -> tuple[torch.Tensor, torch.Tensor]:
+    if q.dim() == 4 and k.dim() == 4 and v.dim() == 4 \
+            and (q.shape[1] == 0 or q.shape[2] == 0 or k.shape[2] == 0):
+        # no heads, queries or keys: torch's kernel divides by them (SIGFPE, killing the
+        # process, torch 2.13); eager's SDPA gives an empty result, or zeros without keys
+        # (their logsumexp: -inf)
+        b, h, n, ev = q.shape[0], q.shape[1], q.shape[2], v.shape[3]
+        return q.new_zeros(b, h, n, ev), torch.full(
+            (b, h, n), float("-inf"), dtype=torch.promote_types(q.dtype, torch.float32))
     # torch's kernel reads a head's features as contiguous (eager's SDPA hands it such
     # views): given a strided last dim it returned wrong values
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
