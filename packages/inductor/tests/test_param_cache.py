@@ -111,8 +111,9 @@ def test_results_follow_in_place_updates_of_parameters_and_buffers(hows: list[st
 
 def test_the_scale_and_shift_kernels_are_cached_and_skipped(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The BN kernels are wrapped; a write the version counter does not see (through `.data`,
-    outside the contract) shows that the second call reused the first call's scale."""
+    """The BN kernels are wrapped; a write to a Parameter the version counter does not see
+    (through `.data`, outside the contract) shows that the second call reused the first call's
+    scale."""
     net = _net()
     f, sources = _compiled(net, monkeypatch)
     x = torch.randn(2, 3, 6, 6)
@@ -120,10 +121,32 @@ def test_the_scale_and_shift_kernels_are_cached_and_skipped(
         want = net(x)
         torch.testing.assert_close(f(x), want)
         assert sources and "_store(" in sources[0]
+        net.bn.weight.data.add_(5)  # (a Parameter's new version counter: invisible)
+        torch.testing.assert_close(f(x), want)  # the kept scale: the old weight
+        net.bn.weight.add_(0)  # a tracked write: recomputed
+        torch.testing.assert_close(f(x), net(x))
+
+
+@pytest.mark.parametrize("how", ["eager train forward", "buffer .data write"])
+def test_buffers_are_compared_by_value(how: str) -> None:
+    """torch's batch norm in training mode updates running_mean/var without bumping their
+    version counters (an eager train-mode forward: swa_utils.update_bn, BN recalibration): a
+    kept scale over a buffer must still follow its values (failed before the comparison)."""
+    net = _net()
+    f = ember_compile(net)
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), net(x))
         var, _ = _bn_bufs(net.bn)
-        var.data.add_(5)  # (a new version counter: invisible to the cache)
-        torch.testing.assert_close(f(x), want)  # the kept scale: the old variance
-        var.add_(0)  # a tracked write: recomputed
+        v = var._version
+        if how == "eager train forward":
+            net.train()
+            net(x * 3 + 1)
+            net.eval()
+            assert var._version == v  # (what makes the version key blind to it)
+        else:
+            var.data.add_(5)
+        torch.testing.assert_close(f(x), net(x))
         torch.testing.assert_close(f(x), net(x))
 
 

@@ -9,7 +9,8 @@ wrapper (wrapper.py) now runs such a call only where its inputs changed since th
 
     _e = _pc7[0]
     if _e[1][0]() is p2 and _e[1][1]() is p3 and \
-            _e[0] == (p2._version, p2.data_ptr(), p3._version, p3.data_ptr()):
+            _e[0] == (p2._version, p2.data_ptr(), p3._version, p3.data_ptr()) \
+            and _same(_e[5], (p2, p3)):
         v1_0, v1_1 = _e[2]
     else:
         _k = _key(_pc7, _e, (p2, p3))
@@ -25,7 +26,11 @@ its call is not kept. The entry is one tuple replaced by one store: a
 concurrent call sees the old entry or the new one, never half of one; two threads that miss
 together each use their own results. A write that bypasses the version counter (through
 `.data`, or by raw pointer) is not seen: the same contract as packed.py's and linear.py's
-weight packs, which key on (_version, data_ptr) too.
+weight packs, which key on (_version, data_ptr) too. An input that is not an `nn.Parameter`
+is also compared by value with a copy taken when the entry was stored: torch's batch norm in
+training mode updates `running_mean`/`running_var` in place WITHOUT bumping their version
+counters (an eager train-mode forward, `swa_utils.update_bn`, BN recalibration), so a buffer's
+version does not show its contents changed (~2 us a buffer a call: torch.equal).
 
 Only calls whose results nothing writes later are cached: where plan-buffers gave such a
 call, or a later kernel call or out= extern, a dead buffer's storage that may alias a kept
@@ -117,8 +122,10 @@ def cacheable(g: Graph) -> tuple[set[int], set[Value]]:
 
 # an entry: (key, the inputs held weakly, the results, misses with other inputs, the inputs'
 # storages held: a storage reassigned by `.data =` keeps the version counter, and its freed
-# address must not come back as the same key)
-Entry = tuple[Any, tuple[Any, ...], tuple[torch.Tensor, ...], int, tuple[torch.Tensor, ...]]
+# address must not come back as the same key; per input, None for a Parameter, else a copy of
+# its values when stored: compared on every hit, see the module docstring)
+Entry = tuple[Any, tuple[Any, ...], tuple[torch.Tensor, ...], int, tuple[torch.Tensor, ...],
+              tuple[torch.Tensor | None, ...]]
 MISSES = 3  # calls on new input tensors each time (a user's input, a backward's saved
 # tensors) stop being kept after this many: their entries would only hold memory
 
@@ -129,7 +136,7 @@ def _dead() -> None:  # a weak reference that never matches (the identities are 
 
 def empty(n: int, misses: int = 0) -> Entry:
     """An entry for a call of `n` inputs that matches no inputs."""
-    return (None, (_dead,) * n, (), misses, ())
+    return (None, (_dead,) * n, (), misses, (), ())
 
 
 def key(slot: list[Entry], e: Entry, ins: tuple[torch.Tensor, ...]) -> tuple[int, ...] | None:
@@ -155,7 +162,17 @@ def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
     if misses >= MISSES:
         return empty(len(ins), misses)
     return (k, tuple(weakref.ref(x) for x in ins), outs, misses,
-            tuple(x.detach() for x in ins))
+            tuple(x.detach() for x in ins),
+            tuple(None if type(x) is torch.nn.Parameter else x.detach().clone() for x in ins))
+
+
+def same(snaps: tuple[torch.Tensor | None, ...], ins: tuple[torch.Tensor, ...]) -> bool:
+    """Whether each input that is not a Parameter still holds the values stored with the
+    entry (a buffer batch norm updated in training mode keeps its version counter)."""
+    for s, x in zip(snaps, ins, strict=True):
+        if s is not None and not torch.equal(s, x):
+            return False
+    return True
 
 
 def wrap(lines: list[str], slot: str, ins: list[str], outs: list[str]) -> list[str]:
@@ -169,7 +186,7 @@ def wrap(lines: list[str], slot: str, ins: list[str], outs: list[str]) -> list[s
     res = ", ".join(outs) + ("," if len(outs) == 1 else "")
     tup = f"({', '.join(ins)}{one})"
     return [f"    _e = {slot}[0]",
-            f"    if {same}_e[0] == ({k}{one}):",
+            f"    if {same}_e[0] == ({k}{one}) and _same(_e[5], {tup}):",
             f"        {res} = _e[2]",
             "    else:",
             f"        _k = _key({slot}, _e, {tup})",

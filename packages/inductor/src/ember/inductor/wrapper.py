@@ -310,6 +310,7 @@ class _Gen:
             self.cached, self.kept = paramcache.cacheable(g)
             self.ns["_store"] = paramcache.store
             self.ns["_key"] = paramcache.key
+            self.ns["_same"] = paramcache.same
         self.ns["_Tensor"] = torch.Tensor
         last = last_uses(g)
         for i, node in enumerate(g.nodes):
