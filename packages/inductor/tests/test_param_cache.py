@@ -299,3 +299,30 @@ def test_training_steps_match_eager() -> None:
         net.v.mul_(0.5)
         ref.v.mul_(0.5)
         torch.testing.assert_close(f(x), ref(x))
+
+
+def test_a_large_caller_input_is_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel turning the caller's image channels-last reads a graph input alone: kept, a
+    benchmark passing the same tensor each call would skip it, and every call would compare
+    the whole image. Inputs over COMPARED_BYTES that are not Parameters are never kept; the
+    BatchNorm scale and shift still are."""
+    from ember.inductor import paramcache
+    seen: list[tuple[tuple[torch.Tensor, ...], Any]] = []
+    orig = paramcache.store
+
+    def store(old: Any, k: Any, ins: tuple[torch.Tensor, ...], outs: Any) -> Any:
+        e = orig(old, k, ins, outs)
+        seen.append((ins, e))
+        return e
+    monkeypatch.setattr(paramcache, "store", store)
+    net = _net()
+    f = ember_compile(net)
+    x = torch.randn(200, 3, 6, 6)  # 86 KB
+    assert x.numel() * 4 > paramcache.COMPARED_BYTES
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(f(x), net(x))
+    with_x = [e for ins, e in seen if any(i is x for i in ins)]
+    others = [e for ins, e in seen if not any(i is x for i in ins)]
+    assert others and all(e[2] for e in others)  # the BN kernels: kept
+    assert all(e[2] == () for e in with_x)  # the image's kernel: never

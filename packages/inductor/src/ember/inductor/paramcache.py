@@ -30,7 +30,8 @@ weight packs, which key on (_version, data_ptr) too. An input that is not an `nn
 is also compared by value with a copy taken when the entry was stored: torch's batch norm in
 training mode updates `running_mean`/`running_var` in place WITHOUT bumping their version
 counters (an eager train-mode forward, `swa_utils.update_bn`, BN recalibration), so a buffer's
-version does not show its contents changed (~2 us a buffer a call: torch.equal).
+version does not show its contents changed (~2 us a buffer a call: torch.equal); a call whose
+non-Parameter inputs exceed COMPARED_BYTES (a caller's input image) is never kept.
 
 Only calls whose results nothing writes later are cached: where plan-buffers gave such a
 call, or a later kernel call or out= extern, a dead buffer's storage that may alias a kept
@@ -56,6 +57,9 @@ from ember.ir import Graph, Node, TensorType, Value
 
 ENV = "EMBER_PARAM_CACHE"
 MAX_BYTES = 4 << 20  # a cached call's results, all together: held between calls
+# a cached call's inputs that are not Parameters, all together: compared by value every hit
+# (BatchNorm's running stats: a few KB; a model's input image: MBs, never kept)
+COMPARED_BYTES = 64 << 10
 
 
 def enabled() -> bool:
@@ -161,6 +165,12 @@ def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
         misses += 1  # (the same inputs, updated in place or reassigned: a parameter)
     if misses >= MISSES:
         return empty(len(ins), misses)
+    if sum(x.numel() * x.element_size() for x in ins
+           if type(x) is not torch.nn.Parameter) > COMPARED_BYTES:
+        # a large input that is not a Parameter is the caller's data (an image the kernel
+        # turns channels-last): comparing it every call costs what the kernel does, and a
+        # caller passing the same tensor each time (a benchmark) would skip the work
+        return empty(len(ins), MISSES)
     return (k, tuple(weakref.ref(x) for x in ins), outs, misses,
             tuple(x.detach() for x in ins),
             tuple(None if type(x) is torch.nn.Parameter else x.detach().clone() for x in ins))
