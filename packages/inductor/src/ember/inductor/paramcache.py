@@ -165,15 +165,21 @@ def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
         misses += 1  # (the same inputs, updated in place or reassigned: a parameter)
     if misses >= MISSES:
         return empty(len(ins), misses)
-    if sum(x.numel() * x.element_size() for x in ins
-           if type(x) is not torch.nn.Parameter) > COMPARED_BYTES:
-        # a large input that is not a Parameter is the caller's data (an image the kernel
-        # turns channels-last): comparing it every call costs what the kernel does, and a
-        # caller passing the same tensor each time (a benchmark) would skip the work
-        return empty(len(ins), MISSES)
+    snaps: list[torch.Tensor | None] = []
+    compared = 0
+    for x in ins:  # one pass: the non-Parameters' size cap and their copies
+        if type(x) is torch.nn.Parameter:
+            snaps.append(None)
+            continue
+        compared += x.numel() * x.element_size()
+        if compared > COMPARED_BYTES:
+            # a large input that is not a Parameter is the caller's data (an image the kernel
+            # turns channels-last): comparing it every call costs what the kernel does, and a
+            # caller passing the same tensor each time (a benchmark) would skip the work
+            return empty(len(ins), MISSES)
+        snaps.append(x.detach().clone())
     return (k, tuple(weakref.ref(x) for x in ins), outs, misses,
-            tuple(x.detach() for x in ins),
-            tuple(None if type(x) is torch.nn.Parameter else x.detach().clone() for x in ins))
+            tuple(x.detach() for x in ins), tuple(snaps))
 
 
 def same(snaps: tuple[torch.Tensor | None, ...], ins: tuple[torch.Tensor, ...]) -> bool:
