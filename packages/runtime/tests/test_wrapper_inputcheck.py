@@ -117,11 +117,39 @@ def test_any_input_the_batch_check_refuses_runs_the_per_input_path(
         _same(w.call(ins), m, ins)
 
 
-def test_a_first_call_with_a_strided_input_learns_nothing() -> None:
+def test_a_first_call_with_a_strided_input_learns_on_a_later_call() -> None:
+    """A first call with a transposed input learns nothing from it, but the check tries
+    again on later calls (calls 2, 4, 8, ...: a caller that always passes strided inputs
+    pays a learning attempt ever more rarely), so a caller whose first call alone was
+    strided gets the batch check from its second call on."""
     m = module()
     w = generate(m, "f")
+    ic = w.call.__globals__["_ic"]
     x, wt, b = inputs(3)
     ins = [x, wt.t().contiguous().t(), b]
     _same(w.call(ins), m, ins)
-    assert not w.call.__globals__["_ic"].learned
-    _same(w.call(inputs(4)), m, inputs(4))  # (per input from now on, still right)
+    assert not ic.learned
+    _same(w.call(inputs(4)), m, inputs(4))
+    assert ic.learned
+    _same(w.call(ins), m, ins)  # (still refused once learned: the per-input path)
+
+
+def test_always_strided_inputs_try_to_learn_ever_more_rarely(monkeypatch: Any) -> None:
+    m = module()
+    w = generate(m, "f")
+    ic = w.call.__globals__["_ic"]
+    tries: list[int] = []
+    calls = [0]
+    real = ic._learn
+
+    def counted(types: Any, ts: Any, spec: Any) -> bool:
+        tries.append(calls[0])
+        return real(types, ts, spec)
+    monkeypatch.setattr(ic, "_learn", counted)
+    ic.check = counted  # (the unlearned check the first call runs)
+    x, wt, b = inputs(5)
+    ins = [x, wt.t().contiguous().t(), b]
+    for k in range(1, 40):
+        calls[0] = k
+        _same(w.call(ins), m, ins)
+    assert tries == [1, 2, 4, 8, 16, 32] and not ic.learned

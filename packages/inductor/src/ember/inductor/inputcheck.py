@@ -12,9 +12,11 @@ strides, so the per-input checks and the kernels' `.contiguous()` calls are skip
 the wrapper runs them all as before (same errors, same copies; the checks as one loop,
 `InputCheck.each`).
 
-The spec is learned on the first call whose inputs all have their declared dtype, shape and
-device, contiguous strides and a checked type; until then (and where no checker is registered,
-or the module cannot read a tensor) every call takes the per-input path.
+The spec is learned from a call whose inputs all have their declared dtype, shape and device,
+contiguous strides and a checked type: tried on the first call, then, while calls do not fit,
+on calls 2, 4, 8, 16, ... (a first call with a transposed input alone still learns on the
+next; a caller always passing strided inputs pays an attempt ever more rarely). Until then
+(and where no checker is registered) every call takes the per-input path.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class InputCheck:
         self.spec = b""
         self.check: Callable[[Any, tuple[Any, ...], bytes], bool] = self._learn
         self.learned = False
+        self._wait = 0  # calls left before the next attempt to learn (`_later`)
+        self._tries = 0
 
     def each(self, ts: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The per-input checks, where the batch check did not pass: every input a tensor,
@@ -83,10 +87,22 @@ class InputCheck:
             return None
         return tuple(ts[k].contiguous() for k in self.copies)
 
+    def _later(self, types: Any, ts: tuple[Any, ...], spec: Any) -> bool:
+        """The check until learned, after a call that did not fit: the next attempt after
+        as many calls as were made before it (2, 4, 8, ...)."""
+        self._wait -= 1
+        return self._learn(types, ts, spec) if self._wait <= 0 else False
+
+    def _retry(self) -> bool:
+        self._tries += 1
+        self._wait = 1 << (self._tries - 1)
+        self.check = self._later
+        return False
+
     def _learn(self, types: Any, ts: tuple[Any, ...], spec: Any) -> bool:
-        """The first call: the spec from these inputs where each is as declared and
-        contiguous (then later calls take the C check); False either way (this call runs the
-        per-input checks)."""
+        """The spec from these inputs where each is as declared and contiguous (then later
+        calls take the C check; where they do not fit, a later call tries again); False
+        either way (this call runs the per-input checks)."""
         self.check = _never
         mod = _checker()
         if mod is None or len(ts) != len(self.declared):
@@ -95,13 +111,13 @@ class InputCheck:
         for t, want, shape in zip(ts, self.declared, self.shapes, strict=True):
             if type(t) not in _TYPES or t.layout is not torch.strided \
                     or t.dtype is not want.dtype.torch or t.device != torch.device(want.device):
-                return False
+                return self._retry()
             got = mod.read(t)
             if got is None:
-                return False
+                return self._retry()
             nd, dt, dv, di, ly, rg, sizes, strides = got
             if nd != len(shape) or sizes != shape or strides != contiguous_strides(shape):
-                return False
+                return self._retry()
             words += [nd, dt, dv, di, ly, rg, *sizes, *strides]
         self.types = tuple(type(t) for t in ts)
         self.spec = struct.pack(f"={len(words)}q", *words)
