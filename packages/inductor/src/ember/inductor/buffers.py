@@ -48,7 +48,7 @@ import torch
 from ember.inductor.body import body_names
 from ember.ir import Graph, Module, Node, OpRegistry, TensorType, Value, default_registry
 from ember.ir.expr import as_sympy
-from ember.ir.graph import map_args
+from ember.ir.graph import iter_values
 from ember.ir.passes import register_pass
 
 NEVER = math.inf
@@ -104,25 +104,11 @@ def out_call(n: Node) -> Callable[..., Any] | None:
     return form(n) if form is not None else None
 
 
-def _values(n: Node) -> list[Value]:
-    """Every value a node reads: operands, also inside keyword lists (reuse=[...])."""
-    out: list[Value] = []
-
-    def visit(a: Value) -> Value:
-        out.append(a)
-        return a
-    for a in n.args:
-        map_args(a, visit)
-    for a in n.kwargs.values():
-        map_args(a, visit)
-    return out
-
-
 def last_uses(g: Graph) -> dict[Value, float]:
     """Per value: the index of the last node that reads it (NEVER for graph outputs)."""
     last: dict[Value, float] = {}
     for i, n in enumerate(g.nodes):
-        for v in _values(n):
+        for v in n.operands():  # (also inside keyword lists: reuse=[...])
             last[v] = i
     for o in g.outputs:
         last[o] = NEVER
@@ -154,7 +140,7 @@ def _aliases(g: Graph) -> dict[Value, set[Value]]:
                                            and _fresh_extern(n, registry))
         src: set[Value] = set()
         if not fresh:
-            for v in _values(n):
+            for v in n.operands():  # (also inside keyword lists: reuse=[...])
                 src |= al.get(v, set())
         own = _owned(n, registry)
         for r in n.results:
@@ -252,22 +238,11 @@ def _into_operand(n: Node, i: int, dies: dict[Value, float], al: dict[Value, set
     if not isinstance(a, Value) or dies.get(a) != i or al.get(a) != {a} \
             or _buffer_key(a) is None or _buffer_key(a) != _buffer_key(n.results[0]):
         return None
-    others = [v for k, b in enumerate(n.args) if k != spec[0] for v in _values_of(b)]
-    others += [v for b in n.kwargs.values() for v in _values_of(b)]
+    others = [*iter_values([b for k, b in enumerate(n.args) if k != spec[0]]),
+              *iter_values(list(n.kwargs.values()))]
     if any(v is a or a in al.get(v, ()) for v in others):  # (conv(x) + x: x read as well)
         return None
     return a, spec[1]
-
-
-def _values_of(a: object) -> list[Value]:
-    """The values in one argument (a value, or a list of them)."""
-    out: list[Value] = []
-
-    def visit(v: Value) -> Value:
-        out.append(v)
-        return v
-    map_args(a, visit)
-    return out
 
 
 def plan_graph(g: Graph) -> int:

@@ -59,7 +59,7 @@ from ember.ir import (
     Value,
 )
 from ember.ir.expr import PYTHON, as_sympy, is_loop_var, print_expr, simplify_dim
-from ember.ir.graph import BIND_SYMBOL, is_unbacked, map_args
+from ember.ir.graph import BIND_SYMBOL, is_unbacked, iter_values
 from ember.ir.interpreter import bind_symbols, check_unbacked
 from ember.ir.torch_ops import _as_declared, convert_args
 from ember.prims import PRIMS_BY_OP
@@ -320,7 +320,7 @@ class _Gen:
                 self.other(i, node)
             # drop buffers as soon as they are dead: the allocator hands their (warm) memory
             # to the next allocations instead of faulting in fresh pages
-            dead = [v for v in _read_or_made(node) if last.get(v, i) == i]
+            dead = [v for v in [*node.operands(), *node.results] if last.get(v, i) == i]
             if dead:
                 self.lines.append(f"    del {', '.join(sorted({self.name(v) for v in dead}))}")
         skip = {r for _, r in g.input_updates}
@@ -532,7 +532,8 @@ class _Gen:
         direct = self.direct(op, node, kw) if node.op == "kernels.extern" else None
         tensors = all(isinstance(r.type, TensorType) for r in node.results)
         bind = _BINDERS.get(op.name) if node.op == "kernels.extern" else None
-        late = {k: v for k, v in kw.items() if _reads_values(v)}  # passed per call
+        late = {k: v for k, v in kw.items()  # attributes naming values: passed per call
+                if next(iter_values([v]), None) is not None}
         if bind is not None and names and tensors and \
                 all(k.isidentifier() and not keyword.iskeyword(k) for k in late):
             fn = self.const(bind({k: v for k, v in kw.items() if k not in late}))
@@ -642,36 +643,8 @@ def _kernel_operands_only(g: Graph) -> set[Value]:
             if isinstance(a, Value) and a in params:
                 used.add(a)
         rest = [*(n.args if n.op != "kernels.call" else n.args[:1]), *n.kwargs.values()]
-
-        def visit(v: Value) -> Value:
-            bad.add(v)
-            return v
-        for a in rest:
-            map_args(a, visit)
+        bad.update(iter_values(rest))
     return (used - bad) & params
-
-
-def _reads_values(a: Any) -> bool:
-    """Whether an argument is or holds a value (a node's operand, not a constant)."""
-    found: list[Value] = []
-
-    def visit(v: Value) -> Value:
-        found.append(v)
-        return v
-    map_args(a, visit)
-    return bool(found)
-
-
-def _read_or_made(node: Node) -> list[Value]:
-    """The values a node reads (operands, reuse=) or defines."""
-    out: list[Value] = []
-
-    def visit(a: Value) -> Value:
-        out.append(a)
-        return a
-    for a in [*node.args, *node.kwargs.values()]:
-        map_args(a, visit)
-    return out + list(node.results)
 
 
 def _unpack(out: Any, n: int) -> list[Any]:
