@@ -9,7 +9,7 @@
 # outputs checked bit-identical. Expect at 16 threads: bert [2x4, 128x128x64] 64 tasks
 # (old 32, each packing a head), deit [2x3, 197x197x64] 66 tasks (old 24), one head of 128
 # rows 16 tasks (old 4), one causal head of 256 rows 32 tasks (old 8, in row order).
-set -x
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 export OMP_NUM_THREADS=16
 OLD=/tmp/s11h2_old_flash.py
 if git show c462def:packages/inductor/src/ember/inductor/targets/cpu/flash.py > "$OLD" 2>/dev/null; then
@@ -17,7 +17,6 @@ if git show c462def:packages/inductor/src/ember/inductor/targets/cpu/flash.py > 
 else  # (no history here: the new source with the shared packing off, the old split rule)
   OLDARG=""
 fi
-PY=${PY:-python}
 # 16 threads, wall clock (a quiet machine), the models' shapes and B*H < threads
 $PY benchmarks/attention_threads.py --threads 16 --clock wall --reps 400 $OLDARG \
     --shapes bert,deit,gpt2,gpt2_12h,one,one_causal,swin

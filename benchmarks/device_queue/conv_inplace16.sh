@@ -13,9 +13,8 @@
 # Expect at 16 threads: resnet50 new < old (census: the residual conv layer1.2.conv3 7.4 ms vs
 # 1.2-1.9 for its twins, and the `del` of its fresh 6.4 MB output 1.96 ms, both from fresh
 # mmap'd pages); mobilenet_v2 ~unchanged (its residual outputs are < 1 MB).
-set -x
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=16
-PY=${PY:-python}
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
+export OMP_NUM_THREADS=16
 $PY benchmarks/conv_inplace.py --models tv/resnet50,tv/mobilenet_v2 --threads 16 --clock wall \
     --reps 40 --eager
 # the same at 1 thread, thread CPU time (no regression there)

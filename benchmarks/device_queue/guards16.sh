@@ -9,12 +9,7 @@
 # call less the generated wrapper ("outside"), median of 40 calls, at 1 and 16 threads.
 # On the 2-core machine at 1 thread (guard / outside us): bert 267->183 / 399->324,
 # mobilenet_v2 417->288 / 517->390, levit_128s 435->282 / 535->378.
-set -x
-export HF_HUB_OFFLINE=1
-OUT=${OUT:-benchmarks/results}
-PY=${PY:-python}
-mkdir -p "$OUT"
-T=$(mktemp -d)
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 git show 5c74e44:packages/runtime/src/ember/runtime/guardvm.py \
   | sed 's/^MODULE = "ember_guardvm"/MODULE = "ember_guardvm_old"/' > "$T/guardvm_old.py" || exit 1
 git show 5c74e44:packages/runtime/src/ember/runtime/tensorcheck.py \
@@ -24,12 +19,11 @@ cat > "$T/ab.py" <<'PY'
 import os, sys, time, statistics, importlib.util
 threads = int(sys.argv[2])
 os.environ["OMP_NUM_THREADS"] = str(threads)
-sys.path.insert(0, "benchmarks")
+sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
 import torch
 torch.set_num_threads(threads)
-from zoo_models import BY_NAME, FULL
-import ember.inductor.backend as backend
-from ember.runtime.compile import compile as ember_compile, compiled_function_of
+from dq import compile_capturing
+from ember.runtime.compile import compiled_function_of
 from ember.runtime import fastguards, guardvm, tensorcheck
 from parallelism import instrument_whole
 tt = time.thread_time_ns
@@ -39,18 +33,7 @@ def load(name):
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); return m
 gold, told = load("guardvm_old"), load("tensorcheck_old")
 name = sys.argv[1]
-seen = []
-orig = backend.generate
-def gen(module, graph=None, interp=None):
-    w = orig(module, graph, interp); seen.append(w); return w
-backend.generate = gen
-torch.manual_seed(0)
-fn, args = BY_NAME[name].build(FULL)
-with torch.no_grad():
-    compiled = ember_compile(fn)
-    for _ in range(3):
-        compiled(*args)
-backend.generate = orig
+compiled, args, seen = compile_capturing(name)
 cf = compiled_function_of(compiled)
 e = cf._hot; S = cf.self_obj
 torch.set_grad_enabled(False)
@@ -81,7 +64,7 @@ def timed(f):
     return g
 fns = {k: timed(p) for k, p in progs.items()}
 accw = [0]
-for w in seen:
+for *_, w in seen:
     g = instrument_whole(w.source, w.call.__globals__)
     w.call.__code__ = g["call"].__code__
     w.call.__globals__.update({"_tt": tt, "_accw": accw})
@@ -98,9 +81,8 @@ for k in fns:
     print(f"{name} {threads}t {k:5s}", " ".join(f"{m} {statistics.median(v)/1e3:.1f} us"
                                              for m, v in res[k].items()), flush=True)
 PY
-export T
 for t in 1 16; do
   for m in hf/bert tv/mobilenet_v2 timm/levit_128s; do
-    PYTHONPATH=".:$PYTHONPATH" $PY "$T/ab.py" "$m" "$t" 2>&1 | grep -E "us$|Error|error" | tee -a "$OUT/s12h3-guards-16core.txt"
+    $PY "$T/ab.py" "$m" "$t" 2>&1 | grep -E "us$|Error|error" | tee -a "$OUT/s12h3-guards-16core.txt"
   done
 done

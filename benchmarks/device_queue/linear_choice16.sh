@@ -12,17 +12,14 @@
 #    the per-call cost over the op, and the old rule's loss on small products. On the 2-core
 #    machine at 1 thread (thread CPU time, random order, 400 reps, 2x64x64): addmm path
 #    5.5 -> 4.5 us, packed path 25.5 -> 21.8 us.
-set -x
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 export OMP_NUM_THREADS=16
-export PYTHONPATH=$(ls -d $PWD/packages/*/src | tr '\n' :)$PWD
-OUT=${OUT:-benchmarks/results}
-PY=${PY:-python}
-mkdir -p "$OUT"
-T=$(mktemp -d)
 git show 5c74e44:packages/inductor/src/ember/inductor/targets/cpu/linear.py > "$T/old_linear.py" 2>/dev/null || rm -f "$T/old_linear.py"
 cat > "$T/lin.py" <<'PY'
 import importlib.util, os, statistics, sys, time
+sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
 import torch
+from dq import interleaved
 import ember.inductor  # noqa
 from ember.inductor.targets.cpu import linear
 ROWS = [(2, 192, 1000, 1), (2, 256, 256, 1), (2, 384, 1000, 1), (2, 768, 1000, 1), (32, 256, 256, 0),
@@ -43,14 +40,9 @@ if os.path.exists(sys.argv[1]):
     register_binder(linear.LINEAR_OP, linear.bind)  # (the old module registered its own)
 op = torch.ops.mkldnn._linear_pointwise.default
 
-def med(fns, reps):
-    for f in fns.values():
-        for _ in range(5): f()
-    ts = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t = time.perf_counter(); f(); ts[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e6 for k, v in ts.items()}
+def med(fns, reps):  # us, wall clock, after 5 rounds of warm-up, the order rotated each round
+    ts = interleaved(fns, reps, warm=5, clock=time.perf_counter_ns)
+    return {k: statistics.median(v) / 1e3 for k, v in ts.items()}
 
 torch.manual_seed(0)
 print("## 1) oneDNN packed vs addmm, us (wall, median of 40, alternating); rule = use_packed's pick")

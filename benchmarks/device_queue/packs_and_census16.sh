@@ -10,11 +10,7 @@
 #    now on packs made at 16 threads (the report says "all made at 16 threads"). Compare with
 #    parallelism-2026-12-03-16t-16core-measured.md: resnet50 measured 67.3 ms, packed.bind
 #    159 -> 63 ms; the zoo's ember resnet50 at 16 threads was 36 ms.
-set -x
-export HF_HUB_OFFLINE=1
-OUT=${OUT:-benchmarks/results}
-mkdir -p "$OUT"
-T=$(mktemp -d)
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 cat > "$T/sweep.py" <<'PY'
 """Pack each resnet50 conv at thread count A, run at B: does oneDNN reorder per call?"""
 import os, sys, torch
@@ -69,8 +65,8 @@ for k,v in res.items():
 PY
 for ab in "1 1" "16 16" "1 16" "16 1" "1 8" "8 8"; do
     echo "== pack at ${ab% *} threads, run at ${ab#* }"
-    ONEDNN_VERBOSE=1 OMP_NUM_THREADS=16 python "$T/sweep.py" $ab 2>&1 | python "$T/summ.py"
+    ONEDNN_VERBOSE=1 OMP_NUM_THREADS=16 $PY "$T/sweep.py" $ab 2>&1 | $PY "$T/summ.py"
 done > "$OUT/s11h1-layouts.txt" 2>&1
 cat "$OUT/s11h1-layouts.txt"
-python benchmarks/parallelism.py --models tv/resnet50,hf/bert,hf/gpt2 --target 16 --measure \
+$PY benchmarks/parallelism.py --models tv/resnet50,hf/bert,hf/gpt2 --target 16 --measure \
     --reps 15 --out "$OUT" --tag 16core-measured-repacked

@@ -11,8 +11,7 @@
 # At 1 thread on the 2-core box (thread time, 300 reps): levit -614 us, mobilenet_v2 -737 us.
 # Expect at 16 threads: levit and mobilenet_v2 on < off by ~0.2-0.5 ms (census at 16t: those
 # kernel lines 0.17 ms levit, 0.30 ms mobilenet_v2, 0.71 ms resnet50, plus 2 allocations each).
-set -x
-export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=16
-PY=${PY:-python}
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
+export OMP_NUM_THREADS=16
 $PY benchmarks/param_cache.py --models timm/levit_128s,tv/mobilenet_v2,tv/resnet50 \
     --threads 16 --clock wall --reps 60

@@ -9,11 +9,7 @@
 # Then: does OpenMP's spin-wait slow levit's serial kernels at 16 threads (on the 16t census
 # they took 1.6-1.9x their 1-thread time)? The census at 16t measured with
 # OMP_WAIT_POLICY=PASSIVE vs the default: compare the 'kernel' lines without a pragma.
-set -x
-export HF_HUB_OFFLINE=1
-OUT=${OUT:-benchmarks/results}
-mkdir -p "$OUT"
-T=$(mktemp -d)
+. "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 cat > "$T/hook_tramp.py" <<'PY'
 from ember.inductor import launch as _L
 from ember.inductor import wrapper as _W
@@ -40,15 +36,13 @@ line kind the sum of the lines' medians."""
 import os, sys, time, statistics, re, collections
 THREADS = int(os.environ.get("AB_THREADS", "1"))
 os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
-sys.path.insert(0, "/work/main/benchmarks")
+sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
 import torch
 torch.set_num_threads(THREADS)
-from zoo_models import BY_NAME, FULL
 import parallelism as P
-import ember.inductor.backend as backend
+from dq import compile_capturing
 from ember.inductor import wrapper as W
 from ember.inductor.targets.cpu import attention, flash
-from ember.runtime.compile import compile as ember_compile
 
 def old_forward_run(interp, args, kw):  # HEAD's _forward_run
     out, lse = flash.forward(*args, **{k: v for k, v in kw.items() if k != "kernel"},
@@ -57,20 +51,7 @@ def old_forward_run(interp, args, kw):  # HEAD's _forward_run
 
 name, reps = sys.argv[1], int(sys.argv[2])
 OLD_HOOK = os.environ.get("OLD_HOOK")  # extra: a python file defining old_setup()/new_setup()
-seen = []
-orig = backend.generate
-def gen(module, graph=None, interp=None):
-    w = orig(module, graph, interp)
-    seen.append((module, graph, interp, w))
-    return w
-backend.generate = gen
-torch.manual_seed(0)
-fn, args = BY_NAME[name].build(FULL)
-with torch.no_grad():
-    compiled = ember_compile(fn)
-    for _ in range(3):
-        compiled(*args)
-backend.generate = orig
+compiled, args, seen = compile_capturing(name)
 hook = {}
 if OLD_HOOK:
     exec(open(OLD_HOOK).read(), hook)
@@ -136,12 +117,11 @@ for key in sorted(set(ko) | set(kn), key=lambda k: -(ko[k] + kn[k])):
     print(f"   {key[0]:8s} {key[1][:40]:40s} n {no[key]:4d} -> {nn[key]:4d}  {ko[key]/1e3:9.1f} -> {kn[key]/1e3:9.1f}")
 print(f"   total lines {sum(ko.values())/1e6:.3f} -> {sum(kn.values())/1e6:.3f} ms")
 PY
-sed -i "s#/work/main/benchmarks#$PWD/benchmarks#" "$T/ab_lines.py"
 for th in 1 16; do
   for m in timm/levit_128s hf/bert timm/deit_tiny_patch16_224; do
-    AB_THREADS=$th OMP_NUM_THREADS=$th OLD_HOOK="$T/hook_tramp.py" python "$T/ab_lines.py" $m 40 2>&1 | tail -16
+    AB_THREADS=$th OMP_NUM_THREADS=$th OLD_HOOK="$T/hook_tramp.py" $PY "$T/ab_lines.py" $m 40 2>&1 | tail -16
   done
 done > "$OUT/s12h1-ab.txt" 2>&1
 cat "$OUT/s12h1-ab.txt"
-OMP_WAIT_POLICY=PASSIVE python benchmarks/parallelism.py --models timm/levit_128s --target 16 --measure --reps 15 --out "$OUT" --tag 16core-s12h1-passive
-python benchmarks/parallelism.py --models timm/levit_128s --target 16 --measure --reps 15 --out "$OUT" --tag 16core-s12h1-active
+OMP_WAIT_POLICY=PASSIVE $PY benchmarks/parallelism.py --models timm/levit_128s --target 16 --measure --reps 15 --out "$OUT" --tag 16core-s12h1-passive
+$PY benchmarks/parallelism.py --models timm/levit_128s --target 16 --measure --reps 15 --out "$OUT" --tag 16core-s12h1-active
