@@ -35,7 +35,7 @@ import torch
 from ember.inductor.indexing import ivar
 from ember.inductor.lowering import View, _Lowering
 from ember.inductor.targets.cpu.linear_epilogue import ACTIVATIONS, linear_epilogue
-from ember.inductor.targets.cpu.packed import cached_pack, changing_weight
+from ember.inductor.targets.cpu.packed import cached_pack, changing_weight, f32_on_cpu
 from ember.inductor.wrapper import register_binder
 from ember.ir import (
     Arg,
@@ -120,9 +120,8 @@ def use_packed(m: int, k: int, n: int, bias: bool, threads: int) -> bool:
 def _servable(x: torch.Tensor, w: torch.Tensor) -> bool:
     """oneDNN's packed weight can serve this call (module docstring), whatever its size
     (`changing_weight` is asked apart: it notes the weight's state)."""
-    return _ONEDNN and isinstance(w, torch.nn.Parameter) and x.dtype is _F32 \
-        and w.dtype is _F32 and x.is_cpu and w.is_cpu and x.is_contiguous() \
-        and not (w.requires_grad and torch.is_grad_enabled())
+    return _ONEDNN and isinstance(w, torch.nn.Parameter) and f32_on_cpu(x, w) \
+        and x.is_contiguous() and not (w.requires_grad and torch.is_grad_enabled())
 
 
 def _packer(w: torch.Tensor, kn: bool) -> torch.Tensor:

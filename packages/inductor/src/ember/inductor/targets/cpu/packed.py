@@ -163,15 +163,15 @@ _INTO: Any = _CONV_OPS._convolution_pointwise_.binary \
     if _CONV_OPS is not None and hasattr(_CONV_OPS, "_convolution_pointwise_") else None
 
 
+_F32 = torch.float32
+
+
 def f32_on_cpu(x: torch.Tensor, w: torch.Tensor) -> bool:
     """`x` and `w` are f32 tensors on the CPU: what oneDNN's packed weights serve (these
     convolutions; linear.py's products)."""
     # (`is`: dtypes are singletons; is_cpu, where .device builds a device object: 0.8 of
     # this check's 2.4 us on a loaded core)
     return x.dtype is _F32 and w.dtype is _F32 and x.is_cpu and w.is_cpu
-
-
-_F32 = torch.float32
 
 
 def _mkldnn(x: torch.Tensor, w: torch.Tensor) -> bool:
