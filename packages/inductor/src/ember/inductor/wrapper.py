@@ -167,6 +167,7 @@ class _Gen:
         self.kernel_only: set[Value] = set()  # inputs contiguous once checked (batch_check)
         self.cached: set[int] = set()  # kernel calls kept between calls (paramcache.py)
         self.kept: set[Value] = set()  # what may alias their results: never reused
+        self.tests: list[str] = []  # their hit tests, placed before the first node's lines
 
     def const(self, x: Any) -> str:
         name = f"_c{len(self.ns)}"
@@ -312,6 +313,7 @@ class _Gen:
             self.ns["_key"] = paramcache.key
             self.ns["_same"] = paramcache.same
         self.ns["_Tensor"] = torch.Tensor
+        top = len(self.lines)
         last = last_uses(g)
         for i, node in enumerate(g.nodes):
             if node.op == "kernels.call":
@@ -323,6 +325,7 @@ class _Gen:
             dead = [v for v in [*node.operands(), *node.results] if last.get(v, i) == i]
             if dead:
                 self.lines.append(f"    del {', '.join(sorted({self.name(v) for v in dead}))}")
+        self.lines[top:top] = self.tests
         skip = {r for _, r in g.input_updates}
         outs = [self.name(o) for k, o in enumerate(g.outputs) if k not in skip]
         ups = ", ".join(f"{p}: {self.name(g.outputs[r])}" for p, r in g.input_updates)
@@ -381,8 +384,10 @@ class _Gen:
             self.lines.append(f"    {self.const(k.check)}()")
         if i in self.cached:  # its inputs are graph inputs: run where they changed
             slot = self.const([paramcache.empty(len(node.args) - 1)])
-            self.lines[start:] = paramcache.wrap(
-                self.lines[start:], slot, [self.arg(a) for a in node.args[1:]], outs)
+            test, self.lines[start:] = paramcache.wrap(
+                self.lines[start:], slot, [self.arg(a) for a in node.args[1:]], outs,
+                len(self.tests) // 2)
+            self.tests += test
 
     def alloc(self, name: str, r: Value, old: Any, dev: Any, device: str) -> None:
         """`name = ` a new buffer for result `r` (a tensor): `old`'s storage where reuse=
