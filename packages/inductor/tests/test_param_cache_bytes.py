@@ -5,6 +5,8 @@ stored. Either way a write that bypasses the version counter is seen."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -65,3 +67,21 @@ def test_the_copies_live_with_the_entry() -> None:
     assert isinstance(check, paramcache._Bytes)
     assert check.copies[0].data_ptr() == check.table[2] and check.table[1] == stat.data_ptr()
     torch.testing.assert_close(check.copies[0], stat, rtol=0, atol=0)
+
+
+def test_a_failed_build_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the comparator does not build, stores keep torch.equal without compiling again
+    on every store (a training step stores every kept call)."""
+    from ember.inductor.targets.cpu import cache
+    tries: list[str] = []
+
+    def fail(source: str) -> Any:
+        tries.append(source)
+        raise cache.CompileError("no compiler")
+    monkeypatch.setattr(cache, "load", fail)
+    monkeypatch.setattr(paramcache, "_NO_BUILD", [])
+    ins = (torch.nn.Parameter(torch.randn(8)), torch.randn(8))
+    for _ in range(3):
+        e = _entry(ins)
+        assert isinstance(e[5], tuple) and paramcache.same(e[5], ins)
+    assert len(tries) == 1

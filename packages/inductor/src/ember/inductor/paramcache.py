@@ -234,6 +234,7 @@ extern "C" void ember_paramcache_memeq(int64_t flag, int64_t table) {
 '''
 # the C function's address -> its caller (a loaded library is never unloaded)
 _CALLERS: dict[int, Callable[[int, int], Any]] = {}
+_NO_BUILD: list[bool] = []  # [True] once the build failed here: not tried again each store
 
 
 class _Bytes:
@@ -250,13 +251,17 @@ class _Bytes:
 
 
 def _memeq() -> Callable[[int, int], Any] | None:
-    """The C comparator, or None where it cannot be built. Looked up in the kernel cache on
-    each store, as kernels are (an entry found corrupt is rebuilt, not kept because this
-    process loaded it once); its C caller made once per loaded library."""
+    """The C comparator, or None where it cannot be built (a failed build is not retried in
+    this process). Looked up in the kernel cache on each store, as kernels are (an entry found
+    corrupt is rebuilt, not kept because this process loaded it once); its C caller made once
+    per loaded library."""
     from ember.inductor.targets.cpu import cache, trampoline
+    if _NO_BUILD:
+        return None
     try:
         fn = cache.load(_MEMEQ).ember_paramcache_memeq
     except (cache.CompileError, OSError, AttributeError):
+        _NO_BUILD.append(True)
         return None
     at = ctypes.cast(fn, ctypes.c_void_p).value or 0
     call = _CALLERS.get(at)
