@@ -153,6 +153,12 @@ FRESH_CASES: dict[str, list[Case]] = {
                                      _r(256)], {"bias": True, "act": "gelu"}),
                            lambda: ([_r(3, 8), _r(5, 8), _r(5)],
                                     {"bias": True, "act": "gelu"})],
+    # x @ cat(w_i).T + cat(b_i) (group-linears' one product, group_linear.py)
+    "loop.linear_grouped": [lambda: ([_r(3, 8), _r(5, 8), _r(2, 8)], {"parts": 2}),
+                            lambda: ([_r(64, 128), torch.nn.Parameter(_r(256, 128),
+                                                                       requires_grad=False),
+                                      torch.nn.Parameter(_r(128, 128), requires_grad=False),
+                                      _r(256), _r(128)], {"parts": 2, "bias": True})],
     "loop.index_select": [lambda: ([_r(5, 3), _idx(4, high=5)], {"dim": 0}),
                           lambda: ([_r(2, 3), torch.tensor([0, 1])], {"dim": 0})],
     "loop.conv2d": [lambda: ([_r(1, 2, 5, 5), _r(3, 2, 3, 3), _r(3), 2.0],

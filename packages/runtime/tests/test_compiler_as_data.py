@@ -139,11 +139,11 @@ def test_verify_each_catches_a_bad_pass(breaking_pass: str) -> None:
 
 def test_named_pipelines_expand() -> None:
     assert expand_pipeline("inductor") == ("decompose{keep_attention=true},cse,dce,"
-                                           "cache-inplace,dce,window-reduce,conv-nhwc,"
-                                           "lower-loops,fuse,schedule-cpu,codegen-cpp,"
-                                           "plan-buffers")
+                                           "cache-inplace,dce,window-reduce,group-linears,"
+                                           "conv-nhwc,lower-loops,fuse,schedule-cpu,"
+                                           "codegen-cpp,plan-buffers")
     assert expand_pipeline("to-prims,inductor-cpu") == ("decompose,cse,dce,cache-inplace,dce,"
-                                                        "window-reduce,conv-nhwc,"
+                                                        "window-reduce,group-linears,conv-nhwc,"
                                                         "lower-loops,fuse,schedule-cpu,"
                                                         "codegen-cpp,plan-buffers")
     from ember.inductor.kernels import DEFAULT_PIPELINE

@@ -3,7 +3,8 @@
 Registers, for device kind "cpu": the `cpp` loader (codegen.py: g++ through the compile cache,
 cache.py), the pipelines `inductor-cpu` (prims -> kernels.*: `cache-inplace` (a static KV
 cache's rows written in place, targets/cuda/inplace.py), `window-reduce` (pool.py: pooling's
-stacked windows as elementwise chains), `conv-nhwc`, the target-neutral
+stacked windows as elementwise chains), `group-linears` (group_linear.py: the linears of one
+input as one product by their concatenated weights), `conv-nhwc`, the target-neutral
 `lower-loops` and `fuse`, `schedule-cpu` (schedule.py: the kernels' schedules as attributes),
 `codegen-cpp`, `plan-buffers`) and `inductor` (its front end
 `decompose{keep_attention=true},cse,dce`, then `inductor-cpu`), and its lowering rules: the
@@ -27,7 +28,7 @@ from ember.inductor.targets.cpu.codegen import load_cpp
 from ember.inductor.targets.cpu.conv import CONV_OP, lower_conv2d
 from ember.inductor.targets.cpu.conv_backward import lower_conv_backward
 from ember.inductor.targets.cpu.gather import gather_veto
-from ember.inductor.targets.cpu.linear import lower_matmul
+from ember.inductor.targets.cpu.group_linear import lower_matmul
 from ember.inductor.targets.cpu.multipass import multipass_veto
 from ember.inductor.targets.cpu.pool import window_reduce as _window_reduce  # noqa: F401
 from ember.inductor.targets.cpu.schedule import schedule_cpu as _schedule  # noqa: F401
@@ -38,8 +39,8 @@ from ember.prims.decomp.passes import FUSED_ATTENTION
 FRONT = "decompose{keep_attention=true},cse,dce"
 INDUCTOR_CPU = register_pipeline(
     "inductor-cpu",
-    "cache-inplace,dce,window-reduce,conv-nhwc,lower-loops,fuse,schedule-cpu,codegen-cpp,"
-    "plan-buffers",
+    "cache-inplace,dce,window-reduce,group-linears,conv-nhwc,lower-loops,fuse,schedule-cpu,"
+    "codegen-cpp,plan-buffers",
     "prims -> loop kernels, fused, scheduled, as C++ kernel blocks with planned buffers (CPU)"
 ).text
 # compile()'s default on CPU graphs: the inductor backend runs the pipeline of the graph's
@@ -84,7 +85,9 @@ def _cache_rows(lw: Any, n: Node) -> None:
 # convolution gradients channels-last (conv_backward.py)
 LOWERINGS: dict[str, Rule] = {CONV_OP: lower_conv2d, CONV_BACKWARD: lower_conv_backward,
                               NONZERO: _extern, CACHE_ROWS: _cache_rows,
-                              # F.linear's x @ w.T on oneDNN's packed w (linear.py)
+                              # F.linear's x @ w.T on oneDNN's packed w (linear.py);
+                              # group-linears' product of concatenated weights: one call
+                              # (group_linear.py)
                               "prims.matmul": lower_matmul,
                               **{op: _attention for op in FUSED_ATTENTION}}
 # the attention backward's gradients read where the kernel writes them ([B, L, H, E] buffers)
