@@ -42,7 +42,7 @@ is also compared by value with a copy taken when the entry was stored: torch's b
 training mode updates `running_mean`/`running_var` in place WITHOUT bumping their version
 counters (an eager train-mode forward, `swa_utils.update_bn`, BN recalibration), so a buffer's
 version does not show its contents changed (one C memcmp call for all of a kept call's
-inputs, `_Bytes`, ~0.4 us; torch.equal, ~1.5-2 us a buffer, where that does not build or an
+inputs, `_Check`, ~0.4 us; torch.equal, ~1.5-2 us a buffer, where that does not build or an
 input is not contiguous); a call whose non-Parameter inputs exceed COMPARED_BYTES (a caller's
 input image) is never kept.
 
@@ -142,10 +142,10 @@ def cacheable(g: Graph) -> tuple[set[int], set[Value]]:
 # an entry: (key, the inputs held weakly, the results, misses with other inputs, the inputs'
 # storages held: a storage reassigned by `.data =` keeps the version counter, and its freed
 # address must not come back as the same key; per input, None for a Parameter, else a copy of
-# its values when stored: compared on every hit, see the module docstring; or those copies
-# compared in C, `_Bytes`)
+# its values when stored, compared on every hit (`_Check`, see the module docstring); `()`
+# in an entry that matches nothing)
 Entry = tuple[Any, tuple[Any, ...], tuple[torch.Tensor, ...], int, tuple[torch.Tensor, ...],
-              "tuple[torch.Tensor | None, ...] | _Bytes"]
+              "_Check | tuple[()]"]
 MISSES = 3  # calls on new input tensors each time (a user's input, a backward's saved
 # tensors) stop being kept after this many: their entries would only hold memory
 
@@ -195,18 +195,42 @@ def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
             return empty(len(ins), MISSES)
         snaps.append(x.detach().clone())
     return (k, tuple(weakref.ref(x) for x in ins), outs, misses,
-            tuple(x.detach() for x in ins), _by_bytes(ins, snaps) or tuple(snaps))
+            tuple(x.detach() for x in ins), _Check(tuple(snaps)))
 
 
-def same(snaps: tuple[torch.Tensor | None, ...] | _Bytes, ins: tuple[torch.Tensor, ...]
-         ) -> bool:
+class _Check:
+    """A kept call's by-value test: `copies`, per input, None for a Parameter, else a copy of
+    its values taken at the store. From its first use on, where the C comparator builds and
+    every compared input is contiguous, one C call (`call(flag_at, table_at)` writes `flag`,
+    1: all equal; `table`: a count, then per compared input its address, its copy's address
+    and bytes); else torch.equal per input. Made ready at the first hit, not at the store: a
+    training step stores every kept call and hits none."""
+    __slots__ = ("call", "copies", "flag", "flag_at", "table", "table_at", "tried")
+    call: Callable[[int, int], Any] | None
+    copies: tuple[torch.Tensor | None, ...]
+    flag: ctypes.c_int64
+    flag_at: int
+    table: Any  # a ctypes int64 array
+    table_at: int
+    tried: bool
+
+    def __init__(self, copies: tuple[torch.Tensor | None, ...]):
+        self.copies, self.call, self.tried = copies, None, False
+
+
+def same(c: _Check, ins: tuple[torch.Tensor, ...]) -> bool:
     """Whether each input that is not a Parameter still holds the values stored with the
     entry (a buffer batch norm updated in training mode keeps its version counter). Called
     only where the inputs are the entry's own, with its key (versions, data addresses)."""
-    if snaps.__class__ is _Bytes:
-        snaps.call(snaps.flag_at, snaps.table_at)
-        return snaps.flag.value == 1
-    for s, x in zip(snaps, ins, strict=True):  # type: ignore[arg-type]
+    call = c.call
+    if call is not None:
+        call(c.flag_at, c.table_at)
+        return c.flag.value == 1
+    if not c.tried:
+        c.tried = True
+        if _in_c(c, ins):
+            return same(c, ins)
+    for s, x in zip(c.copies, ins, strict=True):
         if s is not None and not torch.equal(s, x):
             return False
     return True
@@ -217,7 +241,7 @@ def same(snaps: tuple[torch.Tensor | None, ...] | _Bytes, ins: tuple[torch.Tenso
 # more cold (a kept BatchNorm call's two statistics ~9 us in a forward: mobilenet_v2's 52 tests
 # ~0.46 ms a call at 1 thread), the C call ~0.4 us for all of a call's inputs. Equal bytes
 # mean equal values (a NaN statistic then matches itself; -0.0 against 0.0 is a miss: both
-# give the kernel's own result). An input not contiguous when stored keeps torch.equal.
+# give the kernel's own result). An input not contiguous at the first hit keeps torch.equal.
 _MEMEQ = r'''
 #include <cstdint>
 #include <cstring>
@@ -232,62 +256,55 @@ extern "C" void ember_paramcache_memeq(int64_t flag, int64_t table) {
   *(int64_t*)flag = ok;
 }
 '''
-# the C function's address -> its caller (a loaded library is never unloaded)
-_CALLERS: dict[int, Callable[[int, int], Any]] = {}
-_NO_BUILD: list[bool] = []  # [True] once the build failed here: not tried again each store
-
-
-class _Bytes:
-    """A kept call's value test in C: `call(flag_at, table_at)` writes `flag` (1: equal);
-    `table` (a count, then per compared input its address, its copy's address and bytes) and
-    the `copies` it points into live as long as the entry."""
-    __slots__ = ("call", "copies", "flag", "flag_at", "table", "table_at")
-    call: Callable[[int, int], Any]
-    copies: list[torch.Tensor]
-    flag: ctypes.c_int64
-    flag_at: int
-    table: Any  # a ctypes int64 array
-    table_at: int
+_NO_BUILD: list[bool] = []  # [True] once the build failed here: not tried again
+_KEY: list[str] = []  # its kernel cache key, once computed
+_LIB: list[Any] = [None, None]  # the library last loaded and its C caller
 
 
 def _memeq() -> Callable[[int, int], Any] | None:
     """The C comparator, or None where it cannot be built (a failed build is not retried in
-    this process). Looked up in the kernel cache on each store, as kernels are (an entry found
-    corrupt is rebuilt, not kept because this process loaded it once); its C caller made once
-    per loaded library."""
+    this process). Looked up in the kernel cache at each entry's first hit, as kernels are (an
+    entry found corrupt is rebuilt, not kept because this process loaded it once); its C
+    caller made once per loaded library."""
     from ember.inductor.targets.cpu import cache, trampoline
     if _NO_BUILD:
         return None
+    if not _KEY:
+        _KEY.append(cache.cache_key(_MEMEQ))
+    # (the loaded library by its key: ~10 us less than load's own hashing; where it was
+    # forgotten, as after forget_loaded(), load looks it up and checks it again)
+    lib = cache._LOADED.get(_KEY[0])
+    if lib is not None and lib is _LIB[0]:
+        return _LIB[1]  # type: ignore[no-any-return]
     try:
-        fn = cache.load(_MEMEQ).ember_paramcache_memeq
+        lib = lib or cache.load(_MEMEQ)
+        fn = lib.ember_paramcache_memeq
     except (cache.CompileError, OSError, AttributeError):
         _NO_BUILD.append(True)
         return None
-    at = ctypes.cast(fn, ctypes.c_void_p).value or 0
-    call = _CALLERS.get(at)
-    if call is None:
-        fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_int64], None
-        call = _CALLERS[at] = trampoline.caller(fn, 2) or fn
+    fn.argtypes, fn.restype = [ctypes.c_int64, ctypes.c_int64], None
+    call = trampoline.caller(fn, 2) or fn  # (once per loaded library)
+    _LIB[:] = [lib, call]
     return call
 
 
-def _by_bytes(ins: tuple[torch.Tensor, ...], snaps: list[torch.Tensor | None]) -> _Bytes | None:
-    """The C test of the inputs that have copies (`snaps`), or None: none to compare, one not
-    contiguous, or no comparator here (then torch.equal, `same`)."""
-    pairs = [(x, c) for x, c in zip(ins, snaps, strict=True) if c is not None and x.numel()]
+def _in_c(c: _Check, ins: tuple[torch.Tensor, ...]) -> bool:
+    """Make `c` test in C (its table from the inputs and copies); False where it cannot:
+    nothing to compare, an input not contiguous, or no comparator here."""
+    pairs = [(x, s) for x, s in zip(ins, c.copies, strict=True) if s is not None and x.numel()]
     if not pairs or not all(x.is_contiguous() and x.is_cpu for x, _ in pairs):
-        return None
+        return False
     call = _memeq()
     if call is None:
-        return None
+        return False
     words = [len(pairs)]
-    for x, c in pairs:
-        words += [x.data_ptr(), c.data_ptr(), x.numel() * x.element_size()]
-    b = _Bytes()
-    b.call, b.copies, b.flag = call, [c for _, c in pairs], ctypes.c_int64(0)
-    b.table = (ctypes.c_int64 * len(words))(*words)
-    b.flag_at, b.table_at = ctypes.addressof(b.flag), ctypes.addressof(b.table)
-    return b
+    for x, s in pairs:
+        words += [x.data_ptr(), s.data_ptr(), x.numel() * x.element_size()]
+    c.flag = ctypes.c_int64(0)
+    c.table = (ctypes.c_int64 * len(words))(*words)
+    c.flag_at, c.table_at = ctypes.addressof(c.flag), ctypes.addressof(c.table)
+    c.call = call  # (last: a concurrent call sees the C test only once it is complete)
+    return True
 
 
 def wrap(lines: list[str], slot: str, ins: list[str], outs: list[str], tag: int
