@@ -13,8 +13,9 @@ aten op that made them (oneDNN's convolution outputs, ember's own kernel outputs
 
 `--lines N` then calls ember's wrappers N more times with each line's page faults counted
 (the census's per-line timing, parallelism.instrument, with ru_minflt as its clock; eager
-called before each call, as in the rotation): a convolution line's faults are oneDNN's fresh
-output, an `_empty` line's ember's own buffer (all a cross-call buffer pool could serve).
+called before each call, as in the rotation). A page faults where it is first written: on a
+convolution line, oneDNN's fresh output; on a kernel call line (`_cNNN(v.data_ptr(), ...)`),
+a buffer of ember's own that `_empty` allocated (all a cross-call buffer pool could serve).
 `--malloc keep` first sets glibc's mmap threshold to its maximum and its trim threshold to
 1 GB (mallopt through ctypes; process-global, so it changes eager and torch.compile too): no
 buffer under 32 MB is then mmap'd or given back, so a run with it against one without bounds

@@ -11,12 +11,14 @@
 # eager gains too) and every model timed again: the bound on what any allocation change
 # (a cross-call buffer pool, oneDNN outputs into given buffers) could gain there.
 # On the 2-core box (1 thread, thread CPU time, 12 reps round robin): ember faults 0-1300
-# pages a call (history-dependent: 0 alone; after eager's frees trimmed the heap top), all on
-# oneDNN convolution lines, none on ember's own buffers; eager 3000-9000. The session 12
+# pages a call (history-dependent: 0 alone; after eager's frees trimmed the heap top), on
+# oneDNN convolution lines; at 2 threads resnest14d also 522 a call on a kernel writing a fresh
+# 3.2 MB buffer of ember's own; eager 3000-16000. The session 12
 # census's 6.4 MB fresh residual output (7.4 ms, its del 1.96 ms) is gone since a236d15 (the
 # residual convolution adds into its dying residual in place).
-# Read: "default" ember faults/call; the ember lines that fault (convolutions = oneDNN's own
-# outputs, `_empty`/views = ember's buffers: only those a pool could serve); "keep" vs
+# Read: "default" ember faults/call; the ember lines that fault (a page faults where first
+# written: convolution lines = oneDNN's outputs, kernel call lines `_cNNN(v.data_ptr(), ...)` =
+# ember's own `_empty` buffers: only those a pool could serve); "keep" vs
 # "default" ember ms (and eager's, the control: the phases run one after the other).
 . "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 OMP_NUM_THREADS=16 timeout 230 $PY benchmarks/fresh_pages.py \
