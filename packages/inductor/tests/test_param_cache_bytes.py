@@ -43,10 +43,10 @@ def test_a_write_past_the_version_counter_is_seen(n: int, dtype: torch.dtype, at
     var = (torch.arange(2 * n).to(dtype)[::2] if stride else torch.arange(n).to(dtype) + 1)
     ins = (w, mean, var)
     check = _check(ins)
-    assert check.call is None  # (nothing made at the store)
+    assert check.ready is None  # (nothing made at the store)
     assert paramcache.same(check, ins)
     # contiguous statistics: the C test from the first hit on; a strided one: torch.equal
-    assert (check.call is not None) is var.is_contiguous()
+    assert (check.ready is not None) is var.is_contiguous()
     t = ins[1 + which]
     before = t._version
     t.data[at % n] += 1  # (through .data: the version counter does not move)
@@ -62,7 +62,7 @@ def test_parameters_alone_have_nothing_to_compare() -> None:
     ins = (torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4)))
     check = _check(ins)
     assert check.copies == (None, None) and paramcache.same(check, ins)
-    assert check.call is None
+    assert check.ready is None
 
 
 def test_the_table_points_into_the_held_copies() -> None:
@@ -70,10 +70,11 @@ def test_the_table_points_into_the_held_copies() -> None:
     stat = torch.randn(64)
     ins = (torch.nn.Parameter(torch.randn(64)), stat)
     check = _check(ins)
-    assert paramcache.same(check, ins) and check.call is not None
+    assert paramcache.same(check, ins) and check.ready is not None
     copy = check.copies[1]
-    assert copy is not None and copy.data_ptr() == check.table[2]
-    assert check.table[1] == stat.data_ptr()
+    assert check.ready is not None
+    table = check.ready[3]
+    assert copy is not None and copy.data_ptr() == table[2] and table[1] == stat.data_ptr()
     torch.testing.assert_close(copy, stat, rtol=0, atol=0)
 
 
@@ -110,5 +111,5 @@ def test_a_failed_build_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
     ins = (torch.nn.Parameter(torch.randn(8)), torch.randn(8))
     for _ in range(3):
         check = _check(ins)
-        assert paramcache.same(check, ins) and check.call is None
+        assert paramcache.same(check, ins) and check.ready is None
     assert len(tries) == 1

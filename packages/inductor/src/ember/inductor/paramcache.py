@@ -201,31 +201,29 @@ def store(old: Entry, k: tuple[int, ...], ins: tuple[torch.Tensor, ...],
 class _Check:
     """A kept call's by-value test: `copies`, per input, None for a Parameter, else a copy of
     its values taken at the store. From its first use on, where the C comparator builds and
-    every compared input is contiguous, one C call (`call(flag_at, table_at)` writes `flag`,
-    1: all equal; `table`: a count, then per compared input its address, its copy's address
-    and bytes); else torch.equal per input. Made ready at the first hit, not at the store: a
-    training step stores every kept call and hits none."""
-    __slots__ = ("call", "copies", "flag", "flag_at", "table", "table_at", "tried")
-    call: Callable[[int, int], Any] | None
+    every compared input is contiguous, one C call: `ready` is (call, flag, flag_at, table,
+    table_at), `call(flag_at, table_at)` writing `flag` (1: all equal), `table` a count, then
+    per compared input its address, its copy's address and bytes; one tuple, set once whole,
+    so that a call in another thread holds the flag it writes. Else torch.equal per input.
+    Made ready at the first hit, not at the store: a training step stores every kept call and
+    hits none."""
+    __slots__ = ("copies", "ready", "tried")
     copies: tuple[torch.Tensor | None, ...]
-    flag: ctypes.c_int64
-    flag_at: int
-    table: Any  # a ctypes int64 array
-    table_at: int
+    ready: tuple[Callable[[int, int], Any], ctypes.c_int64, int, Any, int] | None
     tried: bool
 
     def __init__(self, copies: tuple[torch.Tensor | None, ...]):
-        self.copies, self.call, self.tried = copies, None, False
+        self.copies, self.ready, self.tried = copies, None, False
 
 
 def same(c: _Check, ins: tuple[torch.Tensor, ...]) -> bool:
     """Whether each input that is not a Parameter still holds the values stored with the
     entry (a buffer batch norm updated in training mode keeps its version counter). Called
     only where the inputs are the entry's own, with its key (versions, data addresses)."""
-    call = c.call
-    if call is not None:
-        call(c.flag_at, c.table_at)
-        return c.flag.value == 1
+    r = c.ready
+    if r is not None:
+        r[0](r[2], r[4])
+        return r[1].value == 1
     if not c.tried:
         c.tried = True
         if _in_c(c, ins):
@@ -300,10 +298,8 @@ def _in_c(c: _Check, ins: tuple[torch.Tensor, ...]) -> bool:
     words = [len(pairs)]
     for x, s in pairs:
         words += [x.data_ptr(), s.data_ptr(), x.numel() * x.element_size()]
-    c.flag = ctypes.c_int64(0)
-    c.table = (ctypes.c_int64 * len(words))(*words)
-    c.flag_at, c.table_at = ctypes.addressof(c.flag), ctypes.addressof(c.table)
-    c.call = call  # (last: a concurrent call sees the C test only once it is complete)
+    flag, table = ctypes.c_int64(0), (ctypes.c_int64 * len(words))(*words)
+    c.ready = (call, flag, ctypes.addressof(flag), table, ctypes.addressof(table))
     return True
 
 
