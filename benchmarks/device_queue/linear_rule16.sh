@@ -1,7 +1,7 @@
 #!/bin/bash
 # s13h7 (issue 18): why hf/mobilebert (ember 9.45 ms vs torch.compile 8.07 at 16 threads) and
 # timm/edgenext_xx_small (8.22 vs 7.12) trail torch.compile at 16 threads. Run from ember's
-# repository root on the 16-core host, < 4 min. Writes $OUT/s13h7-*.txt and the census
+# repository root on the 16-core host, < 4 min (~3.5). Writes $OUT/s13h7-*.txt and the census
 # (parallelism-<date>-16t-s13h7.md/.json). (A copy: /tmp/lead/devq/s13h7.sh.)
 # 1) the linear rule (targets/cpu/linear.py use_packed: above 2 threads oneDNN's packed linear
 #    only from SMALL_LINEAR*threads/2 multiply-adds and with K >= 512 or a bias, else addmm):
@@ -9,12 +9,58 @@
 #    variant: "default", "addmm" (every linear addmm above 2 threads, as torch.compile does),
 #    "packed" (the 1-2 thread rule: oneDNN from 1M multiply-adds), "k512" (the default less
 #    its "or a bias": mobilebert's K=128/256 products addmm, K=1024 oneDNN); with eager; round
-#    robin (order rotated), wall clock, 16 threads, 60 reps: median, min, ratio to eager.
+#    robin (order rotated), wall clock, 16 threads, 40 reps: median, min, ratio to eager.
 #    16 threads on the zoo: eager 12.2 / 12.2, torch.compile 8.07 / 7.12 (0.66 / 0.58 of eager).
 # 2) every linear shape of the two models, oneDNN packed vs addmm (bias), 16 and 8 threads.
 # 3) the census measured at 16 threads (benchmarks/parallelism.py --measure): per line, wall.
 . "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 export OMP_NUM_THREADS=16
+# 0) 77a9bf4 (wrapper.py shape_free: no .view()/.reshape() where a pointer kernel rewrites a buffer
+#    of another shape): old vs new wrapper code swapped per call in one process, 16 threads, wall.
+#    1 thread here (thread time, 150 reps): mobilebert paired -2.41 ms (A/A +0.14).
+cat > "$T/ab_views.py" <<'PY'
+"""A/B of shape_free (wrapper.py): the same compiled model, its wrapper's code swapped
+per call between the old generation (shape_free -> False) and the new, interleaved, thread time."""
+import statistics, sys, time
+sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
+import torch
+torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+from dq import compile_capturing, interleaved
+from ember.inductor import wrapper as W
+reps = int(sys.argv[2])
+for name in sys.argv[1].split(","):
+    compiled, args, seen = compile_capturing(name)
+    fns = {}
+    codes = []
+    for module, graph, interp, w in seen:
+        orig = W._Gen.shape_free
+        W._Gen.shape_free = lambda self, r: False
+        try:
+            old = W.generate(module, graph, interp)
+        finally:
+            W._Gen.shape_free = orig
+        nl = sum(a != b for a, b in zip(old.source.splitlines(), w.source.splitlines()))
+        codes.append((w.call, old.call.__code__, w.call.__code__, nl))
+    print(name, "lines changed per graph:", [c[3] for c in codes], flush=True)
+    def run(which):
+        for fn, o, n, _ in codes:
+            fn.__code__ = o if which == "old" else n
+        with torch.no_grad():
+            return compiled(*args)
+    def first(o):
+        while not isinstance(o, torch.Tensor):
+            o = o[0] if isinstance(o, (tuple, list)) else (o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0])
+        return o
+    a, b = first(run("old")).clone(), first(run("new")).clone()
+    assert torch.equal(a, b), "old and new differ"
+    aa = len(sys.argv) > 4
+    ts = interleaved({"old": lambda: run("old"), "new": lambda: run("old" if aa else "new")}, reps, warm=3,
+                     clock=time.perf_counter_ns)
+    o, n = (statistics.median(ts[k]) / 1e6 for k in ("old", "new"))
+    d = statistics.median([x - y for x, y in zip(ts["old"], ts["new"])]) / 1e6
+    print(f"{name}: old {o:.3f} ms new {n:.3f} ms (median of {reps}, wall, {torch.get_num_threads()} threads), paired old-new {d:.3f} ms", flush=True)
+PY
+timeout 70 $PY "$T/ab_views.py" hf/mobilebert,timm/edgenext_xx_small 100 16 2>&1 | grep -v Warning | tee "$OUT/s13h7-shape-free16.txt"
 cat > "$T/ab.py" <<'PY'
 import statistics, sys, time
 sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
@@ -92,7 +138,7 @@ with torch.no_grad():
             row.append(f"| {t:2d}t {p:7.1f} {a:7.1f} {a / p:5.2f} {'P' if linear.use_packed(m, k, n, True, t) else 'A'}")
         print(" ".join(row), flush=True)
 PY
-timeout 150 $PY "$T/ab.py" 16 60 hf/mobilebert,timm/edgenext_xx_small 2>&1 | grep -v Warning | tee "$OUT/s13h7-linear-rule16.txt"
+timeout 130 $PY "$T/ab.py" 16 40 hf/mobilebert,timm/edgenext_xx_small 2>&1 | grep -v Warning | tee "$OUT/s13h7-linear-rule16.txt"
 timeout 40 $PY "$T/shapes.py" 2>&1 | tee "$OUT/s13h7-shapes16.txt"
 timeout 90 $PY benchmarks/parallelism.py --models hf/mobilebert,timm/edgenext_xx_small --target 16 \
-    --reps 10 --measure --top 40 --out "$OUT" --tag s13h7 2>&1 | tail -5
+    --reps 8 --measure --top 40 --out "$OUT" --tag s13h7 2>&1 | tail -5
