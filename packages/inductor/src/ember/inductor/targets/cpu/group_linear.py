@@ -198,6 +198,12 @@ def _groups(g: Graph, extern_ok: bool) -> list[list[_Linear]]:
             by.setdefault((x, m.bias is not None), []).append(m)
     out: list[list[_Linear]] = []
     for ms in by.values():
+        # a linear wider than all the others together is left alone (phi's fc1 beside q, k,
+        # v): its share of the product gains little, and its readers (the GELU kernel) read
+        # it with the longer stride: at 1 thread phi's q, k, fc1 grouped took 0.991x
+        while len(ms) >= 2 and 2 * max(m.n for m in ms) > sum(m.n for m in ms):
+            widest = max(ms, key=lambda m: m.n)
+            ms = [m for m in ms if m is not widest]
         for k in range(0, len(ms), MAX_PARTS):
             if len(ms[k:k + MAX_PARTS]) >= 2:
                 out.append(ms[k:k + MAX_PARTS])
@@ -336,8 +342,9 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     call (oneDNN on the concatenation's pack, or addmm, by the same size rule), the
     concatenation made once and kept while every part keeps its version and data pointer
     (the contract of linear.py's and packed.py's packs: a write that bypasses the version
-    counter is not seen). Where autograd needs the product, or a part has no version counter
-    (an inference-mode tensor), the concatenation is made for the call alone."""
+    counter is not seen). Where autograd needs the product, a part has no version counter
+    (an inference-mode tensor) or a part is not an nn.Parameter (a buffer: linear.py keeps
+    only Parameters' packs), the concatenation is made for the call alone."""
     parts, bias = _attrs(kw)
     inner = linear.bind({"bias": True} if bias else {})
     state: _Cat = ((), (), None, None, ())  # (one tuple, replaced whole: see linear.bind)
@@ -361,6 +368,11 @@ def bind(kw: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
         if w_cat is None or key != s[1] or len(s[0]) != len(ops) \
                 or not all(r() is t for r, t in zip(s[0], ops, strict=True)):
             w, b_cat = fresh(ops)
+            if not all(isinstance(t, torch.nn.Parameter) for t in ops):
+                # a buffer or a caller's tensor may be rewritten without its version moving
+                # (`.data`, as batch norm's running statistics are): as linear.py, which
+                # keeps only Parameters' packs, concatenated for this call alone
+                return torch.nn.functional.linear(x, w, b_cat)
             w_cat = torch.nn.Parameter(w, requires_grad=False)
             state = (tuple(weakref.ref(t) for t in ops), key, w_cat, b_cat,
                      tuple(t.detach() for t in ops))
