@@ -394,13 +394,11 @@ def test_binder_reads_only_symbolic_dims_and_scalars() -> None:
 
 
 def test_a_graph_on_the_reference_interpreter_is_not_recorded(fake: Any) -> None:
-    """Random ops run on the reference interpreter (philox inputs): it may sync with the host,
-    so the graph is not recorded, and explain says why."""
-    def noisy(x: torch.Tensor) -> torch.Tensor:
-        return x + torch.rand_like(x)
-
+    """A pipeline that stops at prims: the reference interpreter runs them, which may sync
+    with the host, so the graph is not recorded, and explain says why."""
     fake()
-    c = er.compile(noisy, mode="reduce-overhead")
+    c = er.compile(lambda x: x.sin() * 2, mode="reduce-overhead",
+                   options={"pipeline": "to-prims"})
     with pytest.warns(er.FallbackWarning):
         for _ in range(3):
             c(torch.randn(4))
@@ -408,3 +406,31 @@ def test_a_graph_on_the_reference_interpreter_is_not_recorded(fake: Any) -> None
     assert g.skipped is not None and g.skipped.startswith(
         "part of it runs on the reference interpreter, which may sync with the host"), g.text()
     assert (g.recordings, g.plain) == (0, 3)
+
+
+def test_a_graph_that_draws_random_numbers_is_not_recorded(fake: Any) -> None:
+    """The generated call runs random ops (a new philox offset each call); a replay would
+    repeat the recorded seed and offset: such a graph runs plain, each call drawing anew. One
+    whose draws are all dead (transformers 5.17's LayerDrop draw in eval) is recorded."""
+    def noisy(x: torch.Tensor) -> torch.Tensor:
+        return x + torch.rand_like(x)
+
+    def dead(x: torch.Tensor) -> torch.Tensor:
+        p = torch.rand([])
+        if not (False and p < 0.1):
+            x = x * 2
+        return x
+
+    fake()
+    c = er.compile(noisy, mode="reduce-overhead")
+    x = torch.zeros(4)
+    outs = [c(x) for _ in range(3)]
+    assert not torch.equal(outs[1], outs[2])
+    (g,) = er.explain(c).cuda_graphs
+    assert g.skipped is not None and g.skipped.startswith("it draws random numbers"), g.text()
+    assert (g.recordings, g.plain) == (0, 3)
+    c2 = er.compile(dead, mode="reduce-overhead")
+    for _ in range(3):
+        torch.testing.assert_close(c2(x + 1), x + 2)
+    (g2,) = er.explain(c2).cuda_graphs
+    assert g2.skipped is None, g2.text()

@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
-import torch
 
 from ember.inductor.body import body_names
 from ember.inductor.launch import load_module
@@ -22,7 +21,7 @@ from ember.ir.backends import Backend, Runner, default_backends
 from ember.ir.graph import BIND_SYMBOL
 from ember.ir.interpreter import bind_symbols, eager_error
 from ember.ir.passes import default_pass_registry, run_pipeline
-from ember.prims.decomp.random import run_with_philox
+from ember.prims.decomp.random import PhiloxOffsets, run_drawing
 
 # how summary() names a language's kernels
 LANG_NAMES = {"cpp": "C++"}
@@ -100,14 +99,16 @@ def _any_empty(source: Module, graph: str | None, inputs: Sequence[Any],
 
 def compiled_runner(compiled: Module, source: Module | None = None) -> Runner:
     """The runner of an already compiled (kernels.*) module: random prims draw from torch's
-    seed with a philox offset that advances from call to call. Given the `source` module it was
-    compiled from, a call where an op without identity reduces an empty dim (a size symbol
-    allowed to be 0 is 0) runs `source` eagerly instead: eager's error, as for static sizes."""
+    seed with a philox offset that advances from call to call (one offset for the runner's
+    graphs, taken atomically: generated call or interpreter alike). Given the `source` module
+    it was compiled from, a call where an op without identity reduces an empty dim (a size
+    symbol allowed to be 0 is 0) runs `source` eagerly instead: eager's error, as for static
+    sizes."""
     interp = Interpreter(compiled)
-    offset = [0]
+    offsets = PhiloxOffsets()
     empties = empty_reductions(source) if source is not None else []
     # Per graph: its generated straight-line call (wrapper.py), or None where the interpreter
-    # runs it (symbolic shapes, random ops).
+    # runs it (what wrapper.py does not cover: WrapperUnsupported's reasons).
     calls: dict[str | None, Callable[[Sequence[Any]], RunResult] | None] = {}
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
@@ -115,14 +116,14 @@ def compiled_runner(compiled: Module, source: Module | None = None) -> Runner:
             return Interpreter(source).run(inputs, graph)
         if graph not in calls:
             try:
-                calls[graph] = generate(compiled, graph, interp).call
+                calls[graph] = generate(compiled, graph, interp).draw_from(offsets).call
             except WrapperUnsupported:
                 calls[graph] = None
         fast = calls[graph]
         if fast is not None:
             return fast(inputs)
-        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
-        return res
+        return run_drawing(interp, graph, inputs, offsets)
+    run.__dict__["calls"] = calls  # (for tests: which graphs the generated calls run)
     return run
 
 

@@ -21,12 +21,15 @@ runs only where those inputs changed since its last run (paramcache.py).
 A graph with symbolic sizes binds its symbols once per call from the inputs' shapes (a few
 attribute reads, `bind_sizes`), checks them against their declared ranges, and evaluates its
 shapes (outputs allocated, inputs checked) and the kernels' size arguments as Python expressions
-over them. Graphs it does not cover (random ops with philox inputs) raise
-`WrapperUnsupported`; the caller runs those through the interpreter. The generated source comes
-only from this module's templates, value numbers, the graph's integer shapes and size
-expressions (numbers, `s<digits>` names, operators: `pyexpr`); IR text (value
-names in messages, attribute names) appears only as `sanitize.py_str` literals, and every other
-constant is passed in the function's namespace, never printed into the source.
+over them. A graph with random ops (%philox_seed/%philox_offset parameters) takes its other
+inputs and draws from torch's seed at an offset it takes from the runner's counter
+(random.PhiloxOffsets: one per runner, atomic; Wrapper.draw_from), as the interpreter's path
+does. Graphs it does not cover raise `WrapperUnsupported`; the caller runs those through the
+interpreter. The generated source comes only from this module's templates, value numbers,
+the graph's integer shapes and size expressions (numbers, `s<digits>` names, operators:
+`pyexpr`); IR text (value names in messages, attribute names) appears only as
+`sanitize.py_str` literals, and every other constant is passed in the function's namespace,
+never printed into the source.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from ember.ir.graph import BIND_SYMBOL, is_unbacked, iter_values
 from ember.ir.interpreter import bind_symbols, check_unbacked
 from ember.ir.torch_ops import _as_declared, convert_args
 from ember.prims import PRIMS_BY_OP
-from ember.prims.decomp.random import philox_params
+from ember.prims.decomp.random import PhiloxOffsets, philox_params
 
 
 class WrapperUnsupported(Exception):
@@ -81,6 +84,15 @@ class Wrapper:
     graph: str
     source: str  # the generated Python, for dumps and debugging
     call: Callable[[Sequence[Any]], RunResult]
+
+    def draw_from(self, offsets: PhiloxOffsets) -> Wrapper:
+        """Random ops draw at `offsets` from now on (the runner's counter, shared by its
+        graphs and its interpreter path; generate() gives each wrapper its own). Set here
+        rather than passed to generate(): hooks that wrap generate() keep its signature."""
+        globs = getattr(self.call, "__globals__", {})
+        if "_take" in globs:
+            globs["_take"] = offsets.take
+        return self
 
 
 # Extern ops that take their attributes once per node: op name -> bind(constant attributes)
@@ -251,8 +263,8 @@ class _Gen:
                                      f"appear in no input's shape")
         if rest:  # symbols only inside compound dims (`s0 * 2`): the interpreter's solver
             self.ns["_bind"] = bind_symbols
-            self.ns["_g"] = g
-            self.lines.append("    _env = _bind(_g, inputs)")
+            self.ns["_g"] = g  # (the parameters, not `inputs`: emptied when boxed)
+            self.lines.append(f"    _env = _bind(_g, ({''.join(f'{p}, ' for p in params)}))")
         self.bound = sorted(used, key=lambda x: int(x[1:]))
         for name in self.bound:
             if name in where:
@@ -267,6 +279,40 @@ class _Gen:
             self.lines.append(f"    if {cond}: _bad_size({py_str(name)}, {name}, "
                               f"{self.const((lo, hi))})")
         self.ns["_bad_size"] = _bad_size
+
+    def philox_inputs(self, params: list[str], rng: tuple[int, int, Any]) -> None:
+        """Unpack the inputs of a graph with random ops: the caller gives the other inputs;
+        the seed is torch's, the offset taken from the runner's counter, advanced by the
+        graph's count (a size expression: once the sizes are bound, philox_take). A caller
+        giving every parameter (a decomposed graph's own: `ember run`) gives the seed and
+        offset itself, nothing taken (as random.run_with_philox)."""
+        s, o, n = rng
+        rest = [p for k, p in enumerate(params) if k not in (s, o)]
+        self.ns["_seed"] = torch.initial_seed
+        self.ns["_take"] = PhiloxOffsets().take  # (Wrapper.draw_from: the runner's)
+        static = isinstance(n, int)
+        self.lines.append(f"    if len(inputs) == {len(rest)}:")
+        if rest:
+            self.lines.append(f"        {', '.join(rest)}, = inputs")
+        self.lines.append(f"        {params[s]}, {params[o]} = _seed(), "
+                          f"{f'_take({int(n)})' if static else '0'}")
+        if not static:
+            self.lines.append("        _own = True")
+        self.lines += ["    else:",
+                       f"        if len(inputs) != {len(params)}: "
+                       f"_bad('inputs', inputs, {len(rest)})",
+                       f"        {', '.join(params)}, = inputs"]
+        if not static:
+            self.lines.append("        _own = False")
+
+    def philox_take(self, offset: str, n: Any) -> None:
+        """The offset of a call whose count is a size expression, over the bound sizes."""
+        used: set[str] = set()
+        _free(n, used)
+        if used - set(self.bound):
+            raise WrapperUnsupported(f"random ops count {short(str(n))} counters: a size "
+                                     f"no input's shape binds")
+        self.lines.append(f"    if _own: {offset} = _take({pyexpr(n)})")
 
     def name(self, v: Value) -> str:
         if v not in self.names:
@@ -286,17 +332,19 @@ class _Gen:
 
     def generate(self) -> str:
         g = self.g
-        if philox_params(g) is not None:
-            raise WrapperUnsupported("random ops (philox seed and offset inputs)")
         params = [f"p{i}" for i in range(len(g.params))]
         self.params = set(g.params)
         for p, n in zip(g.params, params, strict=True):
             self.names[p] = n
-        self.lines = ["def call(inputs):",
-                      f"    if len(inputs) != {len(params)}: "
-                      f"_bad('inputs', inputs, {len(params)})"]
-        if params:
-            self.lines.append(f"    {', '.join(params)}, = inputs")
+        self.lines = ["def call(inputs):"]
+        rng = philox_params(g)
+        if rng is not None:
+            self.philox_inputs(params, rng)
+        else:
+            self.lines.append(f"    if len(inputs) != {len(params)}: "
+                              f"_bad('inputs', inputs, {len(params)})")
+            if params:
+                self.lines.append(f"    {', '.join(params)}, = inputs")
         self.lines.append("    if inputs.__class__ is _Boxed: inputs.clear()")
         self.ns["_Boxed"] = BoxedInputs
         start = len(self.lines)
@@ -306,6 +354,8 @@ class _Gen:
                                   f"{n}, _Tensor): _bad({py_str('input %' + p.name)}, {n}, "
                                   f"{self.const(p.type)})")
         self.bind_sizes(params)  # the shapes below may use the symbols
+        if rng is not None and not isinstance(rng[2], int):
+            self.philox_take(params[rng[1]], rng[2])
         for p, n in zip(g.params, params, strict=True):
             if isinstance(p.type, TensorType):
                 self.check(n, p.type, f"input %{p.name}")
@@ -719,7 +769,8 @@ def _bad(what: str, x: Any, want: Any) -> None:
 
 def generate(module: Module, graph: str | None = None,
              interp: Interpreter | None = None) -> Wrapper:
-    """The straight-line `call(inputs) -> RunResult` of one graph of a compiled module."""
+    """The straight-line `call(inputs) -> RunResult` of one graph of a compiled module (random
+    ops draw at a counter of its own: Wrapper.draw_from shares the runner's)."""
     g = module.graph(graph)
     gen = _Gen(module, g, interp or Interpreter(module))
     source = gen.generate()

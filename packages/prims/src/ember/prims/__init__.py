@@ -24,18 +24,15 @@ __all__ = ["PRIMS", "PRIMS_BY_OP", "Prim", "register_prims"]
 def _prims_backend(module: Module) -> Runner:
     """Decompose to prims, then run the prims' references. Graphs with random ops get torch's
     initial seed and an offset that advances from 0 by each call's consumption."""
-    import torch
-
     from ember.prims.decomp import DECOMPOSITIONS, decompose_module
-    from ember.prims.decomp.random import run_with_philox
+    from ember.prims.decomp.random import PhiloxOffsets, run_drawing
 
     interp = Interpreter(decompose_module(module, DECOMPOSITIONS))
-    offset = [0]
+    offsets = PhiloxOffsets()
 
     def run(graph: str | None, inputs: Sequence[Any]) -> RunResult:
         try:
-            res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(),
-                                             offset[0])
+            res = run_drawing(interp, graph, inputs, offsets)
         except Exception as e:  # raise what eager raises (IndexError for index_select, ...)
             err = eager_error(module, graph, inputs, e)
             if err is e:

@@ -45,6 +45,7 @@ from ember.ir.backends import Runner as IRRunner
 from ember.ir.interpreter import SymbolAssertionError
 from ember.ir.passes import expand_pipeline, run_pipeline
 from ember.prims.decomp.context import DecompositionError
+from ember.prims.decomp.random import draws
 from ember.prims.decomp.table import active_table, using_decompositions
 from ember.runtime import logs
 from ember.runtime.backends import Backend, Runner, eager_backend, resolve
@@ -353,15 +354,16 @@ class CompiledFunction:
         if slow:
             self._fallback("interpreter", slow)
         graphs = self._cudagraphs
+        rand = draws(compiled.graph(module.graph().name))
         if graphs is None and self._auto_graphs and auto_graph_reason(
                 moved_examples(scalars, module, example_inputs), compiled,
-                module.graph().name, slow) is None:  # (decided per graph)
+                module.graph().name, slow, rand) is None:  # (decided per graph)
             graphs = self._auto_cudagraphs = self._auto_cudagraphs or CudaGraphs()
         if graphs is not None:
             runner = graphs.wrap(self.history, runner, module.graph().name, self._graph_no,
                                  moved_examples(scalars, module, example_inputs),
                                  graph_info(self._capturing, example_inputs), slow,
-                                 source.graph().params)
+                                 source.graph().params, rand)
         if scalars is not None:
             runner = moving(scalars, runner)
         compiled_code = "the inductor's compiled code" if self.backend_name == "inductor" \

@@ -5,9 +5,10 @@ decode step of a large model that is hundreds of launches whose Python and drive
 exceeds the GPU time. Under these modes each graph the inductor compiled is wrapped here:
 
 * **Eligibility** (`skip_reason`, once per graph): every tensor input on one CUDA device,
-  inputs only tensors and Python scalars, and no part of the graph on the reference
-  interpreter (its ops may sync with the host). Otherwise the graph runs as in the default
-  mode and `explain()` says why in its "CUDA graphs" section.
+  inputs only tensors and Python scalars, no part of the graph on the reference
+  interpreter (its ops may sync with the host), and no random draw (a replay would repeat
+  the recorded philox seed and offset; a draw `dce` dropped does not count). Otherwise the
+  graph runs as in the default mode and `explain()` says why in its "CUDA graphs" section.
 * **Warm-up, then one recording per size binding**: a binding is the values of the graph's
   size symbols and scalar inputs (`Binder`: the guards hold every other dim); a symbolic graph
   gets one recording per binding it meets twice (the first call of a binding is the warm-up:
@@ -119,8 +120,9 @@ def moving(scalars: Any, runner: IRRunner) -> IRRunner:
 
 
 def skip_reason(examples: Sequence[Any], interpreter: str | None,
-                device_type: str = "cuda") -> str | None:
-    """Why a graph with these example inputs is not recorded (None: it is)."""
+                device_type: str = "cuda", draws: bool = False) -> str | None:
+    """Why a graph with these example inputs is not recorded (None: it is); `draws`: it
+    draws random numbers (random.draws)."""
     devices: set[str] = set()
     for i, x in enumerate(examples):
         if isinstance(x, torch.Tensor):
@@ -138,6 +140,9 @@ def skip_reason(examples: Sequence[Any], interpreter: str | None,
     if interpreter:
         return f"part of it runs on the reference interpreter, which may sync with the host " \
                f"({interpreter})"
+    if draws:  # (the generated call gives the draws a new offset a call: a replay would not)
+        return "it draws random numbers: a replay would repeat the recorded philox seed and " \
+               "offset, so every call would draw the same numbers"
     return None
 
 
@@ -154,13 +159,13 @@ CLONE_BYTES_PER_US = 1.5e6
 
 
 def auto_graph_reason(examples: Sequence[Any], compiled: Any, graph: str,
-                      interpreter: str | None) -> str | None:
+                      interpreter: str | None, draws: bool = False) -> str | None:
     """Why the default mode does not record this compiled graph (None: it does, as
     reduce-overhead would): its tensors all on one CUDA device, nothing on the reference,
     static shapes (no recording per size), and its launches saving more host time than the
     clones of its outputs cost (a single kernel writing a large output is not recorded)."""
     from ember.ir import TensorType
-    why = skip_reason(examples, interpreter, AUTO_DEVICE)
+    why = skip_reason(examples, interpreter, AUTO_DEVICE, draws)
     if why is not None:
         return why
     if getattr(compiled, "symbols", None):
@@ -330,13 +335,13 @@ class CudaGraphs:
 
     def wrap(self, history: History, runner: IRRunner, name: str, graph_no: int | None,
              examples: Sequence[Any], info: GraphInfo, interpreter: str | None,
-             params: Sequence[Any] | None = None) -> IRRunner:
+             params: Sequence[Any] | None = None, draws: bool = False) -> IRRunner:
         """`runner`, recorded and replayed as CUDA graphs where it can be (module docstring);
         its record is added to `history` (the function's: resume functions share it);
         `params`: the captured graph's inputs (their types say which dims are symbolic)."""
         rec = CudaGraphRecord(graph_no, name)
         history.cuda_graphs.append(rec)
-        rec.skipped = skip_reason(examples, interpreter, self.device_type)
+        rec.skipped = skip_reason(examples, interpreter, self.device_type, draws)
         return _GraphRunner(self, runner, rec, info, Binder(params, examples))
 
 

@@ -41,7 +41,7 @@ from ember.autograd.stop import strip_stop_gradients, training_table
 from ember.inductor.wrapper import BoxedInputs
 from ember.ir import Interpreter, Module, parse
 from ember.ir.passes import run_pipeline
-from ember.prims.decomp.random import run_with_philox
+from ember.prims.decomp.random import PhiloxOffsets, run_drawing
 from ember.prims.decomp.table import DecompositionTable, active_table, using_decompositions
 
 DOUBLE_BACKWARD = "ember: double backward through a compiled graph is not supported"
@@ -219,11 +219,10 @@ def interpreter_runner(module: Module) -> GraphRunner:
     offset advancing from call to call (as the inductor's runner does)."""
     interp = Interpreter(module, check_types=False)
     graph = module.graph().name
-    offset = [0]
+    offsets = PhiloxOffsets()
 
     def run(inputs: Sequence[Any]) -> list[Any]:
-        res, offset[0] = run_with_philox(interp, graph, inputs, torch.initial_seed(), offset[0])
-        return list(res.outputs)
+        return list(run_drawing(interp, graph, inputs, offsets).outputs)
 
     return run
 

@@ -26,11 +26,15 @@ Eager's generators cannot be matched: these ops are checked against eager by dis
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ember.ir import I64, Builder, DType, Graph, Interpreter, RunResult, Value
-from ember.ir.expr import Dim, as_sympy, evaluate, simplify_dim
+from ember.ir.expr import Dim, ExprEvalError, as_sympy, evaluate, simplify_dim
+from ember.ir.interpreter import InterpretError, bind_symbols
 from ember.prims.decomp.context import DecompContext, DecompositionError
 from ember.prims.decomp.pointwise import opmath
 from ember.prims.decomp.table import register_decomposition
@@ -91,6 +95,16 @@ def philox_params(graph: Graph) -> tuple[int, int, Dim] | None:
     return None if raw is None else _parse_attr(raw, graph)
 
 
+def draws(graph: Graph) -> bool:
+    """Whether a node of the graph reads its seed or offset: a random op left after `dce` (a
+    graph whose draws were all dead keeps the parameters, and draws nothing)."""
+    info = philox_params(graph)
+    if info is None:
+        return False
+    rng = {graph.params[info[0]], graph.params[info[1]]}
+    return any(v in rng for n in graph.nodes for v in n.operands())
+
+
 def with_philox_inputs(graph: Graph, inputs: Sequence[Any], seed: int = 0,
                        offset: int = 0) -> list[Any]:
     """`inputs` for the graph's original parameters, with seed and offset put in their places
@@ -116,6 +130,47 @@ def run_with_philox(interp: Interpreter, graph: str | None, inputs: Sequence[Any
         return interp.run(inputs, graph), offset
     res = interp.run(with_philox_inputs(g, inputs, seed, offset), graph)
     return res, offset + evaluate(info[2], res.env)
+
+
+class PhiloxOffsets:
+    """A runner's philox offset, shared by the graphs it runs (each draws from torch's seed at
+    the offsets it takes, so no two graphs or calls of the runner overlap). `take(n)` returns
+    the offset and advances it by `n` under a lock: two concurrent calls never get the same
+    counters. A new runner starts at 0, so `torch.manual_seed(s)` then a new runner replays
+    its first call's numbers."""
+
+    def __init__(self, start: int = 0):
+        self.lock = threading.Lock()
+        self.value = start
+
+    def take(self, n: int) -> int:
+        with self.lock:
+            start = self.value
+            self.value = start + n
+        return start
+
+
+def run_drawing(interp: Interpreter, graph: str | None, inputs: Sequence[Any],
+                offsets: PhiloxOffsets) -> RunResult:
+    """`run_with_philox` with the runner's shared offsets: the call's counters are taken before
+    it runs (a size expression evaluated from the inputs' shapes); a count that needs the
+    call's data (unbacked sizes) is taken after the run, the lock held throughout."""
+    g = interp.module.graph(graph)
+    info = philox_params(g)
+    if info is None or len(inputs) == len(g.params):  # (see run_with_philox)
+        return interp.run(inputs, graph)
+    n = info[2]
+    if not isinstance(n, int):
+        try:
+            env = bind_symbols(g, with_philox_inputs(g, inputs), interp.module.symbols)
+            n = evaluate(n, env)
+        except (ExprEvalError, InterpretError):
+            with offsets.lock:
+                res, offsets.value = run_with_philox(interp, graph, inputs,
+                                                     torch.initial_seed(), offsets.value)
+            return res
+    return interp.run(with_philox_inputs(g, inputs, torch.initial_seed(), offsets.take(n)),
+                      graph)
 
 
 def _add(a: Dim, b: Dim) -> Dim:
