@@ -200,7 +200,9 @@ def _groups(g: Graph, extern_ok: bool) -> list[list[_Linear]]:
     for ms in by.values():
         # a linear wider than all the others together is left alone (phi's fc1 beside q, k,
         # v): its share of the product gains little, and its readers (the GELU kernel) read
-        # it with the longer stride: at 1 thread phi's q, k, fc1 grouped took 0.991x
+        # it with the longer stride (phi's GELU kernel 530 -> 715 us a layer): zoo phi at 1
+        # thread with q, k, fc1 grouped 0.991x (paired -1047 us), with q, k only 1.005x
+        # (+200 us; thread time, interleaved, 150 reps)
         while len(ms) >= 2 and 2 * max(m.n for m in ms) > sum(m.n for m in ms):
             widest = max(ms, key=lambda m: m.n)
             ms = [m for m in ms if m is not widest]
