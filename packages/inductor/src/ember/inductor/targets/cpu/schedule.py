@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import sympy
+import torch
 
 from ember.inductor.body import body_names
 from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
@@ -104,8 +105,14 @@ def _decide(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
             and _rescale_plan(w, body, args, ranges) is not None:
         steps.append("rescale")
     work = _work(w, ranges)
+    # decisions by the thread count compiled for: they show in the source (the cache key)
+    threads = torch.get_num_threads()
+    least = static_threshold(threads)
+    if col is None and not steps and _row_split_pays(w, ranges, threads, least):
+        return Schedule(tuple(range(n)), (), (n - 1,) if _depth(w) < n else (), "split", None,
+                        least)
     # symbolic work: the threads are started per call where it is large enough (_par_if)
-    parallel = bool(ranges) and (not isinstance(work, int) or work >= PARALLEL_WORK)
+    parallel = bool(ranges) and (not isinstance(work, int) or work >= least)
     if col is not None and parallel and (rows := _rows_plan(w, ranges, col)) is not None:
         w.col = None
         return Schedule(tuple(range(n)), (), (n - 1,), "column+rows",
@@ -208,9 +215,16 @@ def _apply(w: _Writer, node: Node, body: Graph, args: Mapping[Value, str],
         if s.parallel:
             raise refuse(f"sched_parallel={list(s.parallel)}: under column+rows the threads "
                          f"split each block's rows; the outer loops stay on one thread ([])")
+    w.rowsplit, w.rowsplit_par = False, 0
     if w.split and not any(r.k == 0 and r.simd for r in w.reduces.values()):
-        raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
-                     "ints or floats to one value)")
+        if s.parallel or not _row_split_fits(w):
+            raise refuse("sched_plan split needs a full reduction (a sum, amax or amin over "
+                         "ints or floats to one value), or, with sched_parallel=[], SIMD "
+                         "reductions all at one depth (the row split)")
+        k = _depth(w)
+        w.rowsplit = True  # (k == n: no pointwise loop below the reductions)
+        w.rowsplit_par = _collapse(w, [ranges[i] for i in s.order[k:]], max(1, n - k - 1)) \
+            if k < n else 0
     plan = None
     if "rescale" in s.steps:
         plan = _rescale_plan(w, body, args, ranges) if node.op == "loop.pointwise" else None
@@ -424,6 +438,42 @@ def _rescale_plan(w: _Writer, body: Graph, args: Mapping[Value, str], ranges: Se
                 == _expr(w, body, num, args, {}):
             return r, n.results[0]
     return None
+
+
+PARALLEL_WORK_MANY = 8192  # torch's rule at 16 threads: 512 element-steps a thread
+MANY_THREADS = 8
+
+
+def static_threshold(threads: int) -> int:
+    """The static work (element-steps) from which a kernel compiled for `threads` threads gets
+    them. 32768 was measured at 1-2 threads (a fork/join costs more than smaller kernels); at
+    MANY_THREADS or more it is PARALLEL_WORK_MANY: levit_128s's BatchNorm-after-linear kernels
+    (8192..25088 element-steps, 61 calls a forward) ran on one thread of 16."""
+    return PARALLEL_WORK_MANY if threads >= MANY_THREADS else PARALLEL_WORK
+
+
+def _row_split_fits(w: _Writer) -> bool:
+    """Whether the row split can render the kernel: its reductions all SIMD, all at one depth
+    k >= 1 (the rows: the k outer loops, on one thread), no column plan."""
+    rs = list(w.reduces.values())
+    return bool(rs) and w.col is None and rs[0].k > 0 \
+        and all(r.k == rs[0].k and r.simd for r in rs)
+
+
+def _row_split_pays(w: _Writer, ranges: Sequence[Dim], threads: int, least: int) -> bool:
+    """Whether the default schedule splits each row over the threads: it fits, the rows are
+    static and at most half the threads (GroupNorm(1, C) at batch 2 gave 2 of 16 threads work:
+    25 calls, ~39% of poolformer_s12's 16-thread time), and every reduction of a row is
+    `least` element-steps or more. Where rows >= threads / 2, their own parallel for keeps
+    most threads busy and a row's 3 split passes (6 fork/joins) cost more than they give (2
+    threads, 2 rows: poolformer_s12 79.5 -> 86.0 ms wall, s12h7)."""
+    if not _row_split_fits(w):
+        return False
+    rows = simplify_dim(math.prod(ranges[:_depth(w)]))
+    if not isinstance(rows, int) or 2 * rows > threads:
+        return False
+    return all(isinstance(m := simplify_dim(math.prod(r.red)), int) and m >= least
+               for r in w.reduces.values())
 
 
 def _collapse(w: _Writer, ranges: Sequence[Dim], n_par: int) -> int:
