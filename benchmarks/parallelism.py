@@ -5,14 +5,15 @@
     PYTHONPATH=/tmp/zoolibs python benchmarks/parallelism.py \\
         --models tv/resnet50,hf/bert --target 16 --reps 15 --out benchmarks/results
 
-Per model, at one thread (`torch.set_num_threads(1)`): ember compiles the zoo model, then its
+Per model, ember compiles the zoo model for `--target` threads (schedule decisions depend on the
+thread count compiled for), then at one thread (`torch.set_num_threads(1)`) its
 generated wrapper (wrapper.py's straight-line `call`) is re-executed with every line timed by the
 calling thread's CPU time (`time.thread_time_ns`; at one thread every kernel runs on it), `--reps`
 calls, per-line medians. Each line is one of:
 - a C++ kernel call: its source is read for the OpenMP split: `parallel for ... collapse(c)` over
   the next c loops (chunks = their trip counts' product), a `parallel` region whose threads take
   runs of a loop by `t / nt` (split reductions, the column plan's rows step: chunks = that loop's
-  trip count), or no pragma at all (the kernel's static work was below cppkernel.PARALLEL_WORK:
+  trip count), or no pragma at all (the kernel's static work was below the threshold:
   one chunk). With schedule(static) and equal chunks, at T threads the slowest thread runs
   ceil(c / T) chunks: the estimate is t1 * ceil(c / T) / c (t1 at one thread). Where a kernel
   has several nests (splitloops), the nest with the fewest chunks is taken;
@@ -31,8 +32,10 @@ T threads is the sum; the "cappers" are the lines that lose the most against per
 (estimate - t1 / T). torch.compile's C++ backend decides differently
 (torch/_inductor/codegen/cpp.py `decide_parallel_depth`): it collapses outer loops until it has
 >= 2T (or exactly T) chunks and stays serial where the work per thread would be below
-`cpp.min_chunk_size` (512 elements): thread-count aware, where ember's PARALLEL_WORK (32768
-element-steps) and COLLAPSE_MIN (64 chunks) are fixed. Each kernel's row says whether torch's
+`cpp.min_chunk_size` (512 elements): thread-count aware, where ember's threshold is 32768
+element-steps (8192 where compiled for 8+ threads: schedule.static_threshold) and COLLAPSE_MIN
+(64 chunks) is fixed. A nest inside serial loops (the row split's, inside a GroupNorm's rows)
+counts once per their iterations. Each kernel's row says whether torch's
 rule would give it threads at T.
 """
 
@@ -123,7 +126,9 @@ def kernel_nests(src: str) -> list[Nest]:
         if not s.startswith("#pragma omp parallel"):
             continue
         body = _span(lines, k + 1)
-        work = kernel_work("\n".join(body))
+        # a nest inside serial loops (the row split: a GroupNorm's rows) runs once per their
+        # iterations: counted once, its share of the kernel's work was too small
+        work = kernel_work("\n".join(body)) * _enclosing_trips(lines, k)
         if s.startswith("#pragma omp parallel for"):
             m = re.search(r"collapse\((\d+)\)", s)
             c = int(m.group(1)) if m else 1
@@ -151,6 +156,24 @@ def kernel_nests(src: str) -> list[Nest]:
         else:
             out.append(Nest("region", None, [], work))
     return out
+
+
+def _enclosing_trips(lines: list[str], k: int) -> int:
+    """The product of the trip counts of the loops open at line k (a loop whose bounds the
+    source does not state counts 1)."""
+    stack: list[tuple[int, int]] = []  # (brace depth at the loop, trip)
+    depth = 0
+    for line in lines[:k]:
+        f = _FOR.search(line)
+        if f is not None:
+            t = _trip(f)
+            stack.append((depth, t if t is not None and t > 0 else 1))
+        depth += line.count("{")
+        for _ in range(line.count("}")):
+            depth -= 1
+            if stack and stack[-1][0] == depth:
+                stack.pop()
+    return math.prod(t for _, t in stack)
 
 
 def kernel_work(src: str) -> int:
@@ -381,6 +404,9 @@ def census(name: str, reps: int, target: int, overhead_ns: float,
         seen.append((module, w))
         return w
     backend.generate = gen
+    # compiled for `target` threads (the schedule's row split and parallel threshold are
+    # decided by the thread count when compiled), timed at one
+    torch.set_num_threads(target)
     try:
         torch.manual_seed(0)
         fn, args = BY_NAME[name].build(FULL)
@@ -390,6 +416,7 @@ def census(name: str, reps: int, target: int, overhead_ns: float,
                 compiled(*args)  # every graph compiled is timed, the ones not called add 0
     finally:
         backend.generate = orig
+        torch.set_num_threads(1)
     graphs = []
     timed: list[tuple[dict[str, Any], list[str]]] = []
     for module, w in seen:

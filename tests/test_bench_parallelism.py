@@ -53,6 +53,26 @@ def test_split_reduction_region_and_serial_kernel() -> None:
     assert par.scale([], 128, 16) == (1.0, 1)
 
 
+def test_a_nest_inside_serial_loops_counts_each_iteration() -> None:
+    """The row split (compiled for 16 threads): two rows on one thread, each row's sum split
+    over the threads in a region inside the row loop. The region's work is counted once per
+    row: the kernel estimated to scale (it was booked half serial)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(16)
+    try:
+        m = _module("  %y = aten.sum.dim_IntList(%x, [1, 2]) : f32[2]", "f32[2, 200, 300]",
+                    "f32[2]")
+    finally:
+        torch.set_num_threads(before)
+    (src,) = _kernel_sources(m)
+    nests = par.kernel_nests(src)
+    assert [n.kind for n in nests] == ["region"] and nests[0].chunks == 15  # 4096-blocks
+    work = par.kernel_work(src)  # (a loop over a thread's blocks counts 1: bounds unstated)
+    assert sum(n.work for n in nests) == work == 2
+    frac, _ = par.scale(nests, work, 16)
+    assert math.isclose(frac, 1 / 15)
+
+
 def test_timed_wrapper_matches_and_times_every_line() -> None:
     m = _module("  %r = aten.relu.default(%x) : f32[64, 256]\n"
                 "  %y = aten.mul.Tensor(%r, %x) : f32[64, 256]", "f32[64, 256]", "f32[64, 256]")
