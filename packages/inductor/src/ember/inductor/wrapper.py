@@ -602,10 +602,17 @@ class _Gen:
                 and isinstance(node.args[0], Value) and isinstance(rt, TensorType):
             # torch's reshape, as prims.reshape's reference, without the interpreter's call
             # (~25 us a view: a transformer training step has ~30); none where the tensor
-            # has that shape already (a shape_free buffer)
+            # has that shape already (a shape_free buffer; a product's [M, N] result that a
+            # folded GELU's reshape pair leaves as it was; not an input or an output: eager
+            # gives a new tensor)
             x = node.args[0]
-            self.lines.append(f"    v{i}_0 = {self.name(x)}"
-                              if self.pyshape.get(x) == list(rt.shape) else
+            xt = x.type
+            cur = self.pyshape.get(x)
+            if cur is None and x in self.buffers and isinstance(xt, TensorType) \
+                    and all(isinstance(d, int) for d in xt.shape) \
+                    and not any(o is node.results[0] for o in self.g.outputs):
+                cur = list(xt.shape)
+            self.lines.append(f"    v{i}_0 = {self.name(x)}" if cur == list(rt.shape) else
                               f"    v{i}_0 = {self.name(x)}.reshape({_shape(list(rt.shape))})")
             self.names[node.results[0]] = f"v{i}_0"
             return
