@@ -66,11 +66,11 @@ def test_a_nest_inside_serial_loops_counts_each_iteration() -> None:
         torch.set_num_threads(before)
     (src,) = _kernel_sources(m)
     nests = par.kernel_nests(src)
-    assert [n.kind for n in nests] == ["region"] and nests[0].chunks == 15  # 4096-blocks
-    work = par.kernel_work(src)  # (a loop over a thread's blocks counts 1: bounds unstated)
+    assert [n.kind for n in nests] == ["region"] and nests[0].chunks == 200  # runs of r0
+    work = par.kernel_work(src)  # (a loop over a thread's run counts 1: bounds unstated)
     assert sum(n.work for n in nests) == work == 2
     frac, _ = par.scale(nests, work, 16)
-    assert math.isclose(frac, 1 / 15)
+    assert math.isclose(frac, math.ceil(200 / 16) / 200)
 
 
 def test_timed_wrapper_matches_and_times_every_line() -> None:
