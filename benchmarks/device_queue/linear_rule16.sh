@@ -15,11 +15,12 @@
 # 3) the census measured at 16 threads (benchmarks/parallelism.py --measure): per line, wall.
 . "$(dirname "$0")/common.sh"  # (set -x, PYTHONPATH, HF offline, $OUT, $PY, $T)
 export OMP_NUM_THREADS=16
-# 0) 77a9bf4 (wrapper.py shape_free: no .view()/.reshape() where a pointer kernel rewrites a buffer
-#    of another shape): old vs new wrapper code swapped per call in one process, 16 threads, wall.
-#    1 thread here (thread time, 150 reps): mobilebert paired -2.41 ms (A/A +0.14).
+# 0) 77a9bf4 + 79185f6 (wrapper.py: no .view()/.reshape() where a pointer kernel rewrites a buffer
+#    of another shape, nor for a reshape to a buffer's own shape): the wrapper code before them vs
+#    now, swapped per call in one process, 16 threads, wall. 1 thread here (thread time, 150
+#    reps, paired): mobilebert -2.41 ms (A/A +0.14), edgenext -0.51..-1.90 ms (A/A +0.03..0.10).
 cat > "$T/ab_views.py" <<'PY'
-"""A/B of shape_free (wrapper.py): the same compiled model, its wrapper's code swapped
+"""A/B of shape_free and the identity reshape (wrapper.py): the same compiled model, its wrapper's code swapped
 per call between the old generation (shape_free -> False) and the new, interleaved, thread time."""
 import statistics, sys, time
 sys.path[:0] = ["benchmarks", "benchmarks/device_queue"]
@@ -33,12 +34,22 @@ for name in sys.argv[1].split(","):
     fns = {}
     codes = []
     for module, graph, interp, w in seen:
-        orig = W._Gen.shape_free
+        orig, orig_other = W._Gen.shape_free, W._Gen.other
+        def old_other(self, i, node):  # the reshape as before (always a call)
+            rt = node.results[0].type if len(node.results) == 1 else None
+            if node.op == "kernels.view" and node.kwargs.get("op") == "prims.reshape" \
+                    and isinstance(node.args[0], W.Value) and isinstance(rt, W.TensorType):
+                self.lines.append(f"    v{i}_0 = {self.name(node.args[0])}.reshape("
+                                  f"{W._shape(list(rt.shape))})")
+                self.names[node.results[0]] = f"v{i}_0"
+                return
+            return orig_other(self, i, node)
         W._Gen.shape_free = lambda self, r: False
+        W._Gen.other = old_other
         try:
             old = W.generate(module, graph, interp)
         finally:
-            W._Gen.shape_free = orig
+            W._Gen.shape_free, W._Gen.other = orig, orig_other
         nl = sum(a != b for a, b in zip(old.source.splitlines(), w.source.splitlines()))
         codes.append((w.call, old.call.__code__, w.call.__code__, nl))
     print(name, "lines changed per graph:", [c[3] for c in codes], flush=True)
