@@ -642,6 +642,15 @@ def _perm_loops(red: Sequence[Dim], dims: Sequence[int], inner: list[str]) -> li
     return head + ["  " + x for x in inner] + ["}"] * len(dims)
 
 
+def load_offset(node: Node) -> Dim:
+    """A `loop.load`'s element offset into its buffer: its index flattened row-major over the
+    buffer's shape (schedule.py's stride tests read it too)."""
+    buf = node.args[0]
+    assert isinstance(buf, Value)
+    index = [parse_index(x) for x in node.kwargs["index"]]  # type: ignore[union-attr]
+    return flat_offset(index, _tensor(buf).shape)
+
+
 def _load_strides(g: Sequence[_Reduce], n: int) -> list[list[int]] | None:
     """The element stride of each load of group g along each reduced loop r0..r<n-1>; None
     where a load's offset is not a sum of integer multiples of loop variables (a size symbol,
@@ -655,12 +664,8 @@ def _load_strides(g: Sequence[_Reduce], n: int) -> list[list[int]] | None:
                 return None
             if node.op != "loop.load":
                 continue
-            buf = node.args[0]
-            assert isinstance(buf, Value)
-            index = [parse_index(x) for x in node.kwargs["index"]]  # type: ignore[union-attr]
-            off = flat_offset(index, _tensor(buf).shape)
             st = [0] * n
-            for term in sympy.Add.make_args(sympy.expand(sympy.sympify(off))):
+            for term in sympy.Add.make_args(sympy.expand(sympy.sympify(load_offset(node)))):
                 coeff, var = term.as_coeff_Mul()
                 if var == 1:
                     continue

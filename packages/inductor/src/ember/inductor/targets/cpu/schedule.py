@@ -24,7 +24,7 @@ import sympy
 import torch
 
 from ember.inductor.body import body_names
-from ember.inductor.indexing import flat_offset, ivar, parse_index, rvar, substitute
+from ember.inductor.indexing import ivar, parse_index, rvar, substitute
 from ember.inductor.sanitize import comment
 from ember.inductor.schedule import Schedule, ScheduleError, check_schedule_attrs, read_schedule
 from ember.inductor.targets import device_kind, graph_devices
@@ -47,6 +47,7 @@ from ember.inductor.targets.cpu.cppkernel import (
     _setup,
     _work,
     _Writer,
+    load_offset,
 )
 from ember.ir import DType, Graph, Module, Node, OpTypeError, Ref, Symbol, Value
 from ember.ir.expr import Dim, simplify_dim
@@ -160,10 +161,7 @@ def _transpose_order(body: Graph, ranges: Sequence[Dim]) -> tuple[int, ...] | No
     loads = []
     for node in body.nodes:
         if node.op == "loop.load":
-            buf = node.args[0]
-            assert isinstance(buf, Value)
-            index = [parse_index(s) for s in node.kwargs["index"]]  # type: ignore[union-attr]
-            st = _strides(flat_offset(index, _tensor(buf).shape), n)
+            st = _strides(load_offset(node), n)
             if st is None:
                 return None
             loads.append(st)
@@ -278,10 +276,7 @@ def _column_plan(w: _Writer, ranges: Sequence[Dim]) -> _Col | None:
         for n in r.body.nodes:
             if n.op != "loop.load":
                 continue
-            buf = n.args[0]
-            assert isinstance(buf, Value)
-            index = [parse_index(s) for s in n.kwargs["index"]]  # type: ignore[union-attr]
-            off = flat_offset(index, _tensor(buf).shape)
+            off = load_offset(n)
             along_i += _unit_stride(off, ivar(d - 1))
             along_r += _unit_stride(off, rvar(len(r.red) - 1))
     if along_i <= along_r:
